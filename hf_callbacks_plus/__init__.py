@@ -1,0 +1,61 @@
+"""hf_callbacks_plus: better callbacks for ``transformers.Trainer``.
+
+Public names are imported lazily, so ``import hf_callbacks_plus`` is cheap and works
+without torch or transformers; importing a name pulls only the module that defines it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    # the lightweight loop
+    "TrainerCallback": "hf_callbacks_plus.loop.callback",
+    "CallbackHandler": "hf_callbacks_plus.loop.callback",
+    "TrainerState": "hf_callbacks_plus.loop.state",
+    "TrainerControl": "hf_callbacks_plus.loop.state",
+    "ExportableState": "hf_callbacks_plus.loop.state",
+    "LoopArguments": "hf_callbacks_plus.loop.arguments",
+    "DefaultFlowCallback": "hf_callbacks_plus.loop.flow",
+    "ProgressCallback": "hf_callbacks_plus.loop.flow",
+    "PrinterCallback": "hf_callbacks_plus.loop.flow",
+    "LightweightTrainer": "hf_callbacks_plus.loop.trainer",
+    # metrics
+    "KeyGrammar": "hf_callbacks_plus.metrics.keys",
+    "Monitor": "hf_callbacks_plus.metrics.monitor",
+    # callbacks
+    "EarlyStopping": "hf_callbacks_plus.callbacks.early_stopping",
+    "StopReason": "hf_callbacks_plus.callbacks.early_stopping",
+    "TerminateOnNonFinite": "hf_callbacks_plus.callbacks.terminate_on_nonfinite",
+    "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
+    # loggers
+    "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",
+    "MLflowLogger": "hf_callbacks_plus.loggers.mlflow",
+    "WandbLogger": "hf_callbacks_plus.loggers.wandb",
+    "replace_report_to_callbacks": "hf_callbacks_plus.loggers.swap",
+    # transformers integration
+    "TrainerPlus": "hf_callbacks_plus.integrations.transformers",
+    "TrainerPlusMixin": "hf_callbacks_plus.integrations.transformers",
+    "run_before_integrations": "hf_callbacks_plus.integrations.transformers",
+    # plotting
+    "plot_learning_curves": "hf_callbacks_plus.plotting",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_callbacks_plus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,134 @@
+"""Optional imports and transformers version shims, in one place.
+
+Everything that depends on whether (and which) transformers, torch, wandb, mlflow or
+matplotlib is installed is decided here, so the rest of the package can import names
+from this module without try/except blocks of its own.
+
+Set ``HF_CALLBACKS_PLUS_STANDALONE=1`` to ignore an installed transformers (the package
+then behaves exactly as on a machine without it; used by the core tests).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from types import ModuleType
+from typing import Any, Optional
+
+__all__ = [
+    "EXTRA_FOR",
+    "ExportableStateBase",
+    "TrainerCallbackBase",
+    "is_available",
+    "require",
+    "transformers_callback_module",
+    "transformers_version",
+]
+
+#: The pip extra that installs each optional dependency.
+EXTRA_FOR = {
+    "transformers": "transformers",
+    "torch": "transformers",
+    "datasets": "transformers",
+    "accelerate": "transformers",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "tqdm": "progress",
+    "matplotlib": "plot",
+}
+
+
+def is_available(module: str) -> bool:
+    """Tell whether ``module`` can be imported, without importing it.
+
+    Args:
+        module: Top-level module name, e.g. ``"wandb"``.
+
+    Returns:
+        True when the module is installed.
+    """
+    if module == "transformers" and _standalone():
+        return False
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require(module: str, feature: str) -> ModuleType:
+    """Import an optional dependency or explain which extra installs it.
+
+    Args:
+        module: Module to import, e.g. ``"mlflow"``.
+        feature: What needs it, used in the error message.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        ModuleNotFoundError: The module is not installed; the message names the pip extra.
+    """
+    if module == "transformers" and _standalone():
+        raise ModuleNotFoundError(
+            f"{feature} needs transformers, but HF_CALLBACKS_PLUS_STANDALONE=1 hides it."
+        )
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        top = module.split(".")[0]
+        if error.name is not None and error.name.split(".")[0] != top:
+            raise
+        extra = EXTRA_FOR.get(top, "all")
+        raise ModuleNotFoundError(
+            f"{feature} needs `{top}`, which is not installed. "
+            f"Install it with: pip install 'hf-callbacks-plus[{extra}]'",
+            name=top,
+        ) from error
+
+
+def _standalone() -> bool:
+    return os.environ.get("HF_CALLBACKS_PLUS_STANDALONE", "").lower() in {"1", "true", "yes"}
+
+
+def _load_transformers_callback_module() -> Optional[ModuleType]:
+    if not is_available("transformers"):
+        return None
+    try:
+        return importlib.import_module("transformers.trainer_callback")
+    except Exception:  # a broken transformers install must not break our import
+        return None
+
+
+_TRANSFORMERS_CALLBACKS = _load_transformers_callback_module()
+
+
+def transformers_callback_module() -> Optional[ModuleType]:
+    """Return ``transformers.trainer_callback`` when transformers is usable, else None."""
+    return _TRANSFORMERS_CALLBACKS
+
+
+def transformers_version() -> Optional[tuple[int, ...]]:
+    """Return the installed transformers version as a tuple of ints, or None."""
+    if _TRANSFORMERS_CALLBACKS is None:
+        return None
+    import transformers
+
+    parts = []
+    for piece in transformers.__version__.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+# Our base classes derive from transformers' own when it is importable, so a stock
+# ``transformers.Trainer`` treats our callbacks exactly like its own (its
+# ``isinstance(cb, ExportableState)`` check decides what goes into checkpoints).
+ExportableStateBase: Any
+TrainerCallbackBase: Any
+if _TRANSFORMERS_CALLBACKS is not None:
+    ExportableStateBase = _TRANSFORMERS_CALLBACKS.ExportableState
+    TrainerCallbackBase = _TRANSFORMERS_CALLBACKS.TrainerCallback
+else:
+    ExportableStateBase = object
+    TrainerCallbackBase = object

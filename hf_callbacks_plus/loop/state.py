@@ -1,0 +1,171 @@
+"""TrainerState, TrainerControl and ExportableState, field for field as in transformers 5.x.
+
+``trainer_state.json`` files written here load in transformers and vice versa.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from .._compat import ExportableStateBase
+
+__all__ = ["ExportableState", "TrainerControl", "TrainerState", "TRAINER_STATE_NAME"]
+
+#: File name of the serialized state inside a checkpoint folder (same as transformers).
+TRAINER_STATE_NAME = "trainer_state.json"
+
+
+class ExportableState(ExportableStateBase):
+    """Base for objects whose state is saved in checkpoints and restored on resume.
+
+    When transformers is installed this class derives from
+    ``transformers.trainer_callback.ExportableState``, so a stock ``Trainer`` saves our
+    stateful callbacks into ``trainer_state.json`` exactly like its own.
+
+    Subclasses implement :meth:`state` returning ``{"args": {...}, "attributes": {...}}``.
+    """
+
+    def state(self) -> dict[str, Any]:
+        """Return ``{"args": constructor kwargs, "attributes": mutable state}``."""
+        raise NotImplementedError("You must implement a `state` function to utilize this class.")
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ExportableState:
+        """Build an instance from the dict returned by :meth:`state`."""
+        instance = cls(**state["args"])
+        for key, value in state["attributes"].items():
+            setattr(instance, key, value)
+        return instance
+
+
+def exportable_state_types() -> tuple[type, ...]:
+    """Classes whose instances count as stateful (ours, and transformers' when installed)."""
+    types: list[type] = [ExportableState]
+    if ExportableStateBase is not object:
+        types.append(ExportableStateBase)
+    return tuple(types)
+
+
+@dataclass
+class TrainerState:
+    """The inner state of a training run, passed to every callback event.
+
+    Same fields, defaults and JSON layout as ``transformers.TrainerState``. One step is one
+    optimizer update (``gradient_accumulation_steps`` batches).
+    """
+
+    epoch: float = 0
+    global_step: int = 0
+    max_steps: int = 0
+    logging_steps: int = 500
+    eval_steps: int = 500
+    save_steps: int = 500
+    train_batch_size: Optional[int] = None
+    num_train_epochs: int = 0
+    num_input_tokens_seen: int = 0
+    total_flos: float = 0
+    log_history: list[dict[str, float]] = None  # type: ignore[assignment]
+    best_metric: Optional[float] = None
+    best_global_step: Optional[int] = None
+    best_model_checkpoint: Optional[str] = None
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
+    is_hyper_param_search: bool = False
+    trial_name: Optional[str] = None
+    trial_params: Optional[dict[str, Union[str, float, int, bool]]] = None
+    stateful_callbacks: Any = None
+
+    def __post_init__(self) -> None:
+        if self.log_history is None:
+            self.log_history = []
+        if self.stateful_callbacks is None:
+            self.stateful_callbacks = {}
+        elif isinstance(self.stateful_callbacks, dict):
+            pass  # loaded from a state file
+        else:
+            stateful: dict[str, Any] = {}
+            allowed = exportable_state_types()
+            for callback in self.stateful_callbacks:
+                if not isinstance(callback, allowed):
+                    raise TypeError(
+                        "All callbacks passed to be saved must inherit `ExportableState`, "
+                        f"but received {type(callback)}"
+                    )
+                name = callback.__class__.__name__
+                if name in stateful:
+                    if not isinstance(stateful[name], list):
+                        stateful[name] = [stateful[name]]
+                    stateful[name].append(callback.state())
+                else:
+                    stateful[name] = callback.state()
+            self.stateful_callbacks = stateful
+
+    def save_to_json(self, json_path: Union[str, os.PathLike]) -> None:
+        """Write this state as JSON (same layout as transformers' ``trainer_state.json``)."""
+        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        with open(json_path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+    @classmethod
+    def load_from_json(cls, json_path: Union[str, os.PathLike]) -> TrainerState:
+        """Read a state written by :meth:`save_to_json` or by transformers.
+
+        Keys unknown to this version (written by a newer or older transformers) are ignored.
+        """
+        with open(json_path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    def compute_steps(self, args: Any, max_steps: int) -> None:
+        """Turn fractional ``logging/eval/save_steps`` (< 1) into absolute step counts."""
+        for kind in ("logging", "eval", "save"):
+            num_steps = getattr(args, f"{kind}_steps")
+            if num_steps is not None:
+                if num_steps < 1:
+                    num_steps = math.ceil(max_steps * num_steps)
+                setattr(self, f"{kind}_steps", num_steps)
+
+
+@dataclass
+class TrainerControl(ExportableState):
+    """Switches callbacks flip to steer the loop; same reset rules as transformers.
+
+    ``should_training_stop`` is reset at train begin, ``should_epoch_stop`` at each epoch
+    begin, ``should_save/should_evaluate/should_log`` at each step begin.
+    """
+
+    should_training_stop: bool = False
+    should_epoch_stop: bool = False
+    should_save: bool = False
+    should_evaluate: bool = False
+    should_log: bool = False
+
+    def _new_training(self) -> None:
+        self.should_training_stop = False
+
+    def _new_epoch(self) -> None:
+        self.should_epoch_stop = False
+
+    def _new_step(self) -> None:
+        self.should_save = False
+        self.should_evaluate = False
+        self.should_log = False
+
+    def state(self) -> dict[str, Any]:
+        """Return the flags as ``{"args": ..., "attributes": {}}``."""
+        return {
+            "args": {
+                "should_training_stop": self.should_training_stop,
+                "should_epoch_stop": self.should_epoch_stop,
+                "should_save": self.should_save,
+                "should_evaluate": self.should_evaluate,
+                "should_log": self.should_log,
+            },
+            "attributes": {},
+        }

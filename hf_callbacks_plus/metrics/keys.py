@@ -1,0 +1,354 @@
+"""The log-key grammar: raw Trainer log keys <-> (section, dataset, name) <-> tracker names.
+
+One module decides where every key belongs; loggers, ``EarlyStopping``, the train-subset
+evaluation and plotting all use it, so a metric has the same identity everywhere.
+
+Raw keys (what ``Trainer.log`` receives) and how they render:
+
+==============================  ==========================  ==========================
+raw key                         parsed section / dataset    rendered
+==============================  ==========================  ==========================
+``loss``, ``learning_rate``,    train / -                   ``train/loss`` ...
+``grad_norm``, ``epoch``
+``eval_loss``                   eval / -                    ``eval/loss``
+``eval_squad_f1`` (dataset      eval / squad                ``eval/squad/f1``
+``squad`` known)
+``test_f1``                     test / -                    ``test/f1``
+``train_accuracy`` (subset)     train / -                   ``train/accuracy``
+``train_loss`` (subset)         train / -                   ``train/subset_loss``
+``val_acc`` (prefix ``val``     val / -                     ``val/acc``
+learned or declared)
+``train_runtime``, ``total_flos``  summary                  unchanged
+(end-of-training record)
+``eval/loss`` (pre-rendered)    eval / -                    unchanged
+==============================  ==========================  ==========================
+
+A train-subset metric whose name equals a training-loop key (``loss``, ``grad_norm``,
+``learning_rate``, ``epoch``) is rendered with a ``subset_`` prefix, so the running
+training loss and the loss measured on the train subset never share a name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = [
+    "SUMMARY_KEYS",
+    "TRAINING_LOOP_KEYS",
+    "KeyGrammar",
+    "MetricKey",
+    "add_prefix",
+    "did_you_mean",
+    "flatten_metrics",
+]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+#: Keys the training loop itself logs without a prefix.
+TRAINING_LOOP_KEYS = frozenset(
+    {"loss", "learning_rate", "grad_norm", "epoch", "num_input_tokens_seen", "num_tokens"}
+)
+
+#: Keys of the end-of-training record (``Trainer.train`` output); they are run totals.
+SUMMARY_KEYS = frozenset(
+    {
+        "train_runtime",
+        "train_samples_per_second",
+        "train_steps_per_second",
+        "train_tokens_per_second",
+        "train_loss",
+        "total_flos",
+    }
+)
+
+#: Sections every grammar knows. Custom ones are added by ``declare_prefix``.
+BUILTIN_SECTIONS = ("eval", "test", "train")
+
+#: Separator used when flattening nested metric dicts.
+NESTED_SEPARATOR = "."
+
+#: Suffixes every ``Trainer.evaluate``/``predict`` adds after its ``metric_key_prefix``.
+_SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
+
+
+@dataclass(frozen=True)
+class MetricKey:
+    """A parsed log key.
+
+    Attributes:
+        raw: The key as logged.
+        section: ``"train"``, ``"eval"``, ``"test"``, a custom prefix, or ``"summary"``.
+        dataset: Eval dataset name for ``eval_<dataset>_<name>`` keys, else None.
+        name: The metric name inside its section (``"accuracy"``, ``"loss"``).
+        rendered: The tracker name (``"eval/accuracy"``); summary keys stay raw.
+    """
+
+    raw: str
+    section: str
+    dataset: Optional[str]
+    name: str
+    rendered: str
+
+    @property
+    def is_summary(self) -> bool:
+        """True for end-of-training totals that belong in a run summary, not a curve."""
+        return self.section == "summary"
+
+    @property
+    def is_training_loop(self) -> bool:
+        """True for keys the training loop logs bare (``loss``, ``learning_rate``...)."""
+        return self.section == "train" and self.raw in TRAINING_LOOP_KEYS
+
+
+def flatten_metrics(metrics: Mapping[str, Any], separator: str = NESTED_SEPARATOR) -> dict[str, Any]:
+    """Flatten nested dicts returned by ``compute_metrics``.
+
+    Args:
+        metrics: A possibly nested mapping, e.g. ``{"f1": {"macro": 0.5}}``.
+        separator: Joins nested names. Defaults to ``"."``.
+
+    Returns:
+        A flat dict, e.g. ``{"f1.macro": 0.5}``.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        key = str(key)
+        if isinstance(value, Mapping):
+            for sub_key, sub_value in flatten_metrics(value, separator).items():
+                flat[f"{key}{separator}{sub_key}"] = sub_value
+        else:
+            flat[key] = value
+    return flat
+
+
+def add_prefix(metrics: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Prefix metric names like ``Trainer.evaluate`` does, never doubling the prefix.
+
+    Args:
+        metrics: Metric names to values (nested dicts are flattened).
+        prefix: ``"eval"``, ``"train"``, ``"eval_squad"``...
+
+    Returns:
+        ``{"<prefix>_<name>": value}``; a name that already starts with ``<prefix>_`` is
+        kept as is, so ``eval_eval_loss`` is never produced.
+    """
+    out: dict[str, Any] = {}
+    for key, value in flatten_metrics(metrics).items():
+        out[key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"] = value
+    return out
+
+
+def did_you_mean(wanted: str, available: Iterable[str], limit: int = 3) -> list[str]:
+    """Return up to ``limit`` keys from ``available`` that look like ``wanted``."""
+    available = list(available)
+    matches = difflib.get_close_matches(wanted, available, n=limit, cutoff=0.5)
+    if not matches:
+        tail = wanted.split("_")[-1].split("/")[-1]
+        matches = [key for key in available if key.endswith(tail)][:limit]
+    return matches
+
+
+class KeyGrammar:
+    """Parses and renders log keys for one trainer.
+
+    Args:
+        eval_datasets: Names of the eval datasets when the trainer evaluates a dict of
+            datasets (``eval_dataset={"squad": ..., "news": ...}``). Defaults to ().
+        prefixes: Custom ``metric_key_prefix`` values (e.g. ``"val"``). Prefixes are also
+            learned from evaluation metrics (every evaluation logs ``<prefix>_runtime``).
+            Defaults to ().
+
+    Example:
+        >>> grammar = KeyGrammar(eval_datasets=["squad"])
+        >>> grammar.render("eval_squad_f1")
+        'eval/squad/f1'
+    """
+
+    def __init__(self, eval_datasets: Iterable[str] = (), prefixes: Iterable[str] = ()) -> None:
+        self._datasets: list[str] = []
+        self._sections: list[str] = list(BUILTIN_SECTIONS)
+        self._cache: dict[tuple[str, bool], MetricKey] = {}
+        self._warned_collisions: set[tuple[str, str]] = set()
+        for name in eval_datasets:
+            self.declare_dataset(name)
+        for prefix in prefixes:
+            self.declare_prefix(prefix)
+
+    # -- configuration ---------------------------------------------------------------
+    @property
+    def eval_datasets(self) -> tuple[str, ...]:
+        """The known eval dataset names."""
+        return tuple(self._datasets)
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """Known section prefixes (``eval``, ``test``, ``train`` and custom ones)."""
+        return tuple(self._sections)
+
+    def declare_dataset(self, name: str) -> None:
+        """Register an eval dataset name (keys ``eval_<name>_<metric>``)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"declare_dataset: name must be a non-empty string, got {name!r}")
+        if name not in self._datasets:
+            self._datasets.append(name)
+            self._datasets.sort(key=len, reverse=True)  # longest match first
+            self._cache.clear()
+
+    def declare_prefix(self, prefix: str) -> None:
+        """Register a custom section prefix (keys ``<prefix>_<metric>``)."""
+        if not isinstance(prefix, str) or not prefix or "/" in prefix:
+            raise ValueError(
+                f"declare_prefix: prefix must be a non-empty string without '/', got {prefix!r}"
+            )
+        if prefix.startswith("eval_") and prefix[len("eval_"):]:
+            self.declare_dataset(prefix[len("eval_"):])
+            return
+        if prefix not in self._sections:
+            self._sections.append(prefix)
+            self._sections.sort(key=len, reverse=True)
+            self._cache.clear()
+
+    def learn_from_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """Learn the prefix of an evaluation from its metrics (``<prefix>_runtime``...)."""
+        for key in metrics:
+            for suffix in _SPEED_SUFFIXES:
+                if isinstance(key, str) and key.endswith(suffix) and len(key) > len(suffix):
+                    prefix = key[: -len(suffix)]
+                    if prefix != "train":
+                        self.declare_prefix(prefix)
+
+    # -- parsing -----------------------------------------------------------------------
+    def parse(self, key: str, *, summary: bool = False) -> MetricKey:
+        """Parse one key. Never raises.
+
+        Args:
+            key: A raw or already rendered key (any object is turned into ``str``).
+            summary: The key comes from the end-of-training record. Defaults to False.
+
+        Returns:
+            The parsed key.
+        """
+        key = key if isinstance(key, str) else str(key)
+        cached = self._cache.get((key, summary))
+        if cached is None:
+            cached = self._parse(key, summary)
+            if len(self._cache) < 100_000:
+                self._cache[(key, summary)] = cached
+        return cached
+
+    def _parse(self, key: str, summary: bool) -> MetricKey:
+        if (summary and (key in SUMMARY_KEYS or key.startswith("train_"))) or key == "total_flos":
+            return MetricKey(key, "summary", None, key, key)
+        if "/" in key and not key.startswith("/") and not key.endswith("/"):
+            parts = key.split("/")
+            dataset = parts[1] if len(parts) > 2 else None
+            return MetricKey(key, parts[0], dataset, parts[-1], key)
+        if key in TRAINING_LOOP_KEYS:
+            return MetricKey(key, "train", None, key, f"train/{key}")
+        for dataset in self._datasets:
+            head = f"eval_{dataset}_"
+            if key.startswith(head) and len(key) > len(head):
+                name = key[len(head):]
+                return MetricKey(key, "eval", dataset, name, f"eval/{dataset}/{name}")
+        for section in self._sections:
+            head = f"{section}_"
+            if key.startswith(head) and len(key) > len(head):
+                name = key[len(head):]
+                shown = f"subset_{name}" if section == "train" and name in TRAINING_LOOP_KEYS else name
+                return MetricKey(key, section, None, name, f"{section}/{shown}")
+        if not key:
+            return MetricKey(key, "train", None, key, "train/<empty>")
+        return MetricKey(key, "train", None, key, f"train/{key}")
+
+    def render(self, key: str, *, summary: bool = False) -> str:
+        """Return the tracker name of ``key`` (see :meth:`parse`)."""
+        return self.parse(key, summary=summary).rendered
+
+    @staticmethod
+    def is_summary_record(logs: Mapping[str, Any]) -> bool:
+        """True for the end-of-training record (it carries ``train_runtime``)."""
+        return "train_runtime" in logs
+
+    def render_logs(self, logs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Render one log record into (curve values, summary values).
+
+        Nested dicts are flattened first. Two keys that would render to the same name keep
+        distinct names: the later one falls back to ``<section>/<raw key>``, with one
+        warning per pair.
+
+        Returns:
+            ``(curves, summary)``: rendered names to values.
+        """
+        summary_record = self.is_summary_record(logs)
+        curves: dict[str, Any] = {}
+        summary: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for raw, value in flatten_metrics(logs).items():
+            parsed = self.parse(raw, summary=summary_record)
+            target = summary if parsed.is_summary else curves
+            name = parsed.rendered
+            if name in origin and origin[name] != raw:
+                name = self._disambiguate(parsed, origin)
+            origin[name] = raw
+            target[name] = value
+        return curves, summary
+
+    def _disambiguate(self, parsed: MetricKey, origin: Mapping[str, str]) -> str:
+        pair = (origin[parsed.rendered], parsed.raw)
+        if pair not in self._warned_collisions:
+            self._warned_collisions.add(pair)
+            logger.warning(
+                "Log keys %r and %r both render to %r; logging %r under its raw name.",
+                pair[0], pair[1], parsed.rendered, parsed.raw,
+            )
+        candidate = f"{parsed.section}/{parsed.raw}" if parsed.section != "summary" else parsed.raw
+        while candidate in origin:
+            candidate += "_"
+        return candidate
+
+    # -- lookup ------------------------------------------------------------------------
+    def candidates(self, monitor: str) -> list[str]:
+        """Raw keys ``monitor`` may refer to, most specific first.
+
+        ``"accuracy"`` may be ``eval_accuracy`` (transformers' ``metric_for_best_model``
+        convention) or a bare key; ``"eval/accuracy"`` is matched through rendering.
+        """
+        out = [monitor]
+        if "/" not in monitor and not self._has_section(monitor):
+            out.insert(0, f"eval_{monitor}")
+        return out
+
+    def _has_section(self, key: str) -> bool:
+        return key in TRAINING_LOOP_KEYS or any(
+            key.startswith(f"{section}_") for section in self._sections
+        )
+
+    def resolve(self, monitor: str, available: Iterable[str]) -> Optional[str]:
+        """Find the raw key in ``available`` that ``monitor`` names, or None.
+
+        Args:
+            monitor: A raw key (``eval_loss``), a bare metric name (``accuracy`` means
+                ``eval_accuracy`` when present) or a rendered name (``eval/accuracy``).
+            available: Keys of a metrics or logs dict.
+        """
+        keys = [key for key in available if isinstance(key, str)]
+        present = set(keys)
+        for candidate in self.candidates(monitor):
+            if candidate in present:
+                return candidate
+        for key in keys:
+            if self.render(key) == monitor:
+                return key
+        return None
+
+    def explain_missing(self, monitor: str, available: Iterable[str]) -> str:
+        """A message saying ``monitor`` is missing, listing keys and a "did you mean"."""
+        keys = sorted({key for key in available if isinstance(key, str)})
+        suggestions = did_you_mean(monitor, keys + [self.render(k) for k in keys])
+        hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+        return f"Metric {monitor!r} was not found. Available keys: {keys}.{hint}"
+
