@@ -1,0 +1,105 @@
+"""Stateful callbacks that restore themselves on resume, in any trainer.
+
+A stock ``transformers.Trainer`` saves every ``ExportableState`` callback's ``state()`` into
+``checkpoint-N/trainer_state.json`` but restores it only with
+``restore_callback_states_from_checkpoint=True`` (and then replaces the instances, moving
+them to the end of the callback list). :class:`SelfRestoringState` removes both problems:
+at ``on_train_begin`` the resumed ``TrainerState`` already holds the saved
+``stateful_callbacks`` dict, so the callback finds its own entry (matched by
+:attr:`state_key`, so several instances of one class each get their own state) and loads
+it in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from ..loop.callback import TrainerCallback
+from ..loop.state import ExportableState
+
+__all__ = ["SelfRestoringState"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+
+class SelfRestoringState(TrainerCallback, ExportableState):
+    """Base for callbacks whose state survives checkpoint/resume without any flag.
+
+    Subclasses implement :meth:`state_args` (constructor kwargs), :meth:`state_attributes`
+    (mutable state, JSON-serializable) and :meth:`load_state_attributes`, and may override
+    :attr:`state_key` to tell apart several instances of the same class. Subclasses that
+    override ``on_train_begin`` must call ``super().on_train_begin(...)`` first.
+    """
+
+    #: Attribute name under which the instance key is saved.
+    STATE_KEY_FIELD = "state_key"
+
+    @property
+    def state_key(self) -> str:
+        """Identifies this instance among others of its class. Defaults to the class name."""
+        return type(self).__name__
+
+    def state_args(self) -> dict[str, Any]:
+        """Constructor kwargs that rebuild an equivalent instance."""
+        return {}
+
+    def state_attributes(self) -> dict[str, Any]:
+        """The mutable state to checkpoint (JSON-serializable)."""
+        return {}
+
+    def load_state_attributes(self, attributes: dict[str, Any]) -> None:
+        """Load what :meth:`state_attributes` returned (read keys with ``.get``)."""
+
+    def state(self) -> dict[str, Any]:
+        """The ``ExportableState`` payload saved into ``trainer_state.json``."""
+        attributes = dict(self.state_attributes())
+        attributes[self.STATE_KEY_FIELD] = self.state_key
+        return {"args": self.state_args(), "attributes": attributes}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> SelfRestoringState:
+        """Rebuild an instance (used by transformers' ``restore_callback_states_from_checkpoint``)."""
+        instance = cls(**state.get("args", {}))
+        attributes = dict(state.get("attributes", {}))
+        attributes.pop(cls.STATE_KEY_FIELD, None)
+        instance.load_state_attributes(attributes)
+        return instance
+
+    def find_saved_state(self, trainer_state: Any) -> Optional[dict[str, Any]]:
+        """Return this instance's saved attributes from a resumed ``TrainerState``, or None."""
+        saved = getattr(trainer_state, "stateful_callbacks", None)
+        if not isinstance(saved, dict):
+            return None
+        entries = saved.get(type(self).__name__)
+        if entries is None:
+            return None
+        if not isinstance(entries, list):
+            entries = [entries]
+        for entry in entries:
+            attributes = entry.get("attributes", {}) if isinstance(entry, dict) else {}
+            if attributes.get(self.STATE_KEY_FIELD) == self.state_key:
+                return attributes
+        return None
+
+    def restore_from_trainer_state(self, trainer_state: Any) -> bool:
+        """Load this instance's state from a resumed ``TrainerState``.
+
+        Returns:
+            True when a saved state was found and loaded.
+        """
+        attributes = self.find_saved_state(trainer_state)
+        if attributes is None:
+            return False
+        attributes = dict(attributes)
+        attributes.pop(self.STATE_KEY_FIELD, None)
+        self.load_state_attributes(attributes)
+        logger.info(
+            "%s restored its state from the checkpoint (key %r).", type(self).__name__, self.state_key
+        )
+        return True
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Restore from the checkpoint being resumed, if any (``state.global_step > 0``)."""
+        if getattr(state, "global_step", 0) > 0:
+            self.restore_from_trainer_state(state)
