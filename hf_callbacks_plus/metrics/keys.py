@@ -18,6 +18,7 @@ raw key                         parsed section / dataset    rendered
 ``train_loss`` (subset)         train / -                   ``train/subset_loss``
 ``val_acc`` (prefix ``val``     val / -                     ``val/acc``
 learned or declared)
+``gap_loss`` (train minus eval) gap / -                     ``gap/loss``
 ``train_runtime``, ``total_flos``  summary                  unchanged
 (end-of-training record)
 ``eval/loss`` (pre-rendered)    eval / -                    unchanged
@@ -44,6 +45,7 @@ __all__ = [
     "add_prefix",
     "did_you_mean",
     "flatten_metrics",
+    "grammar_for",
 ]
 
 logger = logging.getLogger("hf_callbacks_plus")
@@ -66,7 +68,7 @@ SUMMARY_KEYS = frozenset(
 )
 
 #: Sections every grammar knows. Custom ones are added by ``declare_prefix``.
-BUILTIN_SECTIONS = ("eval", "test", "train")
+BUILTIN_SECTIONS = ("eval", "test", "train", "gap")
 
 #: Separator used when flattening nested metric dicts.
 NESTED_SEPARATOR = "."
@@ -112,17 +114,31 @@ def flatten_metrics(metrics: Mapping[str, Any], separator: str = NESTED_SEPARATO
         separator: Joins nested names. Defaults to ``"."``.
 
     Returns:
-        A flat dict, e.g. ``{"f1.macro": 0.5}``.
+        A flat dict, e.g. ``{"f1.macro": 0.5}``. When two entries flatten to the same name
+        (``{"f1.macro": 1, "f1": {"macro": 2}}``) the later one gets a ``_`` suffix and a
+        warning is logged: no value is dropped silently.
     """
     flat: dict[str, Any] = {}
     for key, value in metrics.items():
         key = str(key)
         if isinstance(value, Mapping):
             for sub_key, sub_value in flatten_metrics(value, separator).items():
-                flat[f"{key}{separator}{sub_key}"] = sub_value
+                _put_unique(flat, f"{key}{separator}{sub_key}", sub_value)
         else:
-            flat[key] = value
+            _put_unique(flat, key, value)
     return flat
+
+
+def _put_unique(flat: dict[str, Any], key: str, value: Any) -> None:
+    if key in flat:
+        unique = key + "_"
+        while unique in flat:
+            unique += "_"
+        logger.warning(
+            "Nested metrics flatten to the same name %r; logging the later one as %r.", key, unique
+        )
+        key = unique
+    flat[key] = value
 
 
 def add_prefix(metrics: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -137,8 +153,16 @@ def add_prefix(metrics: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         kept as is, so ``eval_eval_loss`` is never produced.
     """
     out: dict[str, Any] = {}
-    for key, value in flatten_metrics(metrics).items():
-        out[key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"] = value
+    flat = flatten_metrics(metrics)
+    for key, value in flat.items():
+        target = key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"
+        if target in out or (target != key and target in flat):
+            logger.warning(
+                "add_prefix: %r and %r both name %r; keeping the value already prefixed.",
+                key, target, target,
+            )
+            continue
+        out[target] = value
     return out
 
 
@@ -177,6 +201,25 @@ class KeyGrammar:
             self.declare_dataset(name)
         for prefix in prefixes:
             self.declare_prefix(prefix)
+
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> KeyGrammar:
+        """Build the grammar of a trainer: its eval dataset names and known prefixes.
+
+        Args:
+            trainer: A ``transformers.Trainer``, ``TrainerPlus`` or ``LightweightTrainer``.
+                When ``trainer.eval_dataset`` is a dict its keys are the dataset names.
+
+        Returns:
+            A new grammar.
+        """
+        grammar = cls()
+        eval_dataset = getattr(trainer, "eval_dataset", None)
+        if isinstance(eval_dataset, Mapping):
+            for name in eval_dataset:
+                if isinstance(name, str) and name:
+                    grammar.declare_dataset(name)
+        return grammar
 
     # -- configuration ---------------------------------------------------------------
     @property
@@ -243,9 +286,9 @@ class KeyGrammar:
     def _parse(self, key: str, summary: bool) -> MetricKey:
         if (summary and (key in SUMMARY_KEYS or key.startswith("train_"))) or key == "total_flos":
             return MetricKey(key, "summary", None, key, key)
-        if "/" in key and not key.startswith("/") and not key.endswith("/"):
+        if "/" in key and not key.startswith("/"):  # already rendered: section/.../name
             parts = key.split("/")
-            dataset = parts[1] if len(parts) > 2 else None
+            dataset = (parts[1] or None) if len(parts) > 2 else None
             return MetricKey(key, parts[0], dataset, parts[-1], key)
         if key in TRAINING_LOOP_KEYS:
             return MetricKey(key, "train", None, key, f"train/{key}")
@@ -352,3 +395,29 @@ class KeyGrammar:
         hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
         return f"Metric {monitor!r} was not found. Available keys: {keys}.{hint}"
 
+
+
+def grammar_for(trainer: Any) -> KeyGrammar:
+    """Return ``trainer.key_grammar``, creating (and attaching) it when missing.
+
+    ``TrainerPlus`` keeps one grammar per trainer and feeds it the prefixes passed to
+    ``evaluate``; for any other trainer this builds one with :meth:`KeyGrammar.from_trainer`
+    and stores it on the trainer, so every callback of that trainer shares it.
+
+    Args:
+        trainer: Any trainer object (``None`` gives a fresh default grammar).
+
+    Returns:
+        The trainer's grammar.
+    """
+    if trainer is None:
+        return KeyGrammar()
+    grammar = getattr(trainer, "key_grammar", None)
+    if isinstance(grammar, KeyGrammar):
+        return grammar
+    grammar = KeyGrammar.from_trainer(trainer)
+    try:
+        trainer.key_grammar = grammar
+    except AttributeError:  # a trainer with __slots__ or a read-only attribute
+        pass
+    return grammar
