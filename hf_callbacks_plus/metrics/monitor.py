@@ -1,0 +1,266 @@
+"""Monitor: metric lookup, mode, ``min_delta`` and finiteness, in one reusable piece.
+
+Every component that watches a metric (``EarlyStopping``, best-model logic, schedulers)
+uses :class:`Monitor`, so "is this value better than that one" has one definition:
+
+* lookup goes through :class:`~hf_callbacks_plus.metrics.keys.KeyGrammar` (``"accuracy"``
+  finds ``eval_accuracy``; ``"eval/accuracy"`` finds it through rendering);
+* ``mode`` is ``"min"``, ``"max"`` or ``"auto"`` (decided from the metric name, like Keras
+  and Composer; a name that says nothing raises an error telling what to pass);
+* ``min_delta`` is an absolute amount or a fraction of the best value
+  (``min_delta_mode="relative"``);
+* a non-finite value (NaN, +-Inf) is never an improvement, so it never becomes "best".
+
+:meth:`Monitor.is_improvement` is a pure function of its two arguments.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
+
+from .keys import KeyGrammar
+
+__all__ = [
+    "MAXIMIZE_WORDS",
+    "MINIMIZE_WORDS",
+    "MIN_DELTA_MODES",
+    "MODES",
+    "Monitor",
+    "infer_mode",
+    "to_float",
+]
+
+#: Valid values of ``mode``.
+MODES = ("min", "max", "auto")
+#: Valid values of ``min_delta_mode``.
+MIN_DELTA_MODES = ("absolute", "relative")
+
+#: Name tokens meaning "lower is better".
+MINIMIZE_WORDS = frozenset(
+    {
+        "loss", "error", "err", "mse", "mae", "rmse", "msle", "mape", "smape", "perplexity", "ppl",
+        "wer", "cer", "ter", "nll", "distance", "brier", "logloss", "entropy", "crossentropy", "kl",
+        "hamming", "fpr", "fnr", "eer", "runtime", "regret",
+    }
+)
+#: Name tokens meaning "higher is better".
+MAXIMIZE_WORDS = frozenset(
+    {
+        "accuracy", "acc", "f1", "fbeta", "auc", "auroc", "roc", "precision", "recall", "bleu",
+        "sacrebleu", "rouge", "rouge1", "rouge2", "rougel", "rougelsum", "meteor", "chrf", "map",
+        "mrr", "ndcg", "iou", "miou", "dice", "r2", "spearman", "spearmanr", "pearson", "pearsonr",
+        "matthews", "mcc", "exact", "em", "bertscore", "top1", "top5", "tpr", "specificity",
+        "sensitivity", "kappa", "jaccard", "psnr", "ssim", "reward",
+    }
+)
+#: Tokens whose direction depends on who computed the value: ``mode`` must be explicit.
+AMBIGUOUS_WORDS = frozenset({"gap", "delta", "diff", "difference"})
+
+_TOKEN_SPLIT = re.compile(r"[^0-9a-z]+")
+
+
+def infer_mode(name: str) -> Optional[str]:
+    """Guess ``"min"`` or ``"max"`` from a metric name, or None when the name does not tell.
+
+    The name is lower-cased and split on non-alphanumeric characters; a token from
+    :data:`MINIMIZE_WORDS` means ``"min"``, one from :data:`MAXIMIZE_WORDS` ``"max"``.
+    Names with tokens of both kinds, or a token such as ``gap`` (whose sign depends on the
+    producer), return None.
+
+    Args:
+        name: A metric key (``"eval_loss"``, ``"eval/squad/f1"``, ``"train_accuracy"``).
+
+    Returns:
+        ``"min"``, ``"max"`` or None.
+
+    Example:
+        >>> infer_mode("eval_squad_f1"), infer_mode("eval_loss"), infer_mode("eval_score")
+        ('max', 'min', None)
+    """
+    lowered = name.lower()
+    tokens = {token for token in _TOKEN_SPLIT.split(lowered) if token}
+    if tokens & AMBIGUOUS_WORDS:
+        return None
+    for suffix in ("samples_per_second", "steps_per_second"):
+        if lowered.endswith(suffix):
+            return "max"
+    minimize = bool(tokens & MINIMIZE_WORDS)
+    maximize = bool(tokens & MAXIMIZE_WORDS)
+    if minimize == maximize:
+        return None
+    return "min" if minimize else "max"
+
+
+def to_float(value: Any) -> Optional[float]:
+    """Convert a logged value (python/numpy/torch scalar) to ``float``; None when not numeric."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 0) == 0:
+        try:
+            result = item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            return float(result)
+    return None
+
+
+def _check_number(name: str, value: Any, *, allow_none: bool = False) -> Optional[float]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        expected = "a number or None" if allow_none else "a number"
+        raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__}).")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    return float(value)
+
+
+class Monitor:
+    """Finds a metric in a metrics dict and decides whether a value improves on the best.
+
+    Args:
+        monitor: The metric to watch: a raw key (``"eval_loss"``), a bare name resolved like
+            ``metric_for_best_model`` (``"accuracy"`` -> ``eval_accuracy`` when present), or a
+            rendered name (``"eval/accuracy"``).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (decided from the name, see
+            :func:`infer_mode`). Defaults to ``"auto"``.
+        min_delta: How much a value must beat the best by to count as an improvement; must
+            be >= 0. Defaults to 0.0.
+        min_delta_mode: ``"absolute"`` (beat the best by ``min_delta``) or ``"relative"``
+            (beat it by ``min_delta * abs(best)``). Defaults to ``"absolute"``.
+        grammar: The key grammar used for lookup. Defaults to a new :class:`KeyGrammar`.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: Unknown ``mode``/``min_delta_mode``, negative ``min_delta``, or
+            ``mode="auto"`` with a name that does not tell the direction.
+
+    Example:
+        >>> m = Monitor("eval_loss", min_delta=0.01)
+        >>> m.mode, m.is_improvement(0.5, 0.6), m.is_improvement(0.595, 0.6)
+        ('min', True, False)
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        mode: str = "auto",
+        min_delta: float = 0.0,
+        min_delta_mode: str = "absolute",
+        grammar: Optional[KeyGrammar] = None,
+    ) -> None:
+        if not isinstance(monitor, str) or not monitor:
+            raise TypeError(f"monitor must be a non-empty string, got {monitor!r}.")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}.")
+        if min_delta_mode not in MIN_DELTA_MODES:
+            raise ValueError(
+                f"min_delta_mode must be one of {list(MIN_DELTA_MODES)}, got {min_delta_mode!r}."
+            )
+        delta = _check_number("min_delta", min_delta)
+        if delta is None or delta < 0:
+            raise ValueError(
+                f"min_delta must be >= 0 (the amount a value must beat the best by), got {min_delta!r}."
+            )
+        if mode == "auto":
+            inferred = infer_mode(monitor)
+            if inferred is None:
+                raise ValueError(
+                    f"mode='auto' cannot tell whether {monitor!r} should go down or up. "
+                    f"Pass mode='min' (lower is better, e.g. a loss) or mode='max' (higher is better, "
+                    f"e.g. an accuracy)."
+                )
+            mode = inferred
+        if grammar is not None and not isinstance(grammar, KeyGrammar):
+            raise TypeError(f"grammar must be a KeyGrammar or None, got {type(grammar).__name__}.")
+        self.monitor = monitor
+        self.mode = mode
+        self.min_delta = delta
+        self.min_delta_mode = min_delta_mode
+        self.grammar = grammar if grammar is not None else KeyGrammar()
+
+    def __repr__(self) -> str:
+        return (
+            f"Monitor({self.monitor!r}, mode={self.mode!r}, min_delta={self.min_delta!r}, "
+            f"min_delta_mode={self.min_delta_mode!r})"
+        )
+
+    # -- lookup ----------------------------------------------------------------------
+    def resolve(self, metrics: Iterable[str]) -> Optional[str]:
+        """The key of ``metrics`` that this monitor names, or None."""
+        return self.grammar.resolve(self.monitor, metrics)
+
+    def lookup(self, metrics: Mapping[str, Any]) -> tuple[Optional[str], Any]:
+        """Return ``(key, raw value)`` of the monitored metric, or ``(None, None)``."""
+        key = self.resolve(metrics.keys())
+        return (key, metrics[key]) if key is not None else (None, None)
+
+    def explain_missing(self, metrics: Iterable[str]) -> str:
+        """Message for a missing metric: the keys available and a "did you mean"."""
+        return self.grammar.explain_missing(self.monitor, metrics)
+
+    # -- comparisons (pure) ------------------------------------------------------------
+    @property
+    def worst(self) -> float:
+        """The value every finite value improves on (``+inf`` for min, ``-inf`` for max)."""
+        return math.inf if self.mode == "min" else -math.inf
+
+    def is_better(self, current: float, reference: float) -> bool:
+        """``current`` is strictly better than ``reference`` (no ``min_delta``)."""
+        return current < reference if self.mode == "min" else current > reference
+
+    def reaches(self, current: float, threshold: float) -> bool:
+        """``current`` is at least as good as ``threshold`` (``<=`` for min, ``>=`` for max)."""
+        if not math.isfinite(current):
+            return False
+        return current <= threshold if self.mode == "min" else current >= threshold
+
+    def is_worse_than(self, current: float, threshold: float) -> bool:
+        """``current`` is strictly worse than ``threshold`` (NaN counts as worse)."""
+        if math.isnan(current):
+            return True
+        return current > threshold if self.mode == "min" else current < threshold
+
+    def is_improvement(self, current: Optional[float], best: Optional[float]) -> bool:
+        """Decide whether ``current`` improves on ``best``. Pure function of its arguments.
+
+        Rules:
+            * a non-finite or missing ``current`` never improves;
+            * a missing or NaN ``best`` is improved on by any finite value, and so is the
+              worst infinity (``+inf`` in min mode, ``-inf`` in max mode);
+            * the best infinity (``-inf`` in min mode) is never improved on;
+            * otherwise ``current`` must beat ``best`` by more than the margin: ``min_delta``
+              (absolute) or ``min_delta * abs(best)`` (relative); a value exactly at the
+              margin does not count.
+
+        Args:
+            current: The new value.
+            best: The best value so far (None when there is none).
+
+        Returns:
+            True when ``current`` is an improvement.
+        """
+        if current is None or not math.isfinite(current):
+            return False
+        if best is None or math.isnan(best):
+            return True
+        if math.isinf(best):
+            return best == self.worst
+        margin = self.min_delta if self.min_delta_mode == "absolute" else self.min_delta * abs(best)
+        if self.mode == "min":
+            return current < best - margin
+        return current > best + margin
+
+    def best_of(self, values: Iterable[Optional[float]]) -> Optional[float]:
+        """The best finite value of ``values`` (no ``min_delta``), or None."""
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        if not finite:
+            return None
+        return min(finite) if self.mode == "min" else max(finite)

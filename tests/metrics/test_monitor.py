@@ -1,0 +1,161 @@
+"""Monitor: the improvement rule checked against a separately written reference, plus lookup/mode."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_callbacks_plus.metrics.keys import KeyGrammar
+from hf_callbacks_plus.metrics.monitor import Monitor, infer_mode, to_float
+
+
+def reference_is_improvement(mode, min_delta, min_delta_mode, current, best):
+    """The rules written out plainly, independently of Monitor's code."""
+    # 1. a value that is missing, NaN or infinite is never an improvement
+    if current is None or current != current or current in (float("inf"), float("-inf")):
+        return False
+    # 2. nothing to compare with
+    if best is None or best != best:
+        return True
+    # 3. infinite best: the "worst" infinity is beaten by anything finite, the other never
+    if best == float("inf"):
+        return mode == "min"
+    if best == float("-inf"):
+        return mode == "max"
+    # 4. the margin to beat
+    if min_delta_mode == "absolute":
+        margin = min_delta
+    else:
+        margin = min_delta * (best if best >= 0 else -best)
+    if mode == "min":
+        needed = best - margin
+        return current < needed
+    needed = best + margin
+    return current > needed
+
+
+floats = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.floats(min_value=-10, max_value=10),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    mode=st.sampled_from(["min", "max"]),
+    min_delta=st.one_of(st.just(0.0), st.floats(min_value=0, max_value=5)),
+    min_delta_mode=st.sampled_from(["absolute", "relative"]),
+    current=floats,
+    best=floats,
+)
+def test_is_improvement_matches_reference(mode, min_delta, min_delta_mode, current, best):
+    monitor = Monitor("eval_x", mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode)
+    expected = reference_is_improvement(mode, min_delta, min_delta_mode, current, best)
+    assert monitor.is_improvement(current, best) is expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mode=st.sampled_from(["min", "max"]),
+    values=st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=20),
+)
+def test_non_finite_never_becomes_best(mode, values):
+    monitor = Monitor("eval_x", mode=mode)
+    best = None
+    for value in values:
+        if monitor.is_improvement(value, best):
+            best = value
+    assert best is None or math.isfinite(best)
+    finite = [v for v in values if math.isfinite(v)]
+    assert best == (monitor.best_of(values) if finite else None)
+
+
+def test_margin_is_strict_and_relative_scales_with_best():
+    absolute = Monitor("eval_loss", min_delta=0.1)
+    assert not absolute.is_improvement(0.9, 1.0)  # exactly at the margin
+    assert absolute.is_improvement(0.89, 1.0)
+    relative = Monitor("eval_loss", min_delta=0.1, min_delta_mode="relative")
+    assert not relative.is_improvement(95.0, 100.0)
+    assert relative.is_improvement(89.0, 100.0)
+    assert relative.is_improvement(-1.2, -1.0)  # abs(best) for negative values
+    up = Monitor("eval_accuracy", min_delta=0.01)
+    assert up.mode == "max"
+    assert up.is_improvement(0.52, 0.5) and not up.is_improvement(0.505, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [
+        ("eval_loss", "min"), ("loss", "min"), ("eval_squad_f1", "max"), ("train_accuracy", "max"),
+        ("eval/accuracy", "max"), ("eval_perplexity", "min"), ("eval_rouge2", "max"), ("val_mse", "min"),
+        ("eval_wer", "min"), ("eval_roc_auc", "max"), ("eval_samples_per_second", "max"),
+        ("eval_score", None), ("gap_accuracy", None), ("gap_loss", None), ("eval_loss_acc", None),
+    ],
+)
+def test_infer_mode(name, mode):
+    assert infer_mode(name) == mode
+
+
+def test_auto_mode_error_says_what_to_pass():
+    expected = r"mode='auto' cannot tell whether 'eval_score'.*mode='min'.*mode='max'"
+    with pytest.raises(ValueError, match=expected):
+        Monitor("eval_score")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"mode": "minimum"}, ValueError, r"mode must be one of \['min', 'max', 'auto'\], got 'minimum'"),
+        ({"min_delta": -0.1}, ValueError, r"min_delta must be >= 0 .* got -0.1"),
+        ({"min_delta": "0.1"}, TypeError, r"min_delta must be a number, got '0.1' \(str\)"),
+        ({"min_delta": float("nan")}, ValueError, r"min_delta must be a finite number, got nan"),
+        ({"min_delta_mode": "percent"}, ValueError,
+         r"min_delta_mode must be one of \['absolute', 'relative'\], got 'percent'"),
+        ({"grammar": {}}, TypeError, r"grammar must be a KeyGrammar or None, got dict"),
+    ],
+)
+def test_validation_messages(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        Monitor("eval_loss", **kwargs)
+
+
+def test_monitor_name_type():
+    with pytest.raises(TypeError, match=r"monitor must be a non-empty string, got 3"):
+        Monitor(3)  # type: ignore[arg-type]
+
+
+def test_lookup_through_the_grammar():
+    grammar = KeyGrammar(eval_datasets=["squad"])
+    metrics = {"eval_squad_f1": 0.7, "eval_squad_loss": 0.3, "epoch": 1.0}
+    assert Monitor("eval_squad_f1", grammar=grammar).lookup(metrics) == ("eval_squad_f1", 0.7)
+    assert Monitor("eval/squad/f1", grammar=grammar).lookup(metrics) == ("eval_squad_f1", 0.7)
+    assert Monitor("accuracy", mode="max").lookup({"eval_accuracy": 0.9}) == ("eval_accuracy", 0.9)
+    missing = Monitor("eval_f1", grammar=grammar)
+    assert missing.lookup(metrics) == (None, None)
+    message = missing.explain_missing(metrics)
+    assert "'eval_f1' was not found" in message and "eval_squad_f1" in message and "Did you mean" in message
+
+
+def test_to_float_accepts_numpy_and_torch_scalars():
+    import numpy as np
+    import torch
+
+    assert to_float(np.float32(0.5)) == 0.5
+    assert to_float(torch.tensor(2.0)) == 2.0
+    assert to_float(3) == 3.0
+    assert to_float(True) is None
+    assert to_float("0.5") is None
+    assert to_float(torch.tensor([1.0, 2.0])) is None
+
+
+def test_thresholds_helpers():
+    down = Monitor("eval_loss")
+    assert down.reaches(0.1, 0.1) and not down.reaches(0.2, 0.1) and not down.reaches(float("nan"), 1)
+    assert down.is_worse_than(5.0, 4.0) and not down.is_worse_than(4.0, 4.0)
+    assert down.is_worse_than(float("nan"), 4.0)
+    up = Monitor("eval_accuracy")
+    assert up.reaches(0.9, 0.9) and up.is_worse_than(0.1, 0.2)
