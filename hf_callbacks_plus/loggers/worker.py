@@ -1,0 +1,340 @@
+"""The background worker every tracker logger uses: queue, retry with backoff, spill, replay.
+
+The training thread only calls :meth:`BackgroundWorker.submit` (one ``SimpleQueue.put``).
+A daemon thread starts the run, then sends records in order, in batches. When the backend
+fails with a *transient* error, the worker keeps the records in memory (up to
+``max_memory_records``), then appends the overflow to a JSONL spill file, and retries with
+exponential backoff; when the backend answers again it replays memory, then the file, in
+order. Records still unsent when the worker is closed are written to the spill file, which
+the next run writing to the same spill path replays first. One warning when the backend
+becomes unreachable and one when it is back, never one per step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+__all__ = ["BackgroundWorker"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+_STOP = object()
+
+
+class BackgroundWorker:
+    """Sends JSON-serializable records to a backend from a daemon thread.
+
+    Args:
+        name: Shown in warnings and in the thread name.
+        start: Called once in the worker thread before any record is sent (opens the run);
+            retried like a send when it raises a transient error.
+        send: Sends a non-empty list of records, in order; must be idempotent (a batch that
+            failed may be sent again).
+        spill_path: JSONL file for records that do not fit in memory or are unsent at close.
+        is_transient: Tells whether an error is worth retrying. A permanent error drops the
+            record(s) it concerns, with one warning per error type. Defaults to "always".
+        max_memory_records: Records kept in memory while the backend is down. Defaults to 10000.
+        batch_size: Most records handed to ``send`` at once. Defaults to 64.
+        backoff_initial: First retry delay in seconds, doubled after each failure. Defaults to 0.5.
+        backoff_max: Longest retry delay in seconds. Defaults to 30.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        start: Callable[[], None],
+        send: Callable[[list[dict[str, Any]]], None],
+        spill_path: Path,
+        is_transient: Callable[[BaseException], bool] = lambda error: True,
+        max_memory_records: int = 10_000,
+        batch_size: int = 64,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        if max_memory_records < 1:
+            raise ValueError(f"max_memory_records must be >= 1, got {max_memory_records!r}")
+        if backoff_initial <= 0 or backoff_max < backoff_initial:
+            raise ValueError(
+                f"backoff must satisfy 0 < backoff_initial <= backoff_max, got "
+                f"backoff_initial={backoff_initial!r}, backoff_max={backoff_max!r}"
+            )
+        self.name = name
+        self._start = start
+        self._send = send
+        self._is_transient = is_transient
+        self.spill_path = Path(spill_path)
+        self._max_memory = max_memory_records
+        self._batch_size = batch_size
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending: deque[dict[str, Any]] = deque()
+        self._spill_offset = 0
+        self._started = False
+        self._deadline: Optional[float] = None  # set by close(): give up retrying after it
+        self._condition = threading.Condition()
+        self._submitted = 0
+        self._settled = 0  # sent, dropped or spilled at close
+        self._spilled_total = 0
+        self._down_since: Optional[float] = None
+        self._warned_permanent: set[str] = set()
+        self._isolate = 0
+        self._finish: Optional[Callable[[], None]] = None
+        self._finish_ok = True
+        self.sent = 0
+        self.dropped = 0
+        self.failures = 0
+        if self.spill_path.exists():
+            with open(self.spill_path, encoding="utf-8") as handle:
+                leftover = sum(1 for line in handle if line.strip())
+            self._submitted += leftover
+            logger.warning("%s: replaying %d record(s) left in %s by a previous run.",
+                           name, leftover, self.spill_path)
+        self._thread = threading.Thread(target=self._run, name=f"hf-callbacks-plus-{name}", daemon=True)
+        self._thread.start()
+
+    # -- training-thread API -----------------------------------------------------------
+    def submit(self, record: dict[str, Any]) -> None:
+        """Queue one record; never blocks and never raises."""
+        self._submitted += 1
+        self._queue.put(record)
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every record submitted so far is sent (or dropped).
+
+        Args:
+            timeout: Longest wait in seconds; None waits forever. Defaults to None.
+
+        Returns:
+            True when everything was sent, False on timeout.
+        """
+        target = self._submitted
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while self._settled < target and self._thread.is_alive():
+                remaining = None if end is None else end - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._condition.wait(remaining if remaining is None else min(remaining, 0.5))
+        return self._settled >= target
+
+    def close(self, timeout: float, finish: Optional[Callable[[], None]] = None) -> bool:
+        """Send what is left (for at most ``timeout`` seconds), call ``finish``, stop the thread.
+
+        Records still unsent at the deadline are written to the spill file for the next run.
+
+        Returns:
+            True when every record was sent and ``finish`` succeeded.
+        """
+        if not self._thread.is_alive():
+            return False
+        self._finish = finish
+        self._finish_ok = finish is None
+        self._deadline = time.monotonic() + max(0.0, timeout)
+        self._queue.put(_STOP)
+        self._thread.join(timeout + 5.0)
+        return not self._thread.is_alive() and self._finish_ok and not self.spill_path.exists()
+
+    @property
+    def healthy(self) -> bool:
+        """False while the backend is unreachable."""
+        return self._down_since is None
+
+    @property
+    def spilled(self) -> int:
+        """Records written to the spill file so far."""
+        return self._spilled_total
+
+    # -- worker thread -----------------------------------------------------------------
+    def _settle(self, count: int) -> None:
+        with self._condition:
+            self._settled += count
+            self._condition.notify_all()
+
+    def _expired(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _run(self) -> None:
+        stopping = False
+        backoff = self._backoff_initial
+        while True:
+            idle = self._started and not self._pending and not self._file_unread()
+            stopping = self._drain(block=idle and not stopping) or stopping
+            if not self._started:
+                outcome = self._attempt(self._start, None)
+                if outcome == "ok":
+                    self._started = True
+                    backoff = self._backoff_initial
+                    continue
+                if outcome == "fatal":
+                    break
+            else:
+                if not self._pending:
+                    self._load_from_file()
+                if not self._pending:
+                    if stopping:
+                        break
+                    continue
+                size = 1 if self._isolate > 0 else self._batch_size
+                batch = [self._pending[i] for i in range(min(size, len(self._pending)))]
+                outcome = self._attempt(self._send, batch)
+                if outcome in ("ok", "dropped"):
+                    for _ in batch:
+                        self._pending.popleft()
+                    if outcome == "ok":
+                        self.sent += len(batch)
+                    else:
+                        self.dropped += len(batch)
+                    self._isolate = max(0, self._isolate - len(batch))
+                    self._settle(len(batch))
+                    backoff = self._backoff_initial
+                    continue
+                if outcome == "isolate":
+                    self._isolate = len(batch)
+                    continue
+            # the backend is down: wait (moving incoming records to memory/spill), then retry
+            if stopping and self._expired():
+                break
+            wait_until = time.monotonic() + backoff
+            if self._deadline is not None:
+                wait_until = min(wait_until, self._deadline)
+            while time.monotonic() < wait_until:
+                remaining = max(0.0, wait_until - time.monotonic())
+                stopping = self._drain(block=True, timeout=remaining) or stopping
+            backoff = min(backoff * 2, self._backoff_max)
+        self._shutdown()
+
+    def _attempt(self, function: Callable[..., None], batch: Optional[list[dict[str, Any]]]) -> str:
+        """Run ``function``; return "ok", "transient", "dropped", "isolate" or "fatal"."""
+        try:
+            function() if batch is None else function(batch)
+        except Exception as error:  # the backend must never crash training
+            if not self._is_transient(error):
+                if batch is None:
+                    logger.error("%s: could not start the run (%s: %s); nothing will be logged.",
+                                 self.name, type(error).__name__, error)
+                    return "fatal"
+                if len(batch) > 1:
+                    return "isolate"  # resend one by one to find the rejected record
+                key = type(error).__name__
+                if key not in self._warned_permanent:
+                    self._warned_permanent.add(key)
+                    logger.warning("%s: the backend rejected a record, which is dropped (%s: %s).",
+                                   self.name, key, str(error)[:300])
+                return "dropped"
+            self.failures += 1
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                logger.warning(
+                    "%s: the backend is unreachable (%s: %s). Training continues; records are kept "
+                    "in memory (up to %d), then spilled to %s, and replayed in order when it is back.",
+                    self.name, type(error).__name__, str(error)[:300], self._max_memory, self.spill_path,
+                )
+            return "transient"
+        if self._down_since is not None:
+            logger.warning(
+                "%s: the backend is reachable again after %.1f s; replaying kept records in order.",
+                self.name, time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+        return "ok"
+
+    def _drain(self, block: bool, timeout: Optional[float] = None) -> bool:
+        """Move queued records to memory or the spill file. Returns True when asked to stop."""
+        stop = False
+        try:
+            item = self._queue.get(block=block, timeout=timeout if block else None)
+        except queue.Empty:
+            return False
+        while True:
+            if item is _STOP:
+                stop = True
+            elif self._file_unread() or len(self._pending) >= self._max_memory:
+                self._append_to_file([item])
+            else:
+                self._pending.append(item)
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return stop
+
+    # -- spill file --------------------------------------------------------------------
+    def _file_unread(self) -> bool:
+        return self.spill_path.exists()
+
+    def _append_to_file(self, records: list[dict[str, Any]]) -> None:
+        self.spill_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.spill_path, "a", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, allow_nan=True) + "\n")
+        self._spilled_total += len(records)
+
+    def _load_from_file(self) -> None:
+        if not self.spill_path.exists():
+            return
+        with open(self.spill_path, encoding="utf-8") as handle:
+            handle.seek(self._spill_offset)
+            while len(self._pending) < self._max_memory:
+                line = handle.readline()
+                if not line:
+                    break
+                self._spill_offset = handle.tell()
+                if line.strip():
+                    try:
+                        self._pending.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        logger.warning("%s: skipping a corrupt line in %s", self.name, self.spill_path)
+                        self._settle(1)
+            at_end = not handle.readline()
+        if at_end:
+            self.spill_path.unlink()
+            self._spill_offset = 0
+
+    def _shutdown(self) -> None:
+        unsent = list(self._pending)
+        self._pending.clear()
+        try:
+            while True:
+                item = self._queue.get_nowait()
+                if item is not _STOP:
+                    unsent.append(item)
+        except queue.Empty:
+            pass
+        if unsent or (self.spill_path.exists() and self._spill_offset):
+            rest: list[str] = []
+            if self.spill_path.exists():
+                with open(self.spill_path, encoding="utf-8") as handle:
+                    handle.seek(self._spill_offset)
+                    rest = handle.readlines()
+            tmp = self.spill_path.with_suffix(".tmp")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as handle:
+                for record in unsent:
+                    handle.write(json.dumps(record, allow_nan=True) + "\n")
+                handle.writelines(rest)
+            os.replace(tmp, self.spill_path)
+            self._spilled_total += len(unsent)
+            logger.warning(
+                "%s: the backend did not come back in time; %d record(s) are kept in %s and will be "
+                "replayed by the next run that uses this output directory.",
+                self.name, len(unsent) + len(rest), self.spill_path,
+            )
+        with self._condition:  # what is left is kept for the next run: nothing to wait for
+            self._settled = max(self._settled, self._submitted)
+            self._condition.notify_all()
+        finish = self._finish
+        if finish is not None and self._started:
+            try:
+                finish()
+                self._finish_ok = True
+            except Exception as error:
+                logger.warning("%s: could not close the run: %s", self.name, error)
+
