@@ -1,0 +1,256 @@
+"""Checkpoints of the lightweight loop: save, rotate, find the last one, resume, best model.
+
+The folder layout and the rules are transformers 5.x's: ``<output_dir>/checkpoint-<step>/``
+holding ``trainer_state.json`` (readable by transformers), rotation by ``save_total_limit``
+that always keeps the newest and the best checkpoint, and ``resume_from_checkpoint=True``
+meaning "the highest-numbered checkpoint in ``output_dir``".
+
+The model is saved through the user's ``save_model_fn(dir)`` / ``load_model_fn(dir)``
+hooks when given; otherwise a model with ``state_dict()``/``load_state_dict()`` is pickled
+to ``model_state.pkl`` (only load checkpoints you wrote yourself: pickle runs code).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .state import TRAINER_STATE_NAME, TrainerControl, TrainerState, exportable_state_types
+
+__all__ = [
+    "MODEL_STATE_NAME",
+    "PREFIX_CHECKPOINT_DIR",
+    "CheckpointMixin",
+    "get_last_checkpoint",
+    "rotate_checkpoints",
+    "sort_checkpoints",
+]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+#: Checkpoint folders are named ``checkpoint-<global_step>`` (same as transformers).
+PREFIX_CHECKPOINT_DIR = "checkpoint"
+#: File holding the pickled ``model.state_dict()`` when no ``save_model_fn`` is given.
+MODEL_STATE_NAME = "model_state.pkl"
+_RE_CHECKPOINT = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"\-(\d+)$")
+
+
+def get_last_checkpoint(folder: Union[str, os.PathLike]) -> Optional[str]:
+    """Return the ``checkpoint-N`` folder with the highest N inside ``folder``, or None."""
+    if not os.path.isdir(folder):
+        return None
+    checkpoints = [
+        path
+        for path in os.listdir(folder)
+        if _RE_CHECKPOINT.search(path) is not None and os.path.isdir(os.path.join(folder, path))
+    ]
+    if not checkpoints:
+        return None
+    newest = max(checkpoints, key=lambda name: int(_RE_CHECKPOINT.search(name).groups()[0]))
+    return os.path.join(folder, newest)
+
+
+def sort_checkpoints(
+    output_dir: Union[str, os.PathLike],
+    use_mtime: bool = False,
+    best_model_checkpoint: Optional[str] = None,
+) -> list[str]:
+    """Checkpoint folders oldest first; the best one is moved just before the newest.
+
+    With ``use_mtime`` the order is by modification time, falling back to step numbers when
+    all mtimes lie within one second (as transformers does on unreliable filesystems).
+    """
+    paths = [str(x) for x in Path(output_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if os.path.isdir(x)]
+    ordering: list[tuple[float, str]] = []
+    for path in paths:
+        if use_mtime:
+            ordering.append((os.path.getmtime(path), path))
+        else:
+            match = re.match(f".*{PREFIX_CHECKPOINT_DIR}-([0-9]+)", path)
+            if match is not None:
+                ordering.append((int(match.groups()[0]), path))
+    ordering.sort()
+    if use_mtime and len(ordering) > 1 and ordering[-1][0] - ordering[0][0] < 1.0:
+        return sort_checkpoints(output_dir, use_mtime=False, best_model_checkpoint=best_model_checkpoint)
+    ordered = [path for _, path in ordering]
+    if best_model_checkpoint is not None:
+        best = str(Path(best_model_checkpoint))
+        if best in ordered and ordered[-1] != best:
+            newest = ordered[-1]
+            ordered = [path for path in ordered if path not in {best, newest}] + [best, newest]
+    return ordered
+
+
+def rotate_checkpoints(
+    output_dir: Union[str, os.PathLike],
+    save_total_limit: Optional[int] = None,
+    best_model_checkpoint: Optional[str] = None,
+    use_mtime: bool = False,
+) -> None:
+    """Delete the oldest checkpoints beyond ``save_total_limit``, keeping the newest and the best."""
+    if save_total_limit is None or save_total_limit <= 0:
+        return
+    checkpoints = sort_checkpoints(output_dir, use_mtime)
+    if len(checkpoints) <= save_total_limit:
+        return
+    protected = {checkpoints[-1]}
+    if best_model_checkpoint is not None:
+        protected.add(str(Path(best_model_checkpoint)))
+    keep = max(save_total_limit, len(protected))
+    remaining = len(checkpoints)
+    for checkpoint in checkpoints:
+        if remaining <= keep:
+            break
+        if checkpoint not in protected:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            remaining -= 1
+
+
+class CheckpointMixin:
+    """Checkpoint methods of :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`."""
+
+    args: Any
+    state: TrainerState
+    control: TrainerControl
+    callback_handler: Any
+    model: Any
+    save_model_fn: Any
+    load_model_fn: Any
+    store_flos: Any
+
+    # -- model weights -------------------------------------------------------------------
+    def _save_model(self, output_dir: str) -> None:
+        if self.save_model_fn is not None:
+            self.save_model_fn(output_dir)
+        elif self.model is not None and callable(getattr(self.model, "state_dict", None)):
+            with open(os.path.join(output_dir, MODEL_STATE_NAME), "wb") as handle:
+                pickle.dump(self.model.state_dict(), handle)
+
+    def _load_model(self, checkpoint: str) -> None:
+        if self.load_model_fn is not None:
+            self.load_model_fn(checkpoint)
+            return
+        path = os.path.join(checkpoint, MODEL_STATE_NAME)
+        if (
+            self.model is not None
+            and os.path.isfile(path)
+            and callable(getattr(self.model, "load_state_dict", None))
+        ):
+            with open(path, "rb") as handle:
+                self.model.load_state_dict(pickle.load(handle))  # noqa: S301 - our own checkpoint
+
+    def _load_best_model(self) -> None:
+        logger.info(
+            "Loading best model from %s (score: %s).",
+            self.state.best_model_checkpoint,
+            self.state.best_metric,
+        )
+        self._load_model(self.state.best_model_checkpoint)
+
+    # -- saving ------------------------------------------------------------------------
+    def _stateful_callbacks(self) -> list[Any]:
+        allowed = exportable_state_types()
+        return [cb for cb in [*self.callback_handler.callbacks, self.control] if isinstance(cb, allowed)]
+
+    def _save_checkpoint(self) -> None:
+        """Write ``checkpoint-<step>``: model (hook/pickle), ``trainer_state.json``; then rotate."""
+        run_dir = self.args.output_dir
+        output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self.store_flos()
+        os.makedirs(output_dir, exist_ok=True)
+        self._save_model(output_dir)
+
+        if self.args.save_strategy in ("steps", "epoch", "best") and self.state.best_global_step:
+            best_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}")
+            if os.path.exists(best_dir):
+                self.state.best_model_checkpoint = best_dir
+
+        # Current state of every stateful callback. Unlike transformers 5.23 (which appends to the
+        # list of a class with several instances at every save), the list is rebuilt each time.
+        saved: dict[str, Any] = {}
+        for callback in self._stateful_callbacks():
+            name = callback.__class__.__name__
+            if name in saved:
+                if not isinstance(saved[name], list):
+                    saved[name] = [saved[name]]
+                saved[name].append(callback.state())
+            else:
+                saved[name] = callback.state()
+        self.state.stateful_callbacks = saved
+        self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
+
+        rotate_checkpoints(
+            run_dir,
+            save_total_limit=self.args.save_total_limit,
+            best_model_checkpoint=self.state.best_model_checkpoint,
+            use_mtime=True,
+        )
+
+    # -- resuming ------------------------------------------------------------------------
+    def _resolve_checkpoint(self, resume_from_checkpoint: Union[str, bool, None]) -> Optional[str]:
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return None
+        if resume_from_checkpoint is True:
+            found = get_last_checkpoint(self.args.output_dir)
+            if found is None:
+                raise ValueError(
+                    f"train(resume_from_checkpoint=True): no valid checkpoint-N folder found in "
+                    f"output_dir={self.args.output_dir!r}."
+                )
+            return found
+        path = os.fspath(resume_from_checkpoint)
+        if not os.path.isdir(path):
+            raise ValueError(
+                f"train(resume_from_checkpoint={resume_from_checkpoint!r}): not a directory; pass a "
+                "checkpoint-N folder, True (newest in output_dir) or None."
+            )
+        return path
+
+    def _load_callback_state(self) -> None:
+        """Rebuild stateful callbacks from the checkpoint (``restore_callback_states_from_checkpoint``).
+
+        Same rules as transformers: matching classes are re-created from their saved
+        ``args``/``attributes`` and moved to the end of the callback list.
+        """
+        if not self.args.restore_callback_states_from_checkpoint:
+            return
+        not_found = []
+        new_callbacks = []
+        original = [*self.callback_handler.callbacks, self.control]
+        for stored_name, data in self.state.stateful_callbacks.items():
+            entries = data if isinstance(data, list) else [data]
+            duplicates = [cb for cb in original if cb.__class__.__name__ == stored_name]
+            if not duplicates:
+                not_found.append(stored_name)
+                continue
+            for callback, callback_data in zip(duplicates, entries):
+                new_callback = type(callback)(**callback_data.get("args", {}))
+                for attribute, value in callback_data.get("attributes", {}).items():
+                    setattr(new_callback, attribute, value)
+                if isinstance(callback, TrainerControl):
+                    self.control = new_callback
+                else:
+                    new_callbacks.append(new_callback)
+                self.callback_handler.remove_callback(type(new_callback))
+        if not_found:
+            logger.warning(
+                "Checkpoint included callbacks not included in current configuration. Ignoring. (%s)",
+                ", ".join(not_found),
+            )
+        for callback in new_callbacks:
+            self.callback_handler.add_callback(callback)
+
+    def _finalize_checkpoints(self) -> None:
+        """With ``save_total_limit=1`` keep only the best checkpoint once training ends."""
+        best = self.state.best_model_checkpoint
+        checkpoints = sort_checkpoints(self.args.output_dir, best_model_checkpoint=best)
+        if best is not None and self.args.save_total_limit == 1:
+            for checkpoint in checkpoints:
+                if not os.path.samefile(checkpoint, best):
+                    logger.info("Deleting older checkpoint [%s] due to args.save_total_limit", checkpoint)
+                    shutil.rmtree(checkpoint, ignore_errors=True)

@@ -1,0 +1,224 @@
+"""Evaluation and prediction of the lightweight loop (``evaluate``, ``predict``).
+
+Events, in transformers 5.x order: ``on_prediction_step`` after each batch, then for
+``evaluate`` the log (``on_pre_log``, ``on_log``) followed by ``on_evaluate``; for
+``predict`` only ``on_predict``. Metric keys get the ``metric_key_prefix`` and the speed
+metrics ``<prefix>_runtime``, ``<prefix>_samples_per_second``, ``<prefix>_steps_per_second``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Optional
+
+from ..metrics.keys import add_prefix, did_you_mean
+from .state import TrainerControl, TrainerState
+
+__all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics", "to_float"]
+
+
+class PredictionOutput(NamedTuple):
+    """What :meth:`LightweightTrainer.predict` returns (same fields as transformers')."""
+
+    predictions: list[Any]
+    label_ids: Optional[Any]
+    metrics: dict[str, float]
+
+
+def speed_metrics(
+    split: str,
+    start_time: float,
+    num_samples: Optional[float] = None,
+    num_steps: Optional[float] = None,
+    num_tokens: Optional[float] = None,
+) -> dict[str, float]:
+    """``<split>_runtime`` and throughput metrics, exactly like ``transformers.trainer_utils``."""
+    runtime = time.time() - start_time
+    result = {f"{split}_runtime": round(runtime, 4)}
+    if runtime == 0:
+        return result
+    if num_samples is not None:
+        result[f"{split}_samples_per_second"] = round(num_samples / runtime, 3)
+    if num_steps is not None:
+        result[f"{split}_steps_per_second"] = round(num_steps / runtime, 3)
+    if num_tokens is not None:
+        result[f"{split}_tokens_per_second"] = round(num_tokens / runtime, 3)
+    return result
+
+
+def to_float(value: Any) -> float:
+    """A Python float from a float, an int, or anything with ``.item()`` (tensors, numpy)."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        value = item()
+    return float(value)
+
+
+def batch_length(batch: Any, default: int) -> int:
+    """Samples in a batch: ``len(batch)``, the length of a dict batch's first value, or ``default``."""
+    if isinstance(batch, Mapping):
+        batch = next(iter(batch.values()), None)
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    if shape is None and hasattr(batch, "__len__") and not isinstance(batch, (str, bytes)):
+        try:
+            return len(batch)
+        except TypeError:
+            return default
+    return default
+
+
+def _output_loss(output: Any) -> Optional[float]:
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+        return None if loss is None else to_float(loss)
+    if isinstance(output, (int, float)) or (hasattr(output, "item") and getattr(output, "ndim", 0) == 0):
+        return to_float(output)
+    return None
+
+
+class EvaluationMixin:
+    """``evaluate``/``predict`` of :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`."""
+
+    args: Any
+    state: TrainerState
+    control: TrainerControl
+    callback_handler: Any
+    eval_data: Any
+    eval_step: Any
+    eval_fn: Any
+    metrics_fn: Any
+    log: Any
+
+    def evaluate(self, eval_data: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate, log the metrics and fire ``on_evaluate``.
+
+        Args:
+            eval_data: Batches to evaluate, or a dict ``{name: batches}`` evaluated one by one
+                with the prefix ``<metric_key_prefix>_<name>``. Defaults to the trainer's
+                ``eval_data``.
+            metric_key_prefix: Prefix of every metric name. Defaults to ``"eval"``.
+
+        Returns:
+            The metrics, prefixed, with ``<prefix>_runtime``/``_samples_per_second``/
+            ``_steps_per_second`` and ``epoch``.
+
+        Raises:
+            ValueError: There is nothing to evaluate (no ``eval_data`` and no ``eval_fn``).
+        """
+        data = eval_data if eval_data is not None else self.eval_data
+        if isinstance(data, Mapping):
+            metrics: dict[str, float] = {}
+            for name, dataset in data.items():
+                metrics.update(self.evaluate(dataset, metric_key_prefix=f"{metric_key_prefix}_{name}"))
+            return metrics
+        start_time = time.time()
+        metrics, num_samples, _ = self._evaluation_loop(data, metric_key_prefix, "evaluate")
+        metrics.update(
+            speed_metrics(
+                metric_key_prefix,
+                start_time,
+                num_samples=num_samples,
+                num_steps=math.ceil(num_samples / self.args.eval_batch_size),
+            )
+        )
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def predict(self, test_data: Any, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Run ``eval_step`` over ``test_data``, fire ``on_predict`` (no log), return outputs.
+
+        Args:
+            test_data: Batches to predict on.
+            metric_key_prefix: Prefix of every metric name. Defaults to ``"test"``.
+
+        Returns:
+            ``PredictionOutput(predictions=[eval_step outputs], label_ids=None, metrics=...)``.
+        """
+        start_time = time.time()
+        metrics, num_samples, outputs = self._evaluation_loop(test_data, metric_key_prefix, "predict")
+        metrics.update(
+            speed_metrics(
+                metric_key_prefix,
+                start_time,
+                num_samples=num_samples,
+                num_steps=math.ceil(num_samples / self.args.eval_batch_size),
+            )
+        )
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics)
+        return PredictionOutput(predictions=outputs, label_ids=None, metrics=metrics)
+
+    def _evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], int, list]:
+        if self.eval_fn is not None and (data is None or self.eval_step is None):
+            raw = self.eval_fn(data)
+            if not isinstance(raw, Mapping):
+                raise TypeError(f"{caller}: eval_fn must return a dict of metrics, got {type(raw).__name__}.")
+            return add_prefix(raw, prefix), 0, []
+        if data is None:
+            raise ValueError(
+                f"{caller}: nothing to evaluate; pass eval_data (with eval_step and/or metrics_fn) or "
+                "eval_fn "
+                "to LightweightTrainer, or data to this call."
+            )
+        handler = self.callback_handler
+        handler.eval_dataloader = data
+        outputs: list[Any] = []
+        losses: list[tuple[float, int]] = []
+        num_samples = 0
+        for batch in data:
+            output = self.eval_step(batch) if self.eval_step is not None else batch
+            size = batch_length(batch, self.args.eval_batch_size)
+            loss = _output_loss(output) if self.eval_step is not None else None
+            if loss is not None:
+                losses.append((loss, size))
+            outputs.append(output)
+            num_samples += size
+            self.control = handler.on_prediction_step(self.args, self.state, self.control)
+        metrics: dict[str, Any] = {}
+        if self.metrics_fn is not None:
+            raw = self.metrics_fn(outputs)
+            if not isinstance(raw, Mapping):
+                raise TypeError(
+                    f"{caller}: metrics_fn must return a dict of metrics, got {type(raw).__name__}."
+                )
+            metrics.update(raw)
+        if losses:
+            finite = [(loss, size) for loss, size in losses if math.isfinite(loss)]
+            if self.args.logging_nan_inf_filter and finite:
+                losses = finite
+            total = sum(size for _, size in losses)
+            metrics[f"{prefix}_loss"] = sum(loss * size for loss, size in losses) / max(total, 1)
+        return add_prefix(metrics, prefix), num_samples, outputs
+
+    def _evaluate(self, skip_scheduler: bool = False) -> dict[str, float]:
+        return self.evaluate()
+
+    def _determine_best_metric(self, metrics: Mapping[str, float]) -> bool:
+        """Update ``state.best_metric``/``best_global_step``; True on a new best (transformers' rule)."""
+        if self.args.metric_for_best_model is None:
+            return False
+        key = self.args.metric_for_best_model
+        if not key.startswith("eval_"):
+            key = f"eval_{key}"
+        if key not in metrics:
+            suggestions = did_you_mean(key, metrics)
+            hint = f" Did you mean {suggestions}?" if suggestions else ""
+            raise KeyError(
+                f"metric_for_best_model={self.args.metric_for_best_model!r} (looked up as {key!r}) is not in "
+                f"the evaluation metrics {sorted(metrics)}.{hint}"
+            )
+        value = metrics[key]
+        greater = bool(self.args.greater_is_better)
+        if self.state.best_metric is None:
+            self.state.best_metric = float("-inf") if greater else float("inf")
+        improved = value > self.state.best_metric if greater else value < self.state.best_metric
+        if improved:
+            self.state.best_metric = value
+            if self.args.save_strategy in ("steps", "epoch", "best"):
+                self.state.best_global_step = self.state.global_step
+            return True
+        return False
