@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..callbacks.stateful import SelfRestoringState
-from ..metrics.keys import KeyGrammar
+from ..metrics.keys import KeyGrammar, grammar_for
 from .config import collect_config
 from .values import NONFINITE_POLICIES, NameSanitizer, WarnOnce, normalize_value, truncate
 from .worker import BackgroundWorker
@@ -124,6 +124,7 @@ class TrackerLogger(SelfRestoringState):
         self.spill_dir = spill_dir
         self.max_memory_records = max_memory_records
         self.backoff = (float(backoff[0]), float(backoff[1]))
+        self._own_grammar = grammar is not None
         self.grammar = grammar if grammar is not None else KeyGrammar()
         #: The run id (None until the first run started); checkpointed.
         self.run_id: Optional[str] = None
@@ -196,6 +197,8 @@ class TrackerLogger(SelfRestoringState):
             trainer: A ``transformers.Trainer``, ``TrainerPlus`` or ``LightweightTrainer``.
         """
         self._trainer_ref = weakref.ref(trainer)
+        if not self._own_grammar:
+            self.grammar = grammar_for(trainer)
         eval_dataset = getattr(trainer, "eval_dataset", None)
         if isinstance(eval_dataset, dict):
             for name in eval_dataset:

@@ -1,0 +1,318 @@
+"""``MLflowLogger``: MLflow tracking through ``MlflowClient``, never blocking training.
+
+Uses ``MlflowClient`` (never the fluent global run, so it does not interfere with the user's
+own ``mlflow.start_run``), ``log_batch`` for metrics (up to 1000 per call), params (up to 100
+per call) and text values (as tags), and ``set_terminated`` for the run status.
+
+Environment variables of transformers' ``MLflowCallback`` keep working; explicit arguments win:
+
+==========================  ==============================================================
+``MLFLOW_TRACKING_URI``     tracking URI (``sqlite:///...``, ``http://host:5000``, a path)
+``MLFLOW_EXPERIMENT_NAME``  experiment (created when missing)
+``MLFLOW_RUN_ID``           reattach to this run
+``MLFLOW_RUN_NAME``         run name (else ``TrainingArguments.run_name``)
+``MLFLOW_TAGS``             JSON object of extra run tags
+``MLFLOW_NESTED_RUN``       make the run a child of the active fluent run
+``MLFLOW_MAX_LOG_PARAMS``   log at most this many config params
+==========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Optional
+from urllib.parse import urlparse
+
+from .._compat import require
+from .base import TrackerLogger
+
+__all__ = ["KNOWN_TRACKING_SCHEMES", "MLflowLogger", "validate_tracking_uri"]
+
+#: Tracking URI schemes MLflow understands out of the box (plugins add more).
+KNOWN_TRACKING_SCHEMES = (
+    "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc",
+)
+_TRUE = {"1", "true", "yes", "on"}
+_PERMANENT_ERROR_CODES = {
+    "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
+    "PERMISSION_DENIED", "INVALID_STATE", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND",
+}
+_BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+def _plugin_schemes() -> set[str]:
+    try:
+        from importlib.metadata import entry_points
+
+        found = entry_points()
+        group = found.select(group="mlflow.tracking_store") if hasattr(found, "select") else found.get(
+            "mlflow.tracking_store", [])
+        return {entry.name for entry in group}
+    except Exception:  # metadata problems must not break validation
+        return set()
+
+
+def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
+    """Check a tracking URI's scheme; return the URI unchanged.
+
+    Args:
+        uri: A tracking URI, a local path, or None (MLflow's default).
+
+    Raises:
+        ValueError: The scheme is neither one MLflow knows nor one a plugin registers.
+    """
+    if uri is None or uri == "":
+        return None
+    if not isinstance(uri, str):
+        raise TypeError(f"tracking_uri must be a str, got {type(uri).__name__}: {uri!r}")
+    scheme = urlparse(uri).scheme.lower()
+    if len(scheme) <= 1:  # a plain path, or a Windows drive letter
+        return uri
+    base = scheme.split("+")[0]
+    if base in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
+        return uri
+    raise ValueError(
+        f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. Valid schemes: "
+        f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an MLflow plugin."
+    )
+
+
+def _env_flag(name: str) -> Optional[bool]:
+    value = os.environ.get(name)
+    return None if value is None else value.strip().lower() in _TRUE
+
+
+def parse_tags_env() -> dict[str, str]:
+    """``MLFLOW_TAGS`` as a dict.
+
+    Raises:
+        ValueError: ``MLFLOW_TAGS`` is not a JSON object.
+    """
+    raw = os.environ.get("MLFLOW_TAGS")
+    if not raw:
+        return {}
+    try:
+        tags = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"MLFLOW_TAGS must be a JSON object such as '{{\"team\": \"nlp\"}}', got {raw!r} ({error})."
+        ) from error
+    if not isinstance(tags, dict):
+        raise ValueError(f"MLFLOW_TAGS must be a JSON object (a dict), got {type(tags).__name__}: {raw!r}")
+    return {str(key): str(value) for key, value in tags.items()}
+
+
+class MLflowLogger(TrackerLogger):
+    """Logs to MLflow from a background thread; resumes the same run from a checkpoint.
+
+    Args:
+        tracking_uri: Where to log. Defaults to ``MLFLOW_TRACKING_URI``, else MLflow's default.
+        experiment_name: Experiment, created when missing. Defaults to ``MLFLOW_EXPERIMENT_NAME``,
+            else MLflow's default experiment.
+        run_id: Reattach to this run. Defaults to ``MLFLOW_RUN_ID``; a run id saved in the
+            resumed checkpoint is used when neither is given.
+        run_name: Name of a new run. Defaults to ``MLFLOW_RUN_NAME``, else
+            ``TrainingArguments.run_name``.
+        tags: Extra run tags, merged over ``MLFLOW_TAGS``. Defaults to None.
+        nested: Make the run a child of the active fluent ``mlflow`` run. Defaults to
+            ``MLFLOW_NESTED_RUN``, else False.
+        log_params: Log the training arguments and model config as params. Defaults to True.
+        max_log_params: Log at most this many params. Defaults to ``MLFLOW_MAX_LOG_PARAMS``, else all.
+        http_timeout: Seconds per HTTP request (``MLFLOW_HTTP_REQUEST_TIMEOUT``, set only when you
+            did not set it). Defaults to 10.
+        http_max_retries: MLflow's own HTTP retries (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, set only
+            when you did not set it). Our worker retries with backoff already. Defaults to 0.
+        **kwargs: Options of :class:`~hf_callbacks_plus.loggers.base.TrackerLogger`.
+
+    Raises:
+        ModuleNotFoundError: mlflow is not installed (``pip install 'hf-callbacks-plus[mlflow]'``).
+        ValueError: Unknown tracking URI scheme or malformed ``MLFLOW_TAGS``.
+
+    Example:
+        >>> logger = MLflowLogger(tracking_uri="sqlite:///mlflow.db", experiment_name="demo")
+        >>> trainer = Trainer(..., callbacks=[logger])  # doctest: +SKIP
+    """
+
+    max_param_length = 6000
+    max_params_per_batch = 100
+    max_name_length = 250
+    max_tag_length = 8000
+    max_metrics_per_batch = 1000
+
+    def __init__(
+        self,
+        tracking_uri: Optional[str] = None,
+        experiment_name: Optional[str] = None,
+        run_id: Optional[str] = None,
+        run_name: Optional[str] = None,
+        tags: Optional[dict[str, Any]] = None,
+        nested: Optional[bool] = None,
+        log_params: bool = True,
+        max_log_params: Optional[int] = None,
+        http_timeout: int = 10,
+        http_max_retries: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        self._mlflow = require("mlflow", "MLflowLogger")
+        super().__init__(log_config=log_params, **kwargs)
+        self.tracking_uri = validate_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        self.experiment_name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or None
+        self.explicit_run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
+        self.run_id = self.explicit_run_id
+        self.run_name = run_name or os.environ.get("MLFLOW_RUN_NAME") or None
+        if tags is not None and not isinstance(tags, dict):
+            raise TypeError(f"tags must be a dict of str to str, got {type(tags).__name__}: {tags!r}")
+        self.tags = {**parse_tags_env(), **{str(k): str(v) for k, v in (tags or {}).items()}}
+        env_nested = _env_flag("MLFLOW_NESTED_RUN")
+        self.nested = bool(nested if nested is not None else env_nested)
+        env_max = os.environ.get("MLFLOW_MAX_LOG_PARAMS")
+        if max_log_params is None and env_max:
+            try:
+                max_log_params = int(env_max)
+            except ValueError as error:
+                raise ValueError(f"MLFLOW_MAX_LOG_PARAMS must be an integer, got {env_max!r}") from error
+        if max_log_params is not None and max_log_params < 0:
+            raise ValueError(f"max_log_params must be >= 0, got {max_log_params!r}")
+        self.max_log_params = max_log_params
+        self.http_timeout = http_timeout
+        self.http_max_retries = http_max_retries
+        self._client: Any = None
+        self._args_run_name: Optional[str] = None
+        self._parent_run_id: Optional[str] = None
+
+    @property
+    def state_key(self) -> str:
+        """One state entry per (tracking URI, experiment)."""
+        return f"MLflowLogger:{self.tracking_uri or ''}:{self.experiment_name or ''}"
+
+    def state_args(self) -> dict[str, Any]:
+        """Constructor kwargs that rebuild this logger."""
+        return {"tracking_uri": self.tracking_uri, "experiment_name": self.experiment_name}
+
+    @property
+    def spill_path(self):  # noqa: D102 - the state key holds ':' and '/', keep the file name simple
+        path = super().spill_path
+        return path.with_name(re.sub(r"[^\w.\-]", "_", path.name))
+
+    @staticmethod
+    def clean_name(name: str) -> str:
+        """Replace characters MLflow rejects with ``_`` and drop empty path parts."""
+        cleaned = _BAD_NAME_CHARS.sub("_", name)
+        parts = [part if part not in (".", "..") else "_" for part in cleaned.split("/") if part]
+        return "/".join(parts) or "_"
+
+    # -- events ------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
+        """Remember ``args.run_name``, and the active fluent run when ``nested``; then start."""
+        self._args_run_name = getattr(args, "run_name", None)
+        if self.nested:
+            active = self._mlflow.active_run()
+            self._parent_run_id = active.info.run_id if active is not None else None
+        return super().on_train_begin(args, state, control, model=model, **kwargs)
+
+    def _queue_config(self, args: Any, model: Any) -> None:
+        if self.max_log_params == 0:
+            return
+        super()._queue_config(args, model)
+
+    # -- backend -----------------------------------------------------------------------
+    def _make_client(self) -> Any:
+        if self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.http_max_retries))
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.http_timeout))
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self.tracking_uri)
+
+    def _experiment_id(self, client: Any) -> str:
+        if not self.experiment_name:
+            return "0"
+        experiment = client.get_experiment_by_name(self.experiment_name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return client.create_experiment(self.experiment_name)
+        except self._mlflow.exceptions.MlflowException:  # created concurrently
+            experiment = client.get_experiment_by_name(self.experiment_name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
+
+    def _start(self, run_id: Optional[str], resume: bool) -> str:
+        if self._client is None:
+            self._client = self._make_client()
+        client = self._client
+        if resume and run_id:
+            client.get_run(run_id)  # raises RESOURCE_DOES_NOT_EXIST for an unknown id
+            client.update_run(run_id, status="RUNNING")
+            if self.tags:
+                self._set_tags(self.tags)
+            return run_id
+        tags = dict(self.tags)
+        if self._parent_run_id:
+            tags["mlflow.parentRunId"] = self._parent_run_id
+        run = client.create_run(self._experiment_id(client), run_name=self.run_name or self._args_run_name,
+                                tags=tags)
+        return run.info.run_id
+
+    def _logged_steps(self) -> dict[str, int]:
+        run = self._client.get_run(self.run_id)
+        return {metric.key: int(metric.step) for metric in getattr(run.data, "_metric_objs", [])}
+
+    def _log_records(self, records: list[dict[str, Any]]) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        metrics = []
+        tags = []
+        for record in records:
+            for key, value in record["metrics"].items():
+                metrics.append(Metric(key, value, record["timestamp"], record["step"]))
+            for key, value in record["summary"].items():
+                if isinstance(value, str):
+                    tags.append(RunTag(key, value[: self.max_tag_length]))
+                else:
+                    metrics.append(Metric(key, value, record["timestamp"], record["step"]))
+        for start in range(0, len(tags), 100):
+            self._client.log_batch(self.run_id, tags=tags[start:start + 100], synchronous=True)
+        for start in range(0, len(metrics), self.max_metrics_per_batch):
+            chunk = metrics[start:start + self.max_metrics_per_batch]
+            self._client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+
+    def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        import time
+
+        self._log_records([{"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics,
+                            "summary": {}}])
+
+    def _log_summary(self, values: dict[str, Any]) -> None:
+        import time
+
+        self._log_records([{"step": 0, "timestamp": int(time.time() * 1000), "metrics": {},
+                            "summary": values}])
+
+    def _log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [(self.clean_name(key)[: self.max_name_length], value) for key, value in params.items()]
+        if self.max_log_params is not None:
+            logged = getattr(self, "_params_sent", 0)
+            items = items[: max(0, self.max_log_params - logged)]
+            self._params_sent = logged + len(items)
+        if items:
+            self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in items], synchronous=True)
+
+    def _set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(str(k), str(v)[: self.max_tag_length]) for k, v in tags.items()]
+        for start in range(0, len(items), 100):
+            self._client.log_batch(self.run_id, tags=items[start:start + 100], synchronous=True)
+
+    def _finish(self, status: str) -> None:
+        self._client.set_terminated(self.run_id, status=status)
+
+    def _is_transient(self, error: BaseException) -> bool:
+        code = getattr(error, "error_code", None)
+        return code not in _PERMANENT_ERROR_CODES
