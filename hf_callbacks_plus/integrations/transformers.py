@@ -1,0 +1,244 @@
+"""``TrainerPlus``: a ``transformers.Trainer`` that fires our custom events.
+
+``TrainerPlusMixin`` works on any ``transformers.Trainer`` subclass (``Seq2SeqTrainer``,
+trl's trainers, your own): put it first in the bases. It
+
+* replaces ``trainer.callback_handler`` with our
+  :class:`~hf_callbacks_plus.loop.callback.CallbackHandler` (same callbacks, same order), so
+  custom events (``call_event``) work;
+* fires ``on_pre_log`` in :meth:`log` before the record reaches ``state.log_history`` and
+  the report_to integrations (nested metric dicts are flattened first);
+* fires ``on_training_loss`` with the raw per-micro-batch loss (only when a callback
+  listens) and ``on_exception`` when ``train()`` raises (then re-raises);
+* records custom ``metric_key_prefix`` values and eval dataset names in
+  ``trainer.key_grammar``;
+* overrides ``_maybe_log_save_evaluate``, ``log`` and ``training_step`` with
+  ``*args, **kwargs`` forwarding, so it runs unchanged on transformers 4.41 to 5.x
+  although their signatures differ (``grad_norm``, ``start_time``, ``learning_rate``...).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .._compat import require
+from ..loop.callback import CallbackHandler
+from ..metrics.keys import KeyGrammar, flatten_metrics, grammar_for
+from .ordering import bind_trainer, is_integration_callback, run_before_integrations
+
+transformers = require("transformers", "TrainerPlus")
+
+__all__ = [
+    "SUPPORTED_TRANSFORMERS",
+    "TrainerPlus",
+    "TrainerPlusMixin",
+    "is_integration_callback",
+    "run_before_integrations",
+]
+
+#: transformers versions ``make compat`` runs the integration tests against.
+SUPPORTED_TRANSFORMERS = ("4.41.2", "4.46.3", "4.57.6", "5.23.0")
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+
+class _PlusCallbackHandler(CallbackHandler):
+    """Our handler, also passing ``tokenizer=`` to events on transformers < 4.46."""
+
+    def __init__(self, *args: Any, legacy_tokenizer: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._legacy_tokenizer = legacy_tokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        """Alias of ``processing_class`` (transformers < 4.46 names it ``tokenizer``)."""
+        return self.processing_class
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self.processing_class = value
+
+    def call_event(self, event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._legacy_tokenizer:
+            kwargs.setdefault("tokenizer", self.processing_class)
+        return super().call_event(event, args, state, control, **kwargs)
+
+
+def _replace_handler(old: Any) -> CallbackHandler:
+    if isinstance(old, CallbackHandler):
+        return old
+    processing_class = getattr(old, "processing_class", None)
+    legacy = False
+    if processing_class is None and hasattr(old, "tokenizer"):
+        processing_class = old.tokenizer
+        legacy = True
+    new = _PlusCallbackHandler(
+        (),
+        model=getattr(old, "model", None),
+        processing_class=processing_class,
+        optimizer=getattr(old, "optimizer", None),
+        lr_scheduler=getattr(old, "lr_scheduler", None),
+        legacy_tokenizer=legacy,
+    )
+    new.callbacks = list(old.callbacks)  # same instances, same order, no duplicate warnings
+    new.train_dataloader = getattr(old, "train_dataloader", None)
+    new.eval_dataloader = getattr(old, "eval_dataloader", None)
+    return new
+
+
+def _metric_key_prefix(args: tuple, kwargs: Mapping[str, Any], position: int) -> str:
+    if "metric_key_prefix" in kwargs:
+        return kwargs["metric_key_prefix"]
+    if len(args) > position:
+        return args[position]
+    return "eval"
+
+
+class TrainerPlusMixin:
+    """Adds our events and log normalization to a ``transformers.Trainer`` subclass.
+
+    Use it as the first base: ``class MyTrainer(TrainerPlusMixin, Seq2SeqTrainer): ...``.
+    Callbacks with a ``bind(trainer)`` method (e.g.
+    :class:`~hf_callbacks_plus.callbacks.train_subset.TrainSubsetEvaluation`) receive the
+    trainer at construction and in :meth:`add_callback`.
+
+    Attributes:
+        key_grammar: The :class:`~hf_callbacks_plus.metrics.keys.KeyGrammar` of this
+            trainer: eval dataset names (when ``eval_dataset`` is a dict) and every custom
+            ``metric_key_prefix`` passed to :meth:`evaluate`/:meth:`predict`.
+        loop_context: Read-only mapping of the arguments of the current
+            ``_maybe_log_save_evaluate`` call by name (``tr_loss``, ``grad_norm``,
+            ``epoch``, ``start_time``, ``learning_rate``... whichever the installed
+            transformers passes), empty outside of it.
+        fires_pre_log: Always True: this trainer fires ``on_pre_log`` itself.
+    """
+
+    fires_pre_log = True
+    key_grammar: KeyGrammar
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.callback_handler = _replace_handler(self.callback_handler)
+        self.key_grammar = grammar_for(self)
+        self.loop_context: Mapping[str, Any] = MappingProxyType({})
+        for callback in list(self.callback_handler.callbacks):
+            bind_trainer(callback, self)
+
+    # -- callbacks -------------------------------------------------------------------------
+    def add_callback(self, callback: Any) -> None:
+        """Add a callback (class or instance) and give it the trainer if it asks (``bind``)."""
+        super().add_callback(callback)
+        added = self.callback_handler.callbacks[-1]
+        bind_trainer(added, self)
+
+    # -- logging ---------------------------------------------------------------------------
+    def log(self, logs: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        """Flatten nested metrics, fire ``on_pre_log``, then ``Trainer.log``.
+
+        ``logs`` is modified in place (``Trainer.evaluate`` passes the same dict to
+        ``on_evaluate`` and returns it), so callbacks' additions reach ``state.log_history``,
+        ``on_log`` (every report_to integration) and ``on_evaluate``.
+        """
+        if any(isinstance(value, Mapping) for value in logs.values()):
+            flat = flatten_metrics(logs)
+            logs.clear()
+            logs.update(flat)
+        self.key_grammar.learn_from_metrics(logs)
+        handler = self.callback_handler
+        if handler.has_handlers("on_pre_log"):
+            if getattr(self.state, "epoch", None) is not None:
+                logs["epoch"] = self.state.epoch  # Trainer.log sets it too; callbacks see it
+            self.control = handler.call_event("on_pre_log", self.args, self.state, self.control, logs=logs)
+        return super().log(logs, *args, **kwargs)
+
+    # -- evaluation prefixes ---------------------------------------------------------------
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """``Trainer.evaluate``; a custom ``metric_key_prefix`` is declared in the grammar."""
+        self._declare_prefix(_metric_key_prefix(args, kwargs, 2))
+        return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.predict``; a custom ``metric_key_prefix`` is declared in the grammar."""
+        prefix = kwargs.get("metric_key_prefix", args[2] if len(args) > 2 else "test")
+        self._declare_prefix(prefix)
+        return super().predict(*args, **kwargs)
+
+    def _declare_prefix(self, prefix: Any) -> None:
+        if isinstance(prefix, str) and prefix and prefix not in ("eval", "test", "train") and "/" not in prefix:
+            self.key_grammar.declare_prefix(prefix)
+
+    # -- the training loop ----------------------------------------------------------------
+    def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        """Forward every argument unchanged; expose them by name in :attr:`loop_context`."""
+        self.loop_context = MappingProxyType(self._bind_loop_arguments(args, kwargs))
+        try:
+            return super()._maybe_log_save_evaluate(*args, **kwargs)
+        finally:
+            self.loop_context = MappingProxyType({})
+
+    def _bind_loop_arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        signature = _parent_signature(type(self), "_maybe_log_save_evaluate")
+        try:
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError:  # a subclass changed the signature: still forward, just unnamed
+            return {"args": args, **kwargs}
+        return dict(bound.arguments)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.training_step``, then ``on_training_loss`` with the micro-batch loss.
+
+        The loss is the value ``Trainer`` adds to its running loss (already divided by
+        ``gradient_accumulation_steps`` where transformers does so), read before
+        ``logging_nan_inf_filter`` could replace a NaN/Inf. Fired only when a callback
+        defines ``on_training_loss``, so there is no ``.item()`` sync otherwise.
+        """
+        loss = super().training_step(*args, **kwargs)
+        handler = self.callback_handler
+        if handler.has_handlers("on_training_loss"):
+            value = float(loss.detach().float().mean().item()) if hasattr(loss, "detach") else float(loss)
+            self.control = handler.call_event(
+                "on_training_loss", self.args, self.state, self.control, loss=value
+            )
+        return loss
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; on an exception, fire ``on_exception`` then re-raise it."""
+        try:
+            return super().train(*args, **kwargs)
+        except (Exception, KeyboardInterrupt) as error:
+            self.callback_handler.on_exception(self.args, self.state, self.control, exception=error)
+            raise
+
+
+_SIGNATURES: dict[tuple[type, str], inspect.Signature] = {}
+
+
+def _parent_signature(cls: type, name: str) -> inspect.Signature:
+    """The signature of the first ``name`` after ``TrainerPlusMixin`` in the MRO (cached)."""
+    key = (cls, name)
+    signature = _SIGNATURES.get(key)
+    if signature is None:
+        mro = cls.__mro__
+        start = mro.index(TrainerPlusMixin) + 1 if TrainerPlusMixin in mro else 0
+        function = next(vars(base)[name] for base in mro[start:] if name in vars(base))
+        parameters = list(inspect.signature(function).parameters.values())[1:]  # drop self
+        signature = inspect.Signature(parameters)
+        _SIGNATURES[key] = signature
+    return signature
+
+
+class TrainerPlus(TrainerPlusMixin, transformers.Trainer):
+    """``transformers.Trainer`` with our custom events, fixed logs and a key grammar.
+
+    Takes exactly the arguments of ``transformers.Trainer``.
+
+    Example:
+        >>> trainer = TrainerPlus(model=model, args=args, train_dataset=train,
+        ...                       eval_dataset=val, callbacks=[TrainSubsetEvaluation(size=256)])
+        >>> trainer.train()
+    """
+

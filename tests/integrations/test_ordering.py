@@ -1,0 +1,95 @@
+"""run_before_integrations on a stock transformers.Trainer (run by `make compat` too)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from transformers.integrations import TensorBoardCallback  # noqa: E402
+from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback  # noqa: E402
+
+from hf_callbacks_plus.integrations.ordering import (  # noqa: E402
+    PreLogBridge,
+    is_integration_callback,
+    run_before_integrations,
+)
+from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
+from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
+from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
+from tests.tiny_models import make_trainer  # noqa: E402
+
+pytestmark = [pytest.mark.transformers, pytest.mark.compat]
+
+EVAL_EVERY = {"eval_strategy": "steps", "eval_steps": 4, "logging_steps": 4, "max_steps": 8}
+
+
+class FixLogs(TrainerCallback):
+    """Adds ``eval_extra`` to eval records and renames nothing; counts bind() calls."""
+
+    def __init__(self):
+        self.trainer = None
+
+    def bind(self, trainer):
+        self.trainer = trainer
+        return self
+
+    def on_pre_log(self, args, state, control, logs=None, **kwargs):
+        if "eval_loss" in logs:
+            logs["eval_extra"] = 3.0
+
+
+class Plain(TrainerCallback):
+    pass
+
+
+def test_order_is_flow_bridge_ours_then_integrations(tmp_path):
+    fix, plain = FixLogs(), Plain()
+    trainer = make_trainer(tmp_path, callbacks=[plain], report_to="tensorboard")
+    assert run_before_integrations(trainer, fix, plain) is trainer
+    types = [type(cb) for cb in trainer.callback_handler.callbacks]
+    assert types == [DefaultFlowCallback, PreLogBridge, FixLogs, Plain, TensorBoardCallback, PrinterCallback]
+    assert fix.trainer is trainer
+    # idempotent: a second call moves, never duplicates
+    run_before_integrations(trainer, fix)
+    assert [type(cb) for cb in trainer.callback_handler.callbacks].count(PreLogBridge) == 1
+    assert trainer.callback_handler.callbacks.count(fix) == 1
+
+
+def test_without_integrations_callbacks_go_last(tmp_path):
+    trainer = make_trainer(tmp_path)
+    run_before_integrations(trainer, FixLogs)
+    assert isinstance(trainer.callback_handler.callbacks[-1], FixLogs)
+
+
+def test_integration_detection():
+    assert is_integration_callback(TensorBoardCallback)
+    assert not is_integration_callback(DefaultFlowCallback)
+    assert not is_integration_callback(FixLogs())
+
+
+def test_stock_trainer_tensorboard_receives_fixed_logs(tmp_path):
+    trainer = make_trainer(tmp_path, report_to="tensorboard", **EVAL_EVERY)
+    run_before_integrations(trainer, FixLogs())
+    trainer.train()
+    scalars = read_scalars(tmp_path)
+    assert scalars["eval/extra"] == {4: 3.0, 8: 3.0}
+    eval_records = [r for r in trainer.state.log_history if "eval_loss" in r]
+    assert [r.get("eval_extra") for r in eval_records] == [3.0, 3.0]  # history patched too
+    assert all(r["step"] in (4, 8) for r in eval_records)
+    metrics = trainer.evaluate()
+    assert metrics["eval_extra"] == 3.0  # same dict reaches on_evaluate and the caller
+
+
+def test_trainer_plus_needs_no_bridge(tmp_path):
+    fix = FixLogs()
+    trainer = make_trainer(tmp_path, report_to="tensorboard", trainer_class=TrainerPlus, **EVAL_EVERY)
+    run_before_integrations(trainer, fix)
+    assert not any(isinstance(cb, PreLogBridge) for cb in trainer.callback_handler.callbacks)
+    trainer.train()
+    assert read_scalars(tmp_path)["eval/extra"] == {4: 3.0, 8: 3.0}
+
+
+def test_rejects_non_trainer():
+    with pytest.raises(TypeError, match="callback_handler"):
+        run_before_integrations(object(), FixLogs())
