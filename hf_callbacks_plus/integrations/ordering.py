@@ -77,7 +77,7 @@ class PreLogBridge(TrainerCallback):
         if not isinstance(logs, dict):
             return None
         handlers = [
-            getattr(cb, "on_pre_log")
+            cb.on_pre_log
             for cb in self._trainer.callback_handler.callbacks
             if cb is not self and callable(getattr(cb, "on_pre_log", None))
         ]

@@ -168,7 +168,8 @@ class TrainerPlusMixin:
         return super().predict(*args, **kwargs)
 
     def _declare_prefix(self, prefix: Any) -> None:
-        if isinstance(prefix, str) and prefix and prefix not in ("eval", "test", "train") and "/" not in prefix:
+        builtin = ("eval", "test", "train")
+        if isinstance(prefix, str) and prefix and prefix not in builtin and "/" not in prefix:
             self.key_grammar.declare_prefix(prefix)
 
     # -- the training loop ----------------------------------------------------------------

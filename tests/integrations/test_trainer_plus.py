@@ -210,9 +210,10 @@ def test_mixin_on_other_trainer_subclasses(tmp_path, trainer_class):
         )
         from tests.tiny_models import TinyRegressionModel, regression_metrics
 
-        trainer = trainer_class(model=TinyRegressionModel(), args=args, train_dataset=RegressionDataset(64, 1),
-                                eval_dataset=RegressionDataset(16, 2), compute_metrics=regression_metrics,
-                                callbacks=[extra])
+        trainer = trainer_class(
+            model=TinyRegressionModel(), args=args, train_dataset=RegressionDataset(64, 1),
+            eval_dataset=RegressionDataset(16, 2), compute_metrics=regression_metrics, callbacks=[extra],
+        )
     else:
         trainer = make_trainer(tmp_path, callbacks=[extra], trainer_class=trainer_class,
                                report_to="tensorboard", **overrides)
