@@ -55,7 +55,9 @@ def bind_trainer(callback: Any, trainer: Any) -> None:
 
 def _fires_pre_log(trainer: Any) -> bool:
     """True when the trainer fires ``on_pre_log`` itself (TrainerPlus, LightweightTrainer)."""
-    return bool(getattr(trainer, "fires_pre_log", False))
+    if getattr(trainer, "fires_pre_log", False):
+        return True
+    return any(cls.__module__ == "hf_callbacks_plus.loop.trainer" for cls in type(trainer).__mro__)
 
 
 class PreLogBridge(TrainerCallback):

@@ -1,0 +1,289 @@
+"""Evaluate a fixed, seeded subset of the training set at every evaluation.
+
+The copied workaround (``trainer.evaluate(train_ds, metric_key_prefix="train")`` in
+``on_epoch_end``) recurses through ``on_evaluate``, corrupts ``control``, feeds ``train_*``
+metrics to early stopping, logs a second record and evaluates the whole training set.
+:class:`TrainSubsetEvaluation` instead runs the trainer's own evaluation loop
+(``get_eval_dataloader`` + ``evaluation_loop``: its collator, ``compute_metrics``, eval batch
+size, device and sharding across ranks) on a subset chosen once, and adds the metrics to
+the evaluation's own log record from ``on_pre_log``, before any integration sees it. The
+evaluation loop neither logs nor fires ``on_evaluate``: no recursion, ``control`` untouched,
+one record per evaluation.
+
+How it reaches the trainer (it needs the trainer object to evaluate):
+
+* ``TrainerPlus`` / ``TrainerPlusMixin``: automatic (the trainer calls :meth:`bind`).
+* stock ``transformers.Trainer``: ``run_before_integrations(trainer, TrainSubsetEvaluation(...))``
+  binds it and makes ``on_pre_log`` fire before the report_to integrations.
+* ``LightweightTrainer``: ``trainer.add_callback(TrainSubsetEvaluation(...).bind(trainer))``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional, Union
+
+from ..loop.callback import TrainerCallback
+from .subset_sampling import take_subset
+
+__all__ = ["TrainSubsetEvaluation"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+
+class TrainSubsetEvaluation(TrainerCallback):
+    """Reports ``train_<metric>`` (and optionally ``gap_<metric>``) at every evaluation.
+
+    Args:
+        size: Number of training samples (an int >= 1) or a fraction of the training set
+            (a float in (0, 1]). Defaults to 0.1.
+        seed: Seed of the subset choice; the subset is chosen once and kept for the whole
+            run. Defaults to 42.
+        stratify_by: Label column (key of each sample, or column of a ``datasets.Dataset``)
+            whose class proportions the subset keeps. Defaults to None (uniform).
+        every: ``"eval"`` to evaluate with each evaluation and add the metrics to its log
+            record (same step), or an int N to evaluate every N optimizer steps and log a
+            record of its own. Defaults to ``"eval"``.
+        prefix: Prefix of the reported metrics. Defaults to ``"train"`` (``train_accuracy``,
+            rendered ``train/accuracy`` by the key grammar).
+        gap_metrics: Also report ``gap_<metric>`` = train minus eval for every metric both
+            have (True), for the given metric names (e.g. ``["loss", "accuracy"]``), or not
+            at all (False). ``EarlyStopping(monitor="gap_loss")`` can watch them.
+            Defaults to False.
+        dataset: Data to take the subset from instead of the trainer's training set.
+            Defaults to None.
+
+    Raises:
+        ValueError: An argument is out of range (the message names it and the valid values).
+        TypeError: An argument has the wrong type.
+
+    Note:
+        ``transformers.Trainer`` selects the best model only from ``eval_*`` metrics, so the
+        train-subset metrics never affect it; ``EarlyStopping`` uses them only when told to
+        monitor ``train_*``/``gap_*``. In a ``LightweightTrainer`` whose ``train_data`` is a
+        sequence of batches (not a DataLoader), ``size`` counts batches.
+
+    Example:
+        >>> callback = TrainSubsetEvaluation(size=512, stratify_by="label", gap_metrics=True)
+        >>> trainer = TrainerPlus(model=model, args=args, train_dataset=train,
+        ...                       eval_dataset=val, callbacks=[callback])
+    """
+
+    def __init__(
+        self,
+        size: Union[int, float] = 0.1,
+        *,
+        seed: int = 42,
+        stratify_by: Optional[str] = None,
+        every: Union[str, int] = "eval",
+        prefix: str = "train",
+        gap_metrics: Union[bool, Iterable[str]] = False,
+        dataset: Any = None,
+    ) -> None:
+        if isinstance(size, bool) or not isinstance(size, numbers.Real):
+            raise TypeError(f"TrainSubsetEvaluation: size must be an int or a float, got {size!r}.")
+        if isinstance(size, numbers.Integral):
+            if size < 1:
+                raise ValueError(f"TrainSubsetEvaluation: size must be >= 1 as a count, got {size!r}.")
+        elif not (0.0 < float(size) <= 1.0) or math.isnan(size):
+            raise ValueError(
+                f"TrainSubsetEvaluation: size as a fraction must be in (0, 1], got {size!r}; "
+                "pass an int for a number of samples."
+            )
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+            raise TypeError(f"TrainSubsetEvaluation: seed must be an int, got {seed!r}.")
+        if stratify_by is not None and not isinstance(stratify_by, str):
+            raise TypeError(
+                f"TrainSubsetEvaluation: stratify_by must be a column name or None, got {stratify_by!r}."
+            )
+        if every != "eval" and (
+            isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1
+        ):
+            raise ValueError(f"TrainSubsetEvaluation: every must be 'eval' or an int >= 1, got {every!r}.")
+        if not isinstance(prefix, str) or not prefix or "/" in prefix or prefix in ("eval", "test", "gap"):
+            raise ValueError(
+                f"TrainSubsetEvaluation: prefix must be a non-empty name without '/' other than "
+                f"'eval', 'test' and 'gap', got {prefix!r}."
+            )
+        if isinstance(gap_metrics, str):
+            raise TypeError(
+                f"TrainSubsetEvaluation: gap_metrics must be a bool or a list of metric names, got "
+                f"{gap_metrics!r}; did you mean [{gap_metrics!r}]?"
+            )
+        self.size = size
+        self.seed = int(seed)
+        self.stratify_by = stratify_by
+        self.every = every
+        self.prefix = prefix
+        self.gap_metrics: Union[bool, tuple[str, ...]] = (
+            gap_metrics if isinstance(gap_metrics, bool) else tuple(gap_metrics)
+        )
+        self.dataset = dataset
+        self.trainer: Any = None
+        self.indices: Optional[list[int]] = None
+        self._subset: Any = None
+        self._running = False
+        self._handled: Optional[dict] = None
+        self._warned_unfired = False
+
+    # -- wiring ------------------------------------------------------------------------------
+    def bind(self, trainer: Any) -> TrainSubsetEvaluation:
+        """Give the callback its trainer (``TrainerPlus`` and ``run_before_integrations`` do it).
+
+        Returns:
+            self, so ``trainer.add_callback(TrainSubsetEvaluation(...).bind(trainer))`` works.
+        """
+        if self.trainer is not None and self.trainer is not trainer:
+            self._subset = None
+            self.indices = None
+        self.trainer = trainer
+        return self
+
+    def _require_trainer(self) -> Any:
+        if self.trainer is None:
+            raise RuntimeError(
+                "TrainSubsetEvaluation is not bound to a trainer. Use TrainerPlus (automatic), "
+                "run_before_integrations(trainer, callback) for a stock transformers.Trainer, or "
+                "trainer.add_callback(callback.bind(trainer)) for a LightweightTrainer."
+            )
+        return self.trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self._require_trainer()
+        return None
+
+    # -- the subset --------------------------------------------------------------------------
+    def _source(self) -> Any:
+        if self.dataset is not None:
+            return self.dataset
+        trainer = self._require_trainer()
+        for name in ("train_dataset", "train_data"):
+            source = getattr(trainer, name, None)
+            if source is not None:
+                return source
+        raise RuntimeError(
+            "TrainSubsetEvaluation: the trainer has no training data (train_dataset/train_data); "
+            "pass dataset=... to TrainSubsetEvaluation."
+        )
+
+    def subset(self) -> Any:
+        """The fixed subset (chosen on first use), in the form the trainer evaluates."""
+        if self._subset is None:
+            source = self._source()
+            self.indices, self._subset = take_subset(
+                source, self.size, self.seed, self.stratify_by, self._lightweight_batch_size()
+            )
+        return self._subset
+
+    def _lightweight_batch_size(self) -> Optional[int]:
+        trainer = self.trainer
+        if trainer is not None and not hasattr(trainer, "evaluation_loop"):
+            return int(getattr(trainer.args, "eval_batch_size", 0) or 8)
+        return None
+
+    # -- evaluation --------------------------------------------------------------------------
+    def compute(self) -> dict[str, float]:
+        """Evaluate the subset now and return ``{"<prefix>_<metric>": value}``.
+
+        Uses ``trainer.evaluation_loop`` (transformers) or ``trainer._evaluation_loop``
+        (``LightweightTrainer``): no log record, no ``on_evaluate``, ``control`` untouched.
+        """
+        trainer = self._require_trainer()
+        subset = self.subset()
+        control = getattr(trainer, "control", None)
+        saved = dict(vars(control)) if control is not None and hasattr(control, "__dict__") else None
+        self._running = True
+        try:
+            if hasattr(trainer, "evaluation_loop"):
+                dataloader = trainer.get_eval_dataloader(subset)
+                output = trainer.evaluation_loop(
+                    dataloader, description="Train subset evaluation", metric_key_prefix=self.prefix
+                )
+                metrics = dict(output.metrics)
+            else:
+                metrics, _, _ = trainer._evaluation_loop(subset, self.prefix, "TrainSubsetEvaluation")
+        finally:
+            self._running = False
+            if saved is not None and getattr(trainer, "control", None) is not None:
+                vars(trainer.control).update(saved)  # on_prediction_step must not change the flags
+        return {key: value for key, value in metrics.items() if not _is_speed_metric(key, self.prefix)}
+
+    def _trigger_prefix(self) -> str:
+        trainer = self.trainer
+        eval_data = getattr(trainer, "eval_dataset", None)
+        if eval_data is None:
+            eval_data = getattr(trainer, "eval_data", None)
+        if isinstance(eval_data, Mapping) and eval_data:
+            return f"eval_{next(iter(eval_data))}"
+        return "eval"
+
+    def _gaps(self, train: Mapping[str, Any], logs: Mapping[str, Any], eval_prefix: str) -> dict[str, float]:
+        if not self.gap_metrics:
+            return {}
+        names = [key[len(self.prefix) + 1:] for key in train]
+        if self.gap_metrics is not True:
+            names = [name for name in names if name in self.gap_metrics]
+        gaps = {}
+        for name in names:
+            train_value, eval_value = train.get(f"{self.prefix}_{name}"), logs.get(f"{eval_prefix}_{name}")
+            if _is_number(train_value) and _is_number(eval_value):
+                gaps[f"gap_{name}"] = float(train_value) - float(eval_value)
+        return gaps
+
+    # -- events ------------------------------------------------------------------------------
+    def on_pre_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any):
+        """Add the train-subset (and gap) metrics to an evaluation's log record."""
+        if self.every != "eval" or self._running or not isinstance(logs, dict) or self.trainer is None:
+            return None
+        eval_prefix = self._trigger_prefix()
+        if f"{eval_prefix}_runtime" not in logs:
+            return None
+        train = self.compute()
+        logs.update(train)
+        logs.update(self._gaps(train, logs, eval_prefix))
+        self._handled = logs
+        return None
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any):
+        if (
+            self.every == "eval"
+            and not self._warned_unfired
+            and isinstance(logs, dict)
+            and logs is not self._handled
+            and f"{self._trigger_prefix() if self.trainer is not None else 'eval'}_runtime" in logs
+        ):
+            self._warned_unfired = True
+            logger.warning(
+                "TrainSubsetEvaluation: this trainer did not fire on_pre_log, so no train-subset "
+                "metrics were added. Use TrainerPlus, or run_before_integrations(trainer, callback) "
+                "with a stock transformers.Trainer."
+            )
+        return None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """With ``every=N``: evaluate every N steps and log one record of its own."""
+        if self.every == "eval" or self._running or state.global_step % self.every != 0:
+            return None
+        trainer = self._require_trainer()
+        metrics = self.compute()
+        trainer.log(metrics)
+        return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+#: Timing keys of an evaluation; "train_runtime" & co. name end-of-training totals in the
+#: key grammar, so they are never emitted under the train prefix.
+_TIMING_SUFFIXES = (
+    "runtime", "samples_per_second", "steps_per_second", "model_preparation_time", "jit_compilation_time"
+)
+
+
+def _is_speed_metric(key: str, prefix: str) -> bool:
+    return any(key == f"{prefix}_{suffix}" for suffix in _TIMING_SUFFIXES)
+

@@ -1,0 +1,212 @@
+"""TrainSubsetEvaluation in a stock Trainer, TrainerPlus and LightweightTrainer."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import EarlyStoppingCallback  # noqa: E402
+
+from hf_callbacks_plus.callbacks.subset_sampling import choose_indices  # noqa: E402
+from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation  # noqa: E402
+from hf_callbacks_plus.integrations.ordering import run_before_integrations  # noqa: E402
+from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
+from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
+from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
+from tests.tiny_models import RegressionDataset, make_trainer  # noqa: E402
+
+EVAL_EVERY = {"eval_strategy": "steps", "eval_steps": 4, "logging_steps": 4, "max_steps": 8}
+
+
+class EvaluateRecorder(TrainerCallback):
+    def __init__(self):
+        self.metrics = []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.metrics.append(dict(metrics))
+
+
+def eval_records(trainer):
+    return [r for r in trainer.state.log_history if "eval_loss" in r]
+
+
+def subset_metrics_directly(trainer, indices):
+    """The reference: trainer.evaluate on the same samples, with another prefix."""
+    return trainer.evaluate(torch.utils.data.Subset(trainer.train_dataset, indices), metric_key_prefix="ref")
+
+
+@pytest.mark.parametrize("how", ["stock", "plus"])
+@pytest.mark.transformers
+@pytest.mark.compat
+def test_subset_metrics_in_the_eval_record(tmp_path, how, caplog):
+    callback = TrainSubsetEvaluation(size=16, seed=3, gap_metrics=True)
+    recorder = EvaluateRecorder()
+    early = EarlyStoppingCallback(early_stopping_patience=5)
+    common = dict(report_to="tensorboard", metric_for_best_model="eval_loss", **EVAL_EVERY)
+    if how == "stock":
+        trainer = make_trainer(tmp_path, callbacks=[recorder, early], **common)
+        run_before_integrations(trainer, callback)
+    else:
+        trainer = make_trainer(
+            tmp_path, callbacks=[callback, recorder, early], trainer_class=TrainerPlus, **common
+        )
+        assert callback.trainer is trainer  # bound automatically
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    records = eval_records(trainer)
+    assert [r["step"] for r in records] == [4, 8]  # one record per evaluation: no double logging
+    assert not [r for r in trainer.state.log_history if "train_mse" in r and "eval_loss" not in r]
+    for record in records:
+        assert {"train_loss", "train_mse", "train_mae", "gap_loss", "gap_mse", "gap_mae"} <= set(record)
+        assert record["gap_mse"] == pytest.approx(record["train_mse"] - record["eval_mse"])
+        assert "train_runtime" not in record  # never looks like the end-of-training record
+    # on_evaluate fired once per evaluation (no recursion), with the same metrics
+    assert len(recorder.metrics) == 2 and all("train_mse" in m for m in recorder.metrics)
+    assert "early stopping required metric_for_best_model" not in caplog.text
+    # the subset: fixed, 16 samples; values equal a direct evaluation of those samples
+    assert len(callback.indices) == 16
+    final = trainer.evaluate()
+    reference = subset_metrics_directly(trainer, callback.indices)
+    assert final["train_mse"] == pytest.approx(reference["ref_mse"], rel=1e-6)
+    assert final["train_loss"] == pytest.approx(reference["ref_loss"], rel=1e-6)
+    # the report_to integration saw them in the same step (rendered by transformers' rewrite_logs)
+    scalars = read_scalars(tmp_path)
+    assert set(scalars["train/train_mse"]) == {4, 8}
+    assert set(scalars["train/gap_loss"]) == {4, 8}
+    assert trainer.state.best_metric == min(r["eval_loss"] for r in records)  # eval_loss, not train
+
+
+@pytest.mark.transformers
+@pytest.mark.compat
+def test_control_is_untouched_and_on_evaluate_not_fired(tmp_path):
+    callback = TrainSubsetEvaluation(size=0.25, seed=0)
+    recorder = EvaluateRecorder()
+    trainer = make_trainer(tmp_path, callbacks=[recorder], trainer_class=TrainerPlus, max_steps=1)
+    trainer.add_callback(callback)
+    assert callback.trainer is trainer
+    trainer.control.should_save = True
+    trainer.control.should_log = True
+    metrics = callback.compute()
+    assert set(metrics) == {"train_loss", "train_mse", "train_mae"}
+    assert recorder.metrics == [] and trainer.state.log_history == []
+    assert trainer.control.should_save and trainer.control.should_log
+    assert len(callback.indices) == 16  # 25 % of 64
+
+
+@pytest.mark.transformers
+@pytest.mark.compat
+def test_own_schedule_logs_its_own_records(tmp_path):
+    callback = TrainSubsetEvaluation(size=8, every=3)
+    trainer = make_trainer(tmp_path, max_steps=7, logging_steps=100, eval_strategy="no")
+    run_before_integrations(trainer, callback)
+    trainer.train()
+    records = [r for r in trainer.state.log_history if "train_mse" in r]
+    assert [r["step"] for r in records] == [3, 6]
+
+
+@pytest.mark.transformers
+@pytest.mark.compat
+def test_hf_dataset_stratified(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    base = RegressionDataset(60, seed=1)
+    groups = ["a"] * 40 + ["b"] * 15 + ["c"] * 5
+    train = datasets.Dataset.from_dict(
+        {"input_x": base.x.tolist(), "labels": base.y.tolist(), "group": groups}
+    ).with_format("torch")
+    callback = TrainSubsetEvaluation(size=12, stratify_by="group", seed=1)
+    trainer = make_trainer(tmp_path, callbacks=[callback], trainer_class=TrainerPlus, max_steps=1)
+    trainer.train_dataset = train
+    metrics = callback.compute()
+    assert "train_mse" in metrics
+    assert Counter(groups[i] for i in callback.indices) == {"a": 8, "b": 3, "c": 1}
+    with pytest.raises(ValueError, match="stratify_by='nope'.*columns"):
+        TrainSubsetEvaluation(size=4, stratify_by="nope").bind(trainer).subset()
+
+
+@pytest.mark.transformers
+def test_unbound_in_a_stock_trainer_says_how_to_bind(tmp_path):
+    trainer = make_trainer(tmp_path, callbacks=[TrainSubsetEvaluation(size=4)], max_steps=1)
+    with pytest.raises(RuntimeError, match="run_before_integrations"):
+        trainer.train()
+
+
+@pytest.mark.transformers
+def test_bound_but_pre_log_never_fired_warns(tmp_path, caplog):
+    callback = TrainSubsetEvaluation(size=4)
+    trainer = make_trainer(tmp_path, callbacks=[callback], eval_strategy="steps", eval_steps=1, max_steps=1)
+    callback.bind(trainer)  # bound by hand, but no bridge: on_pre_log is never fired
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        trainer.train()
+    assert "did not fire on_pre_log" in caplog.text
+
+
+def test_lightweight_trainer(tmp_path):
+    from hf_callbacks_plus.loop.arguments import LoopArguments
+    from hf_callbacks_plus.loop.trainer import LightweightTrainer
+
+    args = LoopArguments(output_dir=str(tmp_path), max_steps=6, logging_steps=3, eval_strategy="steps",
+                         eval_steps=3, save_strategy="no", disable_tqdm=True)
+    train_data = [[float(i), float(i + 1)] for i in range(10)]  # 10 batches
+    evaluated = []
+
+    def eval_step(batch):
+        evaluated.append(batch)
+        return {"loss": sum(batch) / len(batch)}
+
+    trainer = LightweightTrainer(
+        args, train_step=lambda batch: {"loss": 1.0}, train_data=train_data,
+        eval_data=[[0.0, 1.0]], eval_step=eval_step,
+        metrics_fn=lambda outputs: {"count": float(len(outputs))},
+    )
+    callback = TrainSubsetEvaluation(size=0.3, seed=5, gap_metrics=["loss"])
+    trainer.add_callback(callback.bind(trainer))
+    trainer.train()
+    records = [r for r in trainer.state.log_history if "eval_loss" in r]
+    assert [r["step"] for r in records] == [3, 6]
+    chosen = [train_data[i] for i in callback.indices]
+    expected_loss = sum(sum(b) / len(b) for b in chosen) / 3
+    for record in records:
+        assert record["train_count"] == 3.0  # 30 % of 10 batches
+        assert record["train_loss"] == pytest.approx(expected_loss)
+        assert record["gap_loss"] == pytest.approx(expected_loss - 0.5)
+        assert "gap_count" not in record
+    subset_records = [r for r in trainer.state.log_history if "train_loss" in r and "train_runtime" not in r]
+    assert len(subset_records) == 2
+
+
+def test_choose_indices_counts_fractions_and_seed():
+    assert len(choose_indices(100, 10, seed=1)) == 10
+    assert len(choose_indices(100, 0.25, seed=1)) == 25
+    assert len(choose_indices(3, 0.01, seed=1)) == 1  # at least one
+    assert choose_indices(100, 10, seed=1) == choose_indices(100, 10, seed=1)
+    assert choose_indices(100, 10, seed=1) != choose_indices(100, 10, seed=2)
+    assert choose_indices(5, 50, seed=1) == [0, 1, 2, 3, 4]
+
+
+def test_stratified_allocation_keeps_proportions():
+    labels = [0] * 70 + [1] * 20 + [2] * 10
+    chosen = choose_indices(100, 10, seed=4, labels=labels)
+    assert Counter(labels[i] for i in chosen) == {0: 7, 1: 2, 2: 1}
+    assert len(set(chosen)) == 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"size": 0}, ValueError, "size must be >= 1"),
+        ({"size": 1.5}, ValueError, r"size as a fraction must be in \(0, 1\]"),
+        ({"size": "10"}, TypeError, "size must be an int or a float"),
+        ({"every": "epoch"}, ValueError, "every must be 'eval' or an int"),
+        ({"prefix": "eval"}, ValueError, "prefix must be"),
+        ({"gap_metrics": "loss"}, TypeError, r"did you mean \['loss'\]"),
+        ({"stratify_by": 3}, TypeError, "stratify_by must be"),
+    ],
+)
+def test_argument_validation(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        TrainSubsetEvaluation(**kwargs)
