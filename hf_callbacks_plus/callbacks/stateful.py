@@ -76,7 +76,10 @@ class SelfRestoringState(TrainerCallback, ExportableState):
             return None
         if not isinstance(entries, list):
             entries = [entries]
-        for entry in entries:
+        # transformers' _save_checkpoint APPENDS to the list when a class has several instances,
+        # so one checkpoint holds stale entries (from train begin, earlier saves) before the
+        # current one: the last entry with our key is the state at this checkpoint.
+        for entry in reversed(entries):
             attributes = entry.get("attributes", {}) if isinstance(entry, dict) else {}
             if attributes.get(self.STATE_KEY_FIELD) == self.state_key:
                 return attributes

@@ -1,0 +1,446 @@
+"""Stateful early stopping for ``transformers.Trainer``, ``TrainerPlus`` and ``LightweightTrainer``.
+
+See ``docs/early_stopping.md`` for the feature table against transformers, Lightning and
+Keras, and the migration from ``transformers.EarlyStoppingCallback``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Optional
+
+from ..metrics.keys import KeyGrammar
+from ..metrics.monitor import Monitor, to_float
+from .best_weights import BestWeights
+from .distributed import broadcast_from_rank0, distributed_world_size
+from .early_stopping_checks import check_against_args, check_arguments, check_thresholds, expected_prefix
+from .stateful import SelfRestoringState
+
+__all__ = ["Decision", "EarlyStopping", "StopReason"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+_SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
+
+
+class StopReason(str, Enum):
+    """Why :class:`EarlyStopping` stopped training (``NOT_STOPPED`` while it has not)."""
+
+    NOT_STOPPED = "not_stopped"
+    PATIENCE = "patience"
+    BASELINE_NOT_REACHED = "baseline_not_reached"
+    STOPPING_THRESHOLD = "stopping_threshold"
+    DIVERGENCE_THRESHOLD = "divergence_threshold"
+    NON_FINITE = "non_finite"
+
+    @property
+    def code(self) -> int:
+        """A small integer, used to broadcast the reason between ranks."""
+        return list(StopReason).index(self)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one observation of the monitored value (see :meth:`EarlyStopping.decide`)."""
+
+    improved: bool
+    wait: int
+    best_value: Optional[float]
+    best_step: Optional[int]
+    best_epoch: Optional[float]
+    reason: StopReason
+
+    @property
+    def should_stop(self) -> bool:
+        """True when training must stop."""
+        return self.reason is not StopReason.NOT_STOPPED
+
+
+class EarlyStopping(SelfRestoringState):
+    """Stop training when a monitored metric stops improving; survives checkpoint/resume.
+
+    Patience counts *observations of the monitored metric*: evaluations for eval/train-subset
+    metrics, logging steps for the training loss. Training stops once ``patience``
+    consecutive observations did not improve on the best by more than ``min_delta``.
+
+    Args:
+        monitor: The metric: ``"eval_loss"``, ``"eval_<dataset>_accuracy"``, ``"train_accuracy"``,
+            ``"gap_loss"``, ``"loss"`` (training loss), a bare name resolved like
+            ``metric_for_best_model`` or a rendered name (``"eval/accuracy"``). Defaults to
+            None: ``args.metric_for_best_model`` (drop-in for ``EarlyStoppingCallback``).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (from the name; with ``monitor=None`` from
+            ``args.greater_is_better``). Defaults to ``"auto"``.
+        patience: Observations without improvement before stopping; 0 behaves like 1
+            (stop at the first one, as in Keras). Defaults to 3.
+        min_delta: Margin an improvement must exceed (>= 0). Defaults to 0.0.
+        min_delta_mode: ``"absolute"`` or ``"relative"`` (fraction of ``abs(best)``).
+            Defaults to ``"absolute"``.
+        baseline: A value to beat before anything counts as best; training stops with
+            ``BASELINE_NOT_REACHED`` when ``patience`` observations fail to beat it. Defaults to None.
+        start_from_step: Warm-up: observations at ``global_step <= start_from_step`` are
+            ignored (except the non-finite check). Defaults to 0 (no warm-up).
+        start_from_epoch: Warm-up in epochs: observations at ``epoch <= start_from_epoch``
+            are ignored. Defaults to 0.
+        stopping_threshold: Stop as soon as the value reaches it (good enough). Defaults to None.
+        divergence_threshold: Stop as soon as the value is worse than it (hopeless).
+            Defaults to None.
+        check_finite: Stop when the value is NaN/Inf. A non-finite value is never best
+            either way. Defaults to True.
+        strict: Raise when the metric never shows up (listing the keys that did, with a
+            "did you mean"); False warns once and keeps training. Defaults to True.
+        restore_best: At the end of training, load the best weights: from the checkpoint of
+            the best step when it exists, else from an in-memory CPU copy (one copy of the
+            ``state_dict``, kept until a checkpoint safe from rotation holds the same
+            weights). Defaults to False.
+        reset_on_resume: When resuming from a checkpoint written after this callback
+            stopped training, forget the stop and the patience counter (keep the best) and
+            train on. Defaults to False: the resumed run stops again at once.
+        sync_decision: Under ``torch.distributed``, broadcast rank 0's decision so every
+            rank stops at the same step. Defaults to True.
+        report: Add ``early_stopping/...`` keys (best value, best step, wait, stopped step,
+            reason) to the next log record. Defaults to True.
+        log_name: Report under ``early_stopping/<log_name>/...`` (give each instance its
+            own when using several). Defaults to None (``early_stopping/...``).
+
+    Raises:
+        TypeError, ValueError: At construction for bad arguments; at train begin for a
+            metric the trainer cannot produce. Messages name the argument, the value and
+            the valid choices.
+
+    Example:
+        >>> stopper = EarlyStopping("eval_loss", patience=2, min_delta=0.01)
+        >>> stopper.state_key
+        'EarlyStopping[eval_loss,min]'
+    """
+
+    def __init__(
+        self, monitor: Optional[str] = None, mode: str = "auto", patience: int = 3, min_delta: float = 0.0,
+        min_delta_mode: str = "absolute", baseline: Optional[float] = None, start_from_step: int = 0,
+        start_from_epoch: float = 0, stopping_threshold: Optional[float] = None,
+        divergence_threshold: Optional[float] = None, check_finite: bool = True, strict: bool = True,
+        restore_best: bool = False, reset_on_resume: bool = False, sync_decision: bool = True,
+        report: bool = True, log_name: Optional[str] = None,
+    ) -> None:
+        self._options = {
+            "monitor": monitor, "mode": mode, "patience": patience, "min_delta": min_delta,
+            "min_delta_mode": min_delta_mode, "baseline": baseline, "start_from_step": start_from_step,
+            "start_from_epoch": start_from_epoch, "stopping_threshold": stopping_threshold,
+            "divergence_threshold": divergence_threshold, "check_finite": check_finite, "strict": strict,
+            "restore_best": restore_best, "reset_on_resume": reset_on_resume,
+            "sync_decision": sync_decision, "report": report, "log_name": log_name,
+        }
+        check_arguments(self._options)
+        for name, value in self._options.items():
+            setattr(self, name, value)
+        self.grammar = KeyGrammar()
+        self._monitor: Optional[Monitor] = None
+        if monitor is not None:
+            self._monitor = self._build_monitor(monitor, mode)
+        if self._monitor is not None or mode != "auto":
+            check_thresholds(self._monitor.mode if self._monitor is not None else mode,
+                             baseline, stopping_threshold, divergence_threshold)
+        self._best_weights = BestWeights()
+        self._pending_report: dict[str, Any] = {}
+        self.reset()
+
+    def _build_monitor(self, monitor: str, mode: str) -> Monitor:
+        return Monitor(monitor, mode=mode, min_delta=self.min_delta, min_delta_mode=self.min_delta_mode,
+                       grammar=self.grammar)
+
+    # -- state ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything observed (best, counter, stop). Called at every fresh ``train()``."""
+        self.wait = 0
+        self.best_value: Optional[float] = None
+        self.best_step: Optional[int] = None
+        self.best_epoch: Optional[float] = None
+        self.stopped = False
+        self.stopped_step: Optional[int] = None
+        self.reason = StopReason.NOT_STOPPED
+        self.message = ""
+        self.best_checkpoint: Optional[str] = None
+        self._last_observed: Optional[tuple[int, str]] = None
+        self._found = False
+        self._warned_missing = False
+        self._keys_seen: set[str] = set()
+        self._evaluations_seen = 0
+        self._best_weights.drop_snapshot()
+        self._pending_report = {}
+
+    @property
+    def monitor_name(self) -> Optional[str]:
+        """The resolved monitored metric (None before train begin when taken from args)."""
+        return self._monitor.monitor if self._monitor is not None else self.monitor
+
+    @property
+    def resolved_mode(self) -> Optional[str]:
+        """``"min"`` or ``"max"`` once known."""
+        return self._monitor.mode if self._monitor is not None else None
+
+    @property
+    def state_key(self) -> str:
+        """``EarlyStopping[<monitor>,<mode>]``: separates instances watching other metrics."""
+        monitor = self.monitor_name or "metric_for_best_model"
+        return f"EarlyStopping[{monitor},{self.resolved_mode or self.mode}]"
+
+    def state_args(self) -> dict[str, Any]:
+        return dict(self._options)
+
+    def state_attributes(self) -> dict[str, Any]:
+        return {
+            "wait": self.wait, "best_value": self.best_value, "best_step": self.best_step,
+            "best_epoch": self.best_epoch, "stopped": self.stopped, "stopped_step": self.stopped_step,
+            "reason": self.reason.value, "message": self.message, "best_checkpoint": self.best_checkpoint,
+        }
+
+    def load_state_attributes(self, attributes: dict[str, Any]) -> None:
+        self.wait = int(attributes.get("wait", 0))
+        self.best_value = attributes.get("best_value")
+        self.best_step = attributes.get("best_step")
+        self.best_epoch = attributes.get("best_epoch")
+        self.stopped = bool(attributes.get("stopped", False))
+        self.stopped_step = attributes.get("stopped_step")
+        self.reason = StopReason(attributes.get("reason", StopReason.NOT_STOPPED.value))
+        self.message = attributes.get("message", "")
+        self.best_checkpoint = attributes.get("best_checkpoint")
+
+    # -- the decision (pure) ---------------------------------------------------------------
+    def _in_warmup(self, step: int, epoch: float) -> bool:
+        return (self.start_from_step > 0 and step <= self.start_from_step) or (
+            self.start_from_epoch > 0 and epoch <= self.start_from_epoch
+        )
+
+    def decide(self, value: float, step: int, epoch: float) -> Decision:
+        """What one observation means, given the current state; changes nothing.
+
+        Order: non-finite check, warm-up, divergence, improvement (against the best, else the
+        baseline), stopping threshold, patience.
+        """
+        monitor = self._monitor
+        if monitor is None:
+            raise RuntimeError("EarlyStopping.decide() needs a resolved monitor (call it after train begin).")
+        best = (self.best_value, self.best_step, self.best_epoch)
+        if self.check_finite and not math.isfinite(value):
+            return Decision(False, self.wait, *best, StopReason.NON_FINITE)
+        if self._in_warmup(step, epoch):
+            return Decision(False, self.wait, *best, StopReason.NOT_STOPPED)
+        if (self.divergence_threshold is not None and not math.isnan(value)
+                and monitor.is_worse_than(value, self.divergence_threshold)):
+            return Decision(False, self.wait + 1, *best, StopReason.DIVERGENCE_THRESHOLD)
+        reference = self.best_value if self.best_value is not None else self.baseline
+        improved = monitor.is_improvement(value, reference)
+        wait = 0 if improved else self.wait + 1
+        if improved:
+            best = (value, step, epoch)
+        reason = StopReason.NOT_STOPPED
+        if self.stopping_threshold is not None and monitor.reaches(value, self.stopping_threshold):
+            reason = StopReason.STOPPING_THRESHOLD
+        elif not improved and wait >= self.patience:
+            no_best = best[0] is None and self.baseline is not None
+            reason = StopReason.BASELINE_NOT_REACHED if no_best else StopReason.PATIENCE
+        return Decision(improved, wait, *best, reason)
+
+    def _synchronized(self, decision: Decision) -> Decision:
+        """Rank 0's decision on every rank (unchanged when not distributed)."""
+        if not self.sync_decision or distributed_world_size() <= 1:
+            return decision
+        nan = float("nan")
+        values = broadcast_from_rank0([
+            float(decision.improved), float(decision.wait),
+            nan if decision.best_value is None else decision.best_value,
+            -1.0 if decision.best_step is None else float(decision.best_step),
+            nan if decision.best_epoch is None else decision.best_epoch, float(decision.reason.code),
+        ])
+        return Decision(
+            bool(values[0]), int(values[1]), None if math.isnan(values[2]) else values[2],
+            None if values[3] < 0 else int(values[3]), None if math.isnan(values[4]) else values[4],
+            list(StopReason)[int(values[5])],
+        )
+
+    def _message(self, decision: Decision, value: float, step: int) -> str:
+        name, best = self.monitor_name, f"{self.best_value!r} at step {self.best_step}"
+        texts = {
+            StopReason.PATIENCE: f"{name}={value!r} did not improve on the best {best} by more than "
+                                 f"{self.min_delta} ({self.min_delta_mode}) for {self.wait} evaluation(s) "
+                                 f"(patience={self.patience})",
+            StopReason.BASELINE_NOT_REACHED: f"{name} did not beat baseline={self.baseline!r} within "
+                                             f"{self.wait} evaluation(s) (patience={self.patience})",
+            StopReason.STOPPING_THRESHOLD: f"{name}={value!r} reached stopping_threshold="
+                                           f"{self.stopping_threshold!r}",
+            StopReason.DIVERGENCE_THRESHOLD: f"{name}={value!r} is worse than divergence_threshold="
+                                             f"{self.divergence_threshold!r}",
+            StopReason.NON_FINITE: f"{name} is {value!r} (check_finite=True)",
+        }
+        return f"EarlyStopping stopped training at step {step}: {texts[decision.reason]}. Best: {best}."
+
+    # -- observing metrics ---------------------------------------------------------------
+    def _observe(self, values: Any, state: Any, control: Any, model: Any, from_evaluate: bool) -> None:
+        if self._monitor is None or not isinstance(values, dict):
+            return
+        if from_evaluate:
+            self._evaluations_seen += 1
+            self.grammar.learn_from_metrics(values)
+            if len(self._keys_seen) < 1000:
+                self._keys_seen.update(k for k in values if isinstance(k, str))
+        key, raw = self._monitor.lookup(values)
+        step = int(getattr(state, "global_step", 0))
+        if key is None:
+            self._check_missing(values, from_evaluate)
+            return
+        self._found = True
+        if self.stopped:
+            control.should_training_stop = True
+            return
+        if self._last_observed == (step, key):
+            return
+        self._last_observed = (step, key)
+        value = to_float(raw)
+        if value is None:
+            self._fail(TypeError, f"EarlyStopping: the monitored metric {key!r} is not a number: "
+                                  f"{raw!r} ({type(raw).__name__}).")
+            return
+        decision = self._synchronized(self.decide(value, step, float(getattr(state, "epoch", 0) or 0.0)))
+        self.wait, self.best_value, self.best_step, self.best_epoch = (
+            decision.wait, decision.best_value, decision.best_step, decision.best_epoch)
+        if decision.improved and self.restore_best:
+            self._best_weights.take_snapshot(model, step)
+        if decision.should_stop:
+            self.stopped, self.stopped_step, self.reason = True, step, decision.reason
+            self.message = self._message(decision, value, step)
+            control.should_training_stop = True
+            warn = decision.reason in (StopReason.NON_FINITE, StopReason.DIVERGENCE_THRESHOLD)
+            logger.log(logging.WARNING if warn else logging.INFO, self.message)
+        self._queue_report()
+
+    def _queue_report(self) -> None:
+        if not self.report:
+            return
+        head = "early_stopping" if self.log_name is None else f"early_stopping/{self.log_name}"
+        report: dict[str, Any] = {f"{head}/wait": self.wait}
+        if self.best_value is not None:
+            report[f"{head}/best_value"] = self.best_value
+            report[f"{head}/best_step"] = self.best_step
+        if self.stopped:
+            report[f"{head}/stopped_step"] = self.stopped_step
+            report[f"{head}/reason"] = self.reason.value
+        self._pending_report = report
+
+    def _inject_report(self, logs: Any) -> None:
+        if self._pending_report and isinstance(logs, dict):
+            logs.update(self._pending_report)
+            self._pending_report = {}
+
+    def _fail(self, error: type, message: str) -> None:
+        if self.strict:
+            raise error(message)
+        if not self._warned_missing:
+            self._warned_missing = True
+            logger.warning("%s (strict=False: early stopping ignores it.)", message)
+
+    def _check_missing(self, values: dict, from_evaluate: bool) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        prefix = expected_prefix(monitor.monitor, self.grammar)
+        if prefix == "":
+            training_record = bool({"loss", "learning_rate"} & set(values)) and "train_runtime" not in values
+            if not from_evaluate and training_record:
+                self._fail(RuntimeError, "EarlyStopping: " + monitor.explain_missing(values))
+            return
+        if not from_evaluate:
+            return
+        prefixes = {
+            key[: -len(suffix)] for key in values if isinstance(key, str)
+            for suffix in _SPEED_SUFFIXES if key.endswith(suffix)
+        }
+        if prefix in prefixes:
+            self._fail(RuntimeError, f"EarlyStopping: the {prefix!r} evaluation did not return it. "
+                                     + monitor.explain_missing(values))
+
+    # -- events --------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Resolve the monitor from ``args``, validate, restore the state when resuming."""
+        self.reset()
+        monitor, mode = self.monitor, self.mode
+        if monitor is None:
+            monitor = getattr(args, "metric_for_best_model", None)
+            if not monitor:
+                raise ValueError(
+                    "EarlyStopping: monitor=None takes the metric from args.metric_for_best_model, which is "
+                    "None. Pass monitor='eval_loss' (or another metric) or set metric_for_best_model."
+                )
+            if mode == "auto":
+                mode = "max" if getattr(args, "greater_is_better", None) else "min"
+            self._monitor = self._build_monitor(monitor, mode)
+            check_thresholds(self._monitor.mode, self.baseline, self.stopping_threshold,
+                             self.divergence_threshold)
+        if self._monitor is None:
+            raise RuntimeError("EarlyStopping: monitor could not be resolved.")
+        name = self._monitor.monitor
+        problem = check_against_args(name, expected_prefix(name, self.grammar), args)
+        if problem is not None:
+            if self.strict:
+                raise ValueError(problem)
+            logger.warning("%s (strict=False: continuing.)", problem)
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.stopped:
+            if self.reset_on_resume:
+                logger.info("EarlyStopping[%s]: the resumed run had stopped at step %s (%s); "
+                            "reset_on_resume=True, training on.", self.monitor_name, self.stopped_step,
+                            self.reason.value)
+                self.stopped, self.stopped_step, self.wait = False, None, 0
+                self.reason, self.message = StopReason.NOT_STOPPED, ""
+            else:
+                logger.warning(
+                    "EarlyStopping[%s]: this run already stopped early at step %s (%s); stopping again at "
+                    "once. Pass EarlyStopping(..., reset_on_resume=True) to continue training.",
+                    self.monitor_name, self.stopped_step, self.reason.value)
+                control.should_training_stop = True
+                self._queue_report()
+
+    def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """(TrainerPlus / LightweightTrainer) observe the record and add the report to it."""
+        self._observe(logs, state, control, kwargs.get("model"), from_evaluate=False)
+        self._inject_report(logs)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """Observe the record; add a pending report (seen by callbacks that run after this one)."""
+        self._observe(logs, state, control, kwargs.get("model"), from_evaluate=False)
+        self._inject_report(logs)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        """Observe evaluation metrics (each evaluation counts once even if also logged)."""
+        self._observe(metrics, state, control, kwargs.get("model"), from_evaluate=True)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Remember the checkpoint of the best step; drop the memory copy once it is safe."""
+        if self.best_step is None or state.global_step != self.best_step:
+            return
+        path = BestWeights.checkpoint_for(self.best_step, args, state, None)
+        if path is None:
+            return
+        self.best_checkpoint = path
+        protected = getattr(state, "best_model_checkpoint", None) == path
+        if getattr(args, "save_total_limit", None) is None or protected:
+            self._best_weights.drop_snapshot()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Check the metric showed up; restore the best weights when asked."""
+        if self._monitor is not None and not self._found and self._evaluations_seen > 0:
+            if expected_prefix(self._monitor.monitor, self.grammar) != "":
+                self._fail(RuntimeError, "EarlyStopping: no evaluation of this run returned the monitored "
+                                         "metric. " + self._monitor.explain_missing(self._keys_seen))
+        model = kwargs.get("model")
+        if self.restore_best and self.best_step is not None and model is not None:
+            checkpoint = BestWeights.checkpoint_for(self.best_step, args, state, self.best_checkpoint)
+            source = self._best_weights.restore(model, self.best_step, checkpoint)
+            if source:
+                logger.info("EarlyStopping: restored the best weights (step %s, %s=%r) from %s.",
+                            self.best_step, self.monitor_name, self.best_value, source)
+            else:
+                logger.warning("EarlyStopping: cannot restore the best weights of step %s: no checkpoint "
+                               "of that step and no copy in memory (the run was resumed after it).",
+                               self.best_step)

@@ -1,0 +1,155 @@
+"""Argument validation for ``EarlyStopping``: every message names argument, value and choices."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from ..metrics.keys import TRAINING_LOOP_KEYS, KeyGrammar
+from ..metrics.monitor import MIN_DELTA_MODES, MODES
+
+__all__ = ["check_against_args", "check_arguments", "check_thresholds", "expected_prefix"]
+
+
+def _number(name: str, value: Any, *, allow_none: bool = True, minimum: Optional[float] = None) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "a number or None" if allow_none else "a number"
+        raise TypeError(f"EarlyStopping: {name} must be {kind}, got {value!r} ({type(value).__name__}).")
+    if not math.isfinite(value):
+        raise ValueError(f"EarlyStopping: {name} must be finite, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"EarlyStopping: {name} must be >= {minimum}, got {value!r}.")
+
+
+def _integer(name: str, value: Any, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"EarlyStopping: {name} must be an int >= 0 ({meaning}), got {value!r} "
+                        f"({type(value).__name__}).")
+    if value < 0:
+        raise ValueError(f"EarlyStopping: {name} must be an int >= 0 ({meaning}), got {value!r}.")
+
+
+def check_arguments(options: dict[str, Any]) -> None:
+    """Validate the constructor arguments (types, ranges, choices).
+
+    Raises:
+        TypeError: A value has the wrong type.
+        ValueError: A value is out of range or not one of the valid choices.
+    """
+    monitor = options["monitor"]
+    if monitor is not None and (not isinstance(monitor, str) or not monitor):
+        raise TypeError(
+            f"EarlyStopping: monitor must be a non-empty string (e.g. 'eval_loss') or None "
+            f"(use args.metric_for_best_model), got {monitor!r}."
+        )
+    if options["mode"] not in MODES:
+        raise ValueError(f"EarlyStopping: mode must be one of {list(MODES)}, got {options['mode']!r}.")
+    if options["min_delta_mode"] not in MIN_DELTA_MODES:
+        raise ValueError(
+            f"EarlyStopping: min_delta_mode must be one of {list(MIN_DELTA_MODES)}, "
+            f"got {options['min_delta_mode']!r}."
+        )
+    _number("min_delta", options["min_delta"], allow_none=False, minimum=0)
+    _integer("patience", options["patience"], "evaluations without improvement before stopping")
+    _integer("start_from_step", options["start_from_step"], "warm-up steps")
+    _number("start_from_epoch", options["start_from_epoch"], allow_none=False, minimum=0)
+    for name in ("baseline", "stopping_threshold", "divergence_threshold"):
+        _number(name, options[name])
+    for name in ("check_finite", "strict", "restore_best", "reset_on_resume", "sync_decision", "report"):
+        if not isinstance(options[name], bool):
+            raise TypeError(f"EarlyStopping: {name} must be True or False, got {options[name]!r}.")
+    log_name = options["log_name"]
+    if log_name is not None and (not isinstance(log_name, str) or not log_name or "/" in log_name):
+        raise ValueError(f"EarlyStopping: log_name must be None or a non-empty string without '/', "
+                         f"got {log_name!r}.")
+
+
+def check_thresholds(mode: str, baseline: Optional[float], stopping: Optional[float],
+                     divergence: Optional[float]) -> None:
+    """Check the thresholds lie on the right side of each other for ``mode``.
+
+    Raises:
+        ValueError: e.g. in min mode a ``stopping_threshold`` above the ``baseline``.
+    """
+    better = "below" if mode == "min" else "above"
+    worse = "above" if mode == "min" else "below"
+
+    def is_better(a: float, b: float) -> bool:
+        return a < b if mode == "min" else a > b
+
+    if stopping is not None and baseline is not None and is_better(baseline, stopping):
+        raise ValueError(
+            f"EarlyStopping: stopping_threshold={stopping!r} must be {better} or equal to "
+            f"baseline={baseline!r} in mode={mode!r} (it is the value that is good enough to stop)."
+        )
+    if divergence is not None and baseline is not None and not is_better(baseline, divergence):
+        raise ValueError(
+            f"EarlyStopping: divergence_threshold={divergence!r} must be {worse} baseline={baseline!r} "
+            f"in mode={mode!r} (it is the value that is hopeless)."
+        )
+    if divergence is not None and stopping is not None and not is_better(stopping, divergence):
+        raise ValueError(
+            f"EarlyStopping: divergence_threshold={divergence!r} must be {worse} "
+            f"stopping_threshold={stopping!r} in mode={mode!r}."
+        )
+
+
+def expected_prefix(monitor: str, grammar: KeyGrammar) -> str:
+    """The ``metric_key_prefix`` of the evaluation that produces ``monitor`` (``"eval"``,
+    ``"eval_squad"``, ``"train"``...), or ``""`` for training-loop keys (``loss``)."""
+    raw = grammar.candidates(monitor)[0]
+    if raw in TRAINING_LOOP_KEYS:
+        return ""
+    parsed = grammar.parse(raw)
+    if parsed.section == "train" and parsed.dataset is None and (
+        parsed.raw == parsed.name or parsed.name in TRAINING_LOOP_KEYS
+    ):
+        return ""  # logged by the training loop (``loss``, ``train/loss``) or a bare user key
+    return parsed.section if parsed.dataset is None else f"{parsed.section}_{parsed.dataset}"
+
+
+def _choice(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def check_against_args(monitor: str, prefix: str, args: Any) -> Optional[str]:
+    """Explain why the trainer configured by ``args`` cannot produce ``monitor``, or None."""
+    if args is None:
+        return None
+    if prefix == "":
+        if _choice(getattr(args, "logging_strategy", "steps")) == "no":
+            return (
+                f"EarlyStopping monitors the training-loop key {monitor!r}, but "
+                f"args.logging_strategy='no' never logs it. Set logging_strategy to 'steps' or 'epoch'."
+            )
+        return None
+    section = prefix.split("_")[0]
+    if section == "test":
+        return (
+            f"EarlyStopping: monitor={monitor!r} is a test_* metric; the Trainer produces test_* metrics "
+            f"only in predict(), never during training. Monitor an eval_* metric instead."
+        )
+    if section == "eval":
+        strategy = _choice(getattr(args, "eval_strategy", "steps"))
+        if strategy == "no":
+            return (
+                f"EarlyStopping: monitor={monitor!r} is an evaluation metric but args.eval_strategy='no', "
+                f"so the Trainer never evaluates during training. Set eval_strategy to one of "
+                f"['steps', 'epoch']."
+            )
+        name = grammar_name(monitor)
+        if getattr(args, "prediction_loss_only", False) and name != "loss":
+            return (
+                f"EarlyStopping: monitor={monitor!r} needs compute_metrics, but "
+                f"args.prediction_loss_only=True makes evaluation return only eval_loss. "
+                f"Monitor 'eval_loss' or set prediction_loss_only=False."
+            )
+    return None
+
+
+def grammar_name(monitor: str) -> str:
+    """The metric name inside its section (``eval_squad_f1`` -> ``squad_f1`` without datasets)."""
+    grammar = KeyGrammar()
+    return grammar.parse(grammar.candidates(monitor)[0]).name
