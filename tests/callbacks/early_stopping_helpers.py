@@ -91,3 +91,13 @@ def scripted_lightweight(output_dir: Any, script: Script, callbacks=(), name: st
                                  eval_fn=eval_fn, model=model, optimizer=optimizer, callbacks=list(callbacks))
     holder["trainer"] = trainer
     return trainer
+
+
+#: Scripted eval_score for the resume tests (one value per evaluation at steps 2, 4, ...):
+#: best 2.5 at step 10, then three evaluations without improvement -> stop at step 16 (patience 3).
+RESUME_VALUES = (5.0, 4.0, 3.0, 3.5, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1, 3.2)
+
+
+def RESUME_SCRIPT(step: int) -> float:  # noqa: N802 - a constant-like script
+    """``RESUME_VALUES`` by evaluation index (evaluation every 2 steps)."""
+    return RESUME_VALUES[min(max(step // 2 - 1, 0), len(RESUME_VALUES) - 1)]

@@ -1,0 +1,106 @@
+"""Stateful EarlyStopping: resuming from any checkpoint ends like the uninterrupted run.
+
+No ``restore_callback_states_from_checkpoint`` anywhere: the callback restores itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping, StopReason
+from tests.callbacks.early_stopping_helpers import (
+    RESUME_SCRIPT,
+    checkpoint_steps,
+    scripted_lightweight,
+    scripted_trainer,
+)
+
+pytestmark = pytest.mark.transformers
+
+LOOPS = {"transformers": scripted_trainer, "lightweight": scripted_lightweight}
+STOP_STEP, BEST_STEP, BEST_VALUE = 16, 10, 2.5
+REPO = Path(__file__).resolve().parents[2]
+
+
+def train(loop: str, output_dir: Path, resume=None, **stopper_kwargs):
+    stopper = EarlyStopping("eval_score", mode="min", patience=3, **stopper_kwargs)
+    trainer = LOOPS[loop](output_dir, RESUME_SCRIPT, callbacks=[stopper], save_strategy="steps",
+                          save_steps=4, logging_steps=100)
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, stopper
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_resume_from_every_checkpoint_ends_like_the_uninterrupted_run(tmp_path, loop):
+    trainer, stopper = train(loop, tmp_path)
+    assert (trainer.state.global_step, stopper.stopped_step) == (STOP_STEP, STOP_STEP)
+    assert (stopper.best_value, stopper.best_step) == (BEST_VALUE, BEST_STEP)
+    assert stopper.reason is StopReason.PATIENCE
+    steps = checkpoint_steps(tmp_path)
+    assert steps == [4, 8, 12, 16]
+    for step in steps:
+        resumed, again = train(loop, tmp_path / f"resume-{step}", resume=str(tmp_path / f"checkpoint-{step}"))
+        assert again.stopped_step == STOP_STEP, step
+        assert (again.best_value, again.best_step, again.reason.value) == (BEST_VALUE, BEST_STEP, "patience")
+        # Resuming from the checkpoint written at the stop itself: both loops (like transformers)
+        # check `should_training_stop` only after a step, so exactly one more step runs.
+        assert resumed.state.global_step == (STOP_STEP if step < STOP_STEP else STOP_STEP + 1), step
+
+
+def test_counter_is_restored_not_restarted(tmp_path):
+    """From checkpoint-12 (wait=1), a callback that forgot its counter would stop at 18, not 16."""
+    train("transformers", tmp_path)
+    _, fresh = train("transformers", tmp_path / "r", resume=str(tmp_path / "checkpoint-12"))
+    assert fresh.stopped_step == STOP_STEP and fresh.wait == 3
+
+
+def test_resuming_a_stopped_run_stops_at_once_unless_reset(tmp_path, caplog):
+    train("transformers", tmp_path)
+    checkpoint = str(tmp_path / f"checkpoint-{STOP_STEP}")
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        trainer, stopper = train("transformers", tmp_path / "again", resume=checkpoint)
+    assert "already stopped early at step 16 (patience); stopping again at once" in caplog.text
+    assert "reset_on_resume=True" in caplog.text
+    assert stopper.stopped and trainer.state.global_step == STOP_STEP + 1
+    trainer, stopper = train("transformers", tmp_path / "reset", resume=checkpoint, reset_on_resume=True)
+    # counting restarts from the kept best (2.5 at step 10): 2.9, 3.0, 3.1 at steps 18-22 -> stop at 22
+    assert (stopper.best_step, stopper.stopped_step, trainer.state.global_step) == (BEST_STEP, 22, 22)
+
+
+@pytest.mark.slow
+def test_sigkill_at_a_random_step_then_resume_from_newest_checkpoint(tmp_path):
+    script = str(Path(__file__).with_name("early_stopping_kill_script.py"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, script, str(tmp_path)], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(checkpoint_steps(tmp_path)) < 2:
+            assert process.poll() is None, "the training process ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoints within 60 s"
+            time.sleep(0.05)
+        time.sleep(random.uniform(0.0, 0.6))
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    complete = [step for step in checkpoint_steps(tmp_path)
+                if (tmp_path / f"checkpoint-{step}" / "trainer_state.json").exists()]
+    newest = complete[-1]
+    assert 2 <= newest < STOP_STEP
+    from tests.callbacks.early_stopping_kill_script import run
+
+    trainer, stopper = run(str(tmp_path / "resumed"), resume=str(tmp_path / f"checkpoint-{newest}"))
+    outcome = (trainer.state.global_step, stopper.stopped_step, stopper.best_value, stopper.best_step)
+    assert outcome == (STOP_STEP, STOP_STEP, BEST_VALUE, BEST_STEP), newest
