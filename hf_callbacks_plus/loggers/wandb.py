@@ -286,7 +286,8 @@ class WandbLogger(TrackerLogger):
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         self._min_step = int(getattr(run, "starting_step", 0) or 0)
         if self.watch != "false" and self._model is not None:
-            run.watch(self._model, log=self.watch, log_freq=100)
+            watch = getattr(run, "watch", None) or wandb.watch  # Run.watch since wandb 0.18
+            watch(self._model, log=self.watch, log_freq=100)
         return str(run.id)
 
     def _close_at_exit(self) -> None:

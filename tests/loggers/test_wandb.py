@@ -156,6 +156,19 @@ def test_env_project_run_id_and_checkpoint_artifacts(tmp_path: Path, monkeypatch
     assert run.record_counts.get("artifact", 0) == 2  # checkpoint-2 and checkpoint-4
 
 
+def test_log_model_end_and_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.tiny_models import make_trainer
+
+    root = offline_env(monkeypatch, tmp_path / "wb")
+    monkeypatch.setenv("WANDB_WATCH", "gradients")
+    wandb_logger = fast_logger(log_model="end")
+    assert wandb_logger.watch == "gradients"
+    make_trainer(tmp_path / "out", callbacks=[wandb_logger], max_steps=2, logging_steps=1).train()
+    (run,) = runs(root)
+    assert run.record_counts.get("artifact", 0) == 1 and run.exit_code == 0
+    assert run.steps("train/loss") == [1, 2]
+
+
 FAILING_SCRIPT = textwrap.dedent(
     """
     import sys
