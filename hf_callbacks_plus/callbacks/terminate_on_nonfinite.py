@@ -1,0 +1,146 @@
+"""TerminateOnNonFinite: stop (or raise) as soon as the loss or a watched metric is NaN/Inf.
+
+What each trainer lets it see:
+
+* ``TrainerPlus`` and ``LightweightTrainer`` fire ``on_training_loss`` with the raw loss of
+  every micro-batch, before ``logging_nan_inf_filter`` hides it: the first NaN/Inf loss is
+  caught at the step where it happens.
+* A stock ``transformers.Trainer`` has no such event. With ``logging_nan_inf_filter=True``
+  (its default) a NaN/Inf step loss is replaced by the running average before it is
+  logged, so the logged ``loss`` stays finite and the callback cannot see it (the model's
+  weights may already be NaN; an evaluation loss, if watched, shows it at the next
+  evaluation). With ``logging_nan_inf_filter=False`` the logged ``loss`` becomes NaN/Inf and
+  the callback stops at the next logging step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any, Optional, Union
+
+from ..loop.callback import TrainerCallback
+from ..metrics.keys import KeyGrammar
+from ..metrics.monitor import to_float
+
+__all__ = ["NonFiniteError", "TerminateOnNonFinite"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+ACTIONS = ("stop", "raise")
+
+
+class NonFiniteError(RuntimeError):
+    """Raised by ``TerminateOnNonFinite(action="raise")``; names the key, the value and the step."""
+
+
+class TerminateOnNonFinite(TrainerCallback):
+    """Stop or raise when the training loss or a watched metric becomes NaN or infinite.
+
+    Args:
+        action: ``"stop"`` sets ``control.should_training_stop`` (the trainer then finishes
+            normally, saving what it is configured to save); ``"raise"`` raises
+            :class:`NonFiniteError` from the event. Defaults to ``"stop"``.
+        monitor: Extra metrics to watch (a key or a list of keys, resolved through the key
+            grammar, e.g. ``"eval_loss"``), or ``"*"`` for every numeric value logged or
+            evaluated. Defaults to None (the training loss only).
+        check_training_loss: Watch the training loss (``on_training_loss`` and the logged
+            ``loss``). Defaults to True.
+
+    Raises:
+        ValueError: ``action`` is not one of ``["stop", "raise"]``.
+        TypeError: ``monitor`` or ``check_training_loss`` has the wrong type.
+
+    Example:
+        >>> guard = TerminateOnNonFinite(action="raise", monitor="eval_loss")
+        >>> guard.triggered is None
+        True
+    """
+
+    def __init__(self, action: str = "stop", monitor: Union[str, Iterable[str], None] = None,
+                 check_training_loss: bool = True) -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"TerminateOnNonFinite: action must be one of {list(ACTIONS)}, got {action!r}.")
+        if isinstance(monitor, str):
+            monitors: tuple[str, ...] = (monitor,)
+        elif monitor is None:
+            monitors = ()
+        else:
+            try:
+                monitors = tuple(monitor)
+            except TypeError:
+                monitors = (None,)  # type: ignore[assignment]
+            if not all(isinstance(name, str) and name for name in monitors):
+                raise TypeError(
+                    f"TerminateOnNonFinite: monitor must be None, a metric name, a list of names or '*', "
+                    f"got {monitor!r}."
+                )
+        if not isinstance(check_training_loss, bool):
+            raise TypeError(
+                "TerminateOnNonFinite: check_training_loss must be True or False, "
+                f"got {check_training_loss!r}."
+            )
+        self.action = action
+        self.monitor = monitors
+        self.check_training_loss = check_training_loss
+        self.grammar = KeyGrammar()
+        #: ``(step, key, value)`` of the first non-finite value seen, else None.
+        self.triggered: Optional[tuple[int, str, float]] = None
+
+    def _trigger(self, state: Any, control: Any, key: str, value: float, where: str, ahead: int = 0) -> None:
+        step = int(getattr(state, "global_step", 0)) + ahead
+        if self.triggered is None:
+            self.triggered = (step, key, value)
+        message = (f"TerminateOnNonFinite: {key} is {value!r} at step {step} ({where}); "
+                   f"{'raising' if self.action == 'raise' else 'stopping training'}.")
+        if self.action == "raise":
+            raise NonFiniteError(message)
+        if not control.should_training_stop:
+            logger.warning(message)
+        control.should_training_stop = True
+
+    def _watched(self, values: dict) -> list[tuple[str, Any]]:
+        if "*" in self.monitor:
+            return list(values.items())
+        found = []
+        for name in self.monitor:
+            key = self.grammar.resolve(name, values)
+            if key is not None:
+                found.append((key, values[key]))
+        return found
+
+    def _check(self, values: Any, state: Any, control: Any, where: str) -> None:
+        if not isinstance(values, dict):
+            return
+        items = self._watched(values)
+        if self.check_training_loss and "loss" in values and "train_runtime" not in values:
+            items.append(("loss", values["loss"]))
+        for key, raw in items:
+            value = to_float(raw)
+            if value is not None and not math.isfinite(value):
+                self._trigger(state, control, key, value, where)
+                return
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Forget a previous trigger."""
+        self.triggered = None
+
+    def on_training_loss(self, args: Any, state: Any, control: Any, loss: Any = None, **kwargs: Any) -> None:
+        """(TrainerPlus / LightweightTrainer) the raw loss of one micro-batch."""
+        if not self.check_training_loss:
+            return
+        value = to_float(loss)
+        if value is not None and not math.isfinite(value):
+            # fired before global_step is incremented: the loss belongs to the next step
+            self._trigger(state, control, "training loss", value, "raw micro-batch loss", ahead=1)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """Check the logged record (the loss here is filtered by ``logging_nan_inf_filter``)."""
+        self._check(logs, state, control, "logged")
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        """Check watched evaluation metrics."""
+        if self.monitor:
+            values = {k: v for k, v in (metrics or {}).items() if k != "loss"}
+            self._check(values, state, control, "evaluation")
