@@ -183,6 +183,7 @@ class WandbLogger(TrackerLogger):
         self._wandb: Any = None
         self._run: Any = None
         self._owns_run = True
+        self._exit_hook_registered = False
         self._min_step = 0
         self._model: Any = None
         self._run_name_from_args: Optional[str] = None
@@ -280,7 +281,9 @@ class WandbLogger(TrackerLogger):
                 init["reinit"] = "create_new"
             self._run = wandb.init(**{key: value for key, value in init.items() if value is not None})
             self._owns_run = True
-            atexit.register(self._close_at_exit)  # registered after W&B's hook, so it runs first
+            if not self._exit_hook_registered:  # after W&B's own hook, so it runs first
+                atexit.register(self._close_at_exit)
+                self._exit_hook_registered = True
         run = self._run
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)

@@ -190,6 +190,7 @@ FAILING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a subprocess: the stock Trainer's failure is only visible at interpreter exit
 def test_stock_trainer_crash_then_resume_same_run_no_duplicate_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
