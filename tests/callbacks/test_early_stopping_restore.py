@@ -27,7 +27,7 @@ class RecordWeights(TrainerCallback):
         self.weights = {}
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.weights[state.global_step] = (float(model.a), float(model.b))
+        self.weights[state.global_step] = (model.a.item(), model.b.item())
 
 
 SCRIPT = by_eval(5, 4, 3, 3.5, 3.2, 3.1)  # best at step 6, stop at step 12 (patience 3)
@@ -43,7 +43,7 @@ def test_restore_best_from_memory_or_checkpoint(tmp_path, caplog, save, source):
         trainer.train()
     assert (stopper.best_step, stopper.stopped_step) == (6, 12)
     assert recorder.weights[12] != recorder.weights[6]
-    assert (float(trainer.model.a), float(trainer.model.b)) == pytest.approx(recorder.weights[6])
+    assert (trainer.model.a.item(), trainer.model.b.item()) == pytest.approx(recorder.weights[6])
     assert "restored the best weights (step 6" in caplog.text and source in caplog.text
     # the memory copy is dropped once a checkpoint safe from rotation holds the same weights
     assert (stopper._best_weights.snapshot is None) == (save == "steps")
