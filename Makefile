@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test lint docs clean
+.PHONY: install demo test lint docs clean compat
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest
+
+# TrainerPlus & co. against every supported transformers, each in .venv-compat-<version>
+# (pins in compat/transformers-<version>.txt; venvs are built once and reused).
+COMPAT_VERSIONS ?= 4.41.2 4.46.3 4.57.6 5.23.0
+compat:
+	@set -e; for version in $(COMPAT_VERSIONS); do \
+		echo "== transformers $$version"; PYTHON=$(PYTHON) compat/run.sh $$version; done
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache

@@ -47,7 +47,9 @@ def test_subset_metrics_in_the_eval_record(tmp_path, how, caplog):
     callback = TrainSubsetEvaluation(size=16, seed=3, gap_metrics=True)
     recorder = EvaluateRecorder()
     early = EarlyStoppingCallback(early_stopping_patience=5)
-    common = dict(report_to="tensorboard", metric_for_best_model="eval_loss", **EVAL_EVERY)
+    # transformers < 4.50's EarlyStoppingCallback asserts load_best_model_at_end
+    common = dict(report_to="tensorboard", metric_for_best_model="eval_loss", load_best_model_at_end=True,
+                  save_strategy="steps", save_steps=4, **EVAL_EVERY)
     if how == "stock":
         trainer = make_trainer(tmp_path, callbacks=[recorder, early], **common)
         run_before_integrations(trainer, callback)
