@@ -74,9 +74,7 @@ class TrainerCallback(TrainerCallbackBase):
     def on_step_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Called at the beginning of an optimizer step (before its first micro-batch)."""
 
-    def on_pre_optimizer_step(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ):
+    def on_pre_optimizer_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Called before the optimizer step, after gradient clipping."""
 
     def on_optimizer_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
@@ -102,9 +100,7 @@ class TrainerCallback(TrainerCallbackBase):
     def on_log(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Called after logging, with ``logs``."""
 
-    def on_prediction_step(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ):
+    def on_prediction_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         """Called after each prediction/evaluation batch."""
 
     def on_push_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
@@ -153,8 +149,17 @@ class _CallbackList(list):
         return method
 
     for _name in (
-        "append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse",
-        "__setitem__", "__delitem__", "__iadd__",
+        "append",
+        "extend",
+        "insert",
+        "remove",
+        "pop",
+        "clear",
+        "sort",
+        "reverse",
+        "__setitem__",
+        "__delitem__",
+        "__iadd__",
     ):
         locals()[_name] = _mutator(_name)
     del _name, _mutator
@@ -318,22 +323,23 @@ class CallbackHandler(TrainerCallback):
         Returns:
             The (possibly replaced) control object.
         """
-        handlers = self._handlers(event)
+        handlers = self._dispatch.get(event)
+        if handlers is None:
+            handlers = self._handlers(event)
         if not handlers:
             return control
+        common = {
+            "model": self.model,
+            "processing_class": self.processing_class,
+            "optimizer": self.optimizer,
+            "lr_scheduler": self.lr_scheduler,
+            "train_dataloader": self.train_dataloader,
+            "eval_dataloader": self.eval_dataloader,
+        }
+        if kwargs:
+            common.update(kwargs)
         for handler in handlers:
-            result = handler(
-                args,
-                state,
-                control,
-                model=self.model,
-                processing_class=self.processing_class,
-                optimizer=self.optimizer,
-                lr_scheduler=self.lr_scheduler,
-                train_dataloader=self.train_dataloader,
-                eval_dataloader=self.eval_dataloader,
-                **kwargs,
-            )
+            result = handler(args, state, control, **common)
             if result is not None:
                 control = result
         return control

@@ -211,6 +211,35 @@ class CheckpointMixin:
             )
         return path
 
+    def _init_training_state(
+        self, max_steps: int, steps_per_epoch: int, num_epochs: int, checkpoint: Optional[str]
+    ) -> tuple[int, int]:
+        """Fresh state, or the checkpoint's; returns (epochs trained, batches to skip in the next)."""
+        self.state = TrainerState(stateful_callbacks=self._stateful_callbacks())
+        self.state.train_batch_size = self.args.train_batch_size
+        self.state.compute_steps(self.args, max_steps)
+        epochs_trained = 0
+        batches_to_skip = 0
+        if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME)):
+            self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+            best = self.state.best_model_checkpoint
+            if best is not None and not os.path.isdir(best):
+                logger.warning(
+                    "The best checkpoint %s recorded in the resumed state does not exist anymore.", best
+                )
+                self.state.best_model_checkpoint = None
+            self._load_callback_state()
+            epochs_trained = int(self.state.global_step // steps_per_epoch)
+            if not self.args.ignore_data_skip:
+                batches_to_skip = (
+                    self.state.global_step % steps_per_epoch
+                ) * self.args.gradient_accumulation_steps
+        self.state.max_steps = max_steps
+        self.state.num_train_epochs = num_epochs
+        self.state.is_local_process_zero = True
+        self.state.is_world_process_zero = True
+        return epochs_trained, batches_to_skip
+
     def _load_callback_state(self) -> None:
         """Rebuild stateful callbacks from the checkpoint (``restore_callback_states_from_checkpoint``).
 

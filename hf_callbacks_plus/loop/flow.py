@@ -1,8 +1,8 @@
 """DefaultFlowCallback, ProgressCallback and PrinterCallback, as in transformers 5.x.
 
-The behaviour is line for line that of ``transformers.trainer_callback``; strategies are
-compared by value, so these callbacks work with :class:`LoopArguments` and with
-``transformers.TrainingArguments`` alike.
+The behaviour is line for line that of ``transformers.trainer_callback``. Strategies are
+compared with plain strings, which matches both :class:`LoopArguments` (strings) and
+``transformers.TrainingArguments`` (``IntervalStrategy``/``SaveStrategy`` are str enums).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from .._compat import require
-from .arguments import strategy_value
 from .callback import TrainerCallback
 from .state import TrainerControl, TrainerState
 
@@ -32,9 +31,12 @@ class DefaultFlowCallback(TrainerCallback):
     """
 
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        logging_strategy = strategy_value(args.logging_strategy)
-        eval_strategy = strategy_value(args.eval_strategy)
-        save_strategy = strategy_value(args.save_strategy)
+        # transformers' strategies are str enums, so comparing with strings works for both
+        logging_strategy, eval_strategy, save_strategy = (
+            args.logging_strategy,
+            args.eval_strategy,
+            args.save_strategy,
+        )
         # Log
         if state.global_step == 1 and args.logging_first_step:
             control.should_log = True
@@ -69,11 +71,11 @@ class DefaultFlowCallback(TrainerCallback):
         return control
 
     def on_epoch_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        if strategy_value(args.logging_strategy) == "epoch":
+        if args.logging_strategy == "epoch":
             control.should_log = True
-        if strategy_value(args.eval_strategy) == "epoch" and args.eval_delay <= state.epoch:
+        if args.eval_strategy == "epoch" and args.eval_delay <= state.epoch:
             control.should_evaluate = True
-        if strategy_value(args.save_strategy) == "epoch":
+        if args.save_strategy == "epoch":
             control.should_save = True
         return control
 

@@ -12,40 +12,23 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
-import sys
 import time
 from collections.abc import Mapping
 from itertools import islice
-from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from .arguments import LoopArguments
 from .callback import CallbackHandler, CallbackRef
 from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin, speed_metrics, to_float
 from .flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
-from .state import TRAINER_STATE_NAME, TrainerControl, TrainerState
+from .plan import TrainOutput, plan_training
+from .state import TrainerControl, TrainerState
 
 __all__ = ["LightweightTrainer", "TrainOutput"]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-
-class TrainOutput(NamedTuple):
-    """What :meth:`LightweightTrainer.train` returns (same fields as transformers')."""
-
-    global_step: int
-    training_loss: float
-    metrics: dict[str, float]
-
-
-def _has_length(data: Any) -> bool:
-    try:
-        len(data)
-    except (TypeError, AttributeError, NotImplementedError):
-        return False
-    return True
 
 
 class LightweightTrainer(EvaluationMixin, CheckpointMixin):
@@ -204,68 +187,9 @@ class LightweightTrainer(EvaluationMixin, CheckpointMixin):
         finally:
             self.is_in_train = False
 
-    def _initial_training_values(self) -> tuple[int, int, int, int, Optional[int]]:
-        """Port of ``Trainer.set_initial_training_values`` (single process)."""
-        args = self.args
-        accumulation = args.gradient_accumulation_steps
-        max_steps = args.max_steps
-        length = len(self.train_data) if _has_length(self.train_data) else None
-        total_batch_size = args.train_batch_size * accumulation
-        steps_per_epoch = 0
-        if length is not None:
-            steps_per_epoch = max(length // accumulation + int(length % accumulation > 0), 1)
-            if max_steps < 0:
-                max_steps = math.ceil(args.num_train_epochs * steps_per_epoch)
-        if length:
-            if args.max_steps > 0:
-                num_epochs = max_steps // steps_per_epoch + int(max_steps % steps_per_epoch > 0)
-                num_samples = max_steps * total_batch_size
-            else:
-                num_epochs = math.ceil(args.num_train_epochs)
-                num_samples = length * args.train_batch_size * args.num_train_epochs
-        elif args.max_steps > 0:
-            num_epochs = sys.maxsize
-            steps_per_epoch = max_steps
-            num_samples = args.max_steps * total_batch_size
-        else:
-            raise ValueError(
-                "LightweightTrainer.train: train_data has no length (or is empty), so the number of steps "
-                f"cannot be inferred; set args.max_steps > 0 (got max_steps={args.max_steps})."
-            )
-        batches_per_epoch = length if length is not None else max_steps * accumulation
-        return num_epochs, steps_per_epoch, num_samples, batches_per_epoch, max_steps
-
-    def _init_training_state(
-        self, max_steps: int, steps_per_epoch: int, num_epochs: int, checkpoint: Optional[str]
-    ) -> tuple[int, int]:
-        self.state = TrainerState(stateful_callbacks=self._stateful_callbacks())
-        self.state.train_batch_size = self.args.train_batch_size
-        self.state.compute_steps(self.args, max_steps)
-        epochs_trained = 0
-        batches_to_skip = 0
-        if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME)):
-            self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
-            best = self.state.best_model_checkpoint
-            if best is not None and not os.path.isdir(best):
-                logger.warning(
-                    "The best checkpoint %s recorded in the resumed state does not exist anymore.", best
-                )
-                self.state.best_model_checkpoint = None
-            self._load_callback_state()
-            epochs_trained = int(self.state.global_step // steps_per_epoch)
-            if not self.args.ignore_data_skip:
-                batches_to_skip = (
-                    self.state.global_step % steps_per_epoch
-                ) * self.args.gradient_accumulation_steps
-        self.state.max_steps = max_steps
-        self.state.num_train_epochs = num_epochs
-        self.state.is_local_process_zero = True
-        self.state.is_world_process_zero = True
-        return epochs_trained, batches_to_skip
-
     def _inner_training_loop(self, checkpoint: Optional[str]) -> TrainOutput:
-        num_epochs, steps_per_epoch, num_samples, batches_per_epoch, max_steps = (
-            self._initial_training_values()
+        num_epochs, steps_per_epoch, num_samples, batches_per_epoch, max_steps = plan_training(
+            self.args, self.train_data
         )
         epochs_trained, batches_to_skip = self._init_training_state(
             max_steps, steps_per_epoch, num_epochs, checkpoint
@@ -311,48 +235,67 @@ class LightweightTrainer(EvaluationMixin, CheckpointMixin):
             first_update = skip // accumulation
         remainder = batches_per_epoch % accumulation or accumulation
         fire_loss = handler.has_handlers("on_training_loss")
+        plain_hooks = (
+            self.optimizer_step_fn is not None or self.optimizer is not None or self.lr_scheduler is not None
+        )
+        track_lr = self.learning_rate_fn is not None or callable(
+            getattr(self.lr_scheduler, "get_last_lr", None)
+        )
 
+        # Locals keep the per-step overhead low (see benchmarks/bench_loop.py).
+        state, train_step, nan_filter = self.state, self.train_step, args.logging_nan_inf_filter
+        count_tokens = self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no"
+        on_step_begin, on_step_end = handler.on_step_begin, handler.on_step_end
+        on_pre_optimizer_step, on_optimizer_step = handler.on_pre_optimizer_step, handler.on_optimizer_step
+        on_substep_end = handler.on_substep_end
+        # The handler's dispatch table ([] = no callback overrides the event; missing = not built yet,
+        # cleared whenever the callback list changes): events that reset no flag are skipped when empty.
+        dispatch = handler._dispatch
         for update_step in range(first_update, steps_per_epoch):
             num_batches = accumulation if update_step != steps_per_epoch - 1 else remainder
             batch_samples = list(islice(iterator, num_batches))
-            self.current_gradient_accumulation_steps = len(batch_samples)
+            scale = self.current_gradient_accumulation_steps = len(batch_samples)
             for inputs in batch_samples:
                 step += 1
-                do_sync_step = (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch
                 if step % accumulation == 0:
-                    self.control = handler.on_step_begin(args, self.state, self.control)
-                output = self.train_step(inputs)
+                    self.control = on_step_begin(args, state, self.control)
+                output = train_step(inputs)
                 step_grad_norm = None
-                if isinstance(output, Mapping):
-                    step_grad_norm = output.get("grad_norm")
-                    output = output["loss"]
-                loss = to_float(output) / self.current_gradient_accumulation_steps
+                if type(output) is not float:
+                    if isinstance(output, Mapping):
+                        step_grad_norm = output.get("grad_norm")
+                        output = output["loss"]
+                    output = to_float(output)
+                loss = output / scale
                 if fire_loss:
                     self.control = handler.call_event(
-                        "on_training_loss", args, self.state, self.control, loss=loss
+                        "on_training_loss", args, state, self.control, loss=loss
                     )
-                if args.logging_nan_inf_filter and not math.isfinite(loss):
-                    self._tr_loss += self._tr_loss / (
-                        1 + self.state.global_step - self._globalstep_last_logged
-                    )
+                if nan_filter and not math.isfinite(loss):
+                    self._tr_loss += self._tr_loss / (1 + state.global_step - self._globalstep_last_logged)
                 else:
                     self._tr_loss += loss
-                if self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no":
-                    self.state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
+                if count_tokens:
+                    state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
 
-                if do_sync_step:
+                if (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch:  # sync step
                     grad_norm = None if step_grad_norm is None else to_float(step_grad_norm)
-                    self.control = handler.on_pre_optimizer_step(args, self.state, self.control)
-                    self._optimizer_step()
-                    self.control = handler.on_optimizer_step(args, self.state, self.control)
-                    learning_rate = self._get_learning_rate()
-                    self._after_optimizer_step()
-                    self.state.global_step += 1
-                    self.state.epoch = epoch + (step + 1) / batches_per_epoch
-                    self.control = handler.on_step_end(args, self.state, self.control)
-                    self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
-                else:
-                    self.control = handler.on_substep_end(args, self.state, self.control)
+                    if dispatch.get("on_pre_optimizer_step", True):
+                        self.control = on_pre_optimizer_step(args, state, self.control)
+                    if plain_hooks:
+                        self._optimizer_step()
+                    if dispatch.get("on_optimizer_step", True):
+                        self.control = on_optimizer_step(args, state, self.control)
+                    learning_rate = self._get_learning_rate() if track_lr else None
+                    if plain_hooks:
+                        self._after_optimizer_step()
+                    state.global_step += 1
+                    state.epoch = epoch + (step + 1) / batches_per_epoch
+                    control = self.control = on_step_end(args, state, self.control)
+                    if control.should_log or control.should_evaluate or control.should_save:
+                        self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
+                elif dispatch.get("on_substep_end", True):
+                    self.control = on_substep_end(args, state, self.control)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
             if self.control.should_epoch_stop or self.control.should_training_stop:
