@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Optional
 
 from ..metrics.keys import KeyGrammar
@@ -18,45 +16,13 @@ from .best_weights import BestWeights
 from .distributed import broadcast_from_rank0, distributed_world_size
 from .early_stopping_checks import check_against_args, check_arguments, check_thresholds, expected_prefix
 from .stateful import SelfRestoringState
+from .stop_reason import Decision, StopReason
 
 __all__ = ["Decision", "EarlyStopping", "StopReason"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
 _SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
-
-
-class StopReason(str, Enum):
-    """Why :class:`EarlyStopping` stopped training (``NOT_STOPPED`` while it has not)."""
-
-    NOT_STOPPED = "not_stopped"
-    PATIENCE = "patience"
-    BASELINE_NOT_REACHED = "baseline_not_reached"
-    STOPPING_THRESHOLD = "stopping_threshold"
-    DIVERGENCE_THRESHOLD = "divergence_threshold"
-    NON_FINITE = "non_finite"
-
-    @property
-    def code(self) -> int:
-        """A small integer, used to broadcast the reason between ranks."""
-        return list(StopReason).index(self)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The outcome of one observation of the monitored value (see :meth:`EarlyStopping.decide`)."""
-
-    improved: bool
-    wait: int
-    best_value: Optional[float]
-    best_step: Optional[int]
-    best_epoch: Optional[float]
-    reason: StopReason
-
-    @property
-    def should_stop(self) -> bool:
-        """True when training must stop."""
-        return self.reason is not StopReason.NOT_STOPPED
 
 
 class EarlyStopping(SelfRestoringState):

@@ -56,11 +56,18 @@ def test_resume_from_every_checkpoint_ends_like_the_uninterrupted_run(tmp_path, 
         assert resumed.state.global_step == (STOP_STEP if step < STOP_STEP else STOP_STEP + 1), step
 
 
-def test_counter_is_restored_not_restarted(tmp_path):
-    """From checkpoint-12 (wait=1), a callback that forgot its counter would stop at 18, not 16."""
-    train("transformers", tmp_path)
-    _, fresh = train("transformers", tmp_path / "r", resume=str(tmp_path / "checkpoint-12"))
-    assert fresh.stopped_step == STOP_STEP and fresh.wait == 3
+def test_counter_is_restored_not_restarted_also_in_trainer_plus(tmp_path):
+    """From checkpoint-12 (wait=1), a callback that forgot its counter would stop at 20, not 16."""
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
+
+    LOOPS["trainerplus"] = lambda *a, **k: scripted_trainer(*a, trainer_class=TrainerPlus, **k)
+    try:
+        train("trainerplus", tmp_path)
+        resumed, fresh = train("trainerplus", tmp_path / "r", resume=str(tmp_path / "checkpoint-12"))
+    finally:
+        del LOOPS["trainerplus"]
+    assert fresh.stopped_step == STOP_STEP == resumed.state.global_step and fresh.wait == 3
+    assert (fresh.best_value, fresh.best_step) == (BEST_VALUE, BEST_STEP)
 
 
 def test_resuming_a_stopped_run_stops_at_once_unless_reset(tmp_path, caplog):
