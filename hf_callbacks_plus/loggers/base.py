@@ -98,6 +98,9 @@ class TrackerLogger(SelfRestoringState):
     max_params_per_batch: Optional[int] = None
     #: Longest metric name the backend accepts (None: no limit).
     max_name_length: Optional[int] = None
+    #: Send numeric summary values as curve points at the current step (backends without a
+    #: run summary, such as MLflow); they are then deduplicated per step like curves.
+    summary_as_curves: bool = False
 
     def __init__(
         self,
@@ -246,7 +249,15 @@ class TrackerLogger(SelfRestoringState):
 
     # -- checkpointed state -----------------------------------------------------------
     def state_attributes(self) -> dict[str, Any]:
-        """Run id, last logged step per metric and whether the config was logged."""
+        """Run id, last logged step per metric and whether the config was logged.
+
+        Called when a checkpoint is saved: while the backend is reachable it first waits (at
+        most ``flush_timeout`` seconds) for the run to be open and the queued records
+        to be sent, so the checkpoint holds the run id and exact steps.
+        """
+        worker = self._worker
+        if worker is not None and worker.healthy:
+            worker.flush(self.flush_timeout)
         with self._steps_lock:
             last_steps = dict(self._last_steps)
         return {"run_id": self.run_id, "last_steps": last_steps, "params_logged": self._params_logged}
@@ -383,13 +394,18 @@ class TrackerLogger(SelfRestoringState):
             if kind == "log":
                 step = record["step"]
                 metrics = {}
-                for name, value in record["metrics"].items():
+                values = record["metrics"]
+                summary_in = record["summary"]
+                if self.summary_as_curves:  # e.g. MLflow: totals are metrics at the last step
+                    values = {**values, **{k: v for k, v in summary_in.items() if not isinstance(v, str)}}
+                    summary_in = {k: v for k, v in summary_in.items() if isinstance(v, str)}
+                for name, value in values.items():
                     clean = self._sanitize(name)
                     if seen.get(clean, -1) >= step:
                         continue  # already logged (resumed run or re-evaluation at one step)
                     seen[clean] = step
                     metrics[clean] = value
-                summary = {self._sanitize(name): value for name, value in record["summary"].items()}
+                summary = {self._sanitize(name): value for name, value in summary_in.items()}
                 if metrics or summary:
                     logs.append({**record, "metrics": metrics, "summary": summary})
                 continue

@@ -140,6 +140,7 @@ class MLflowLogger(TrackerLogger):
     max_name_length = 250
     max_tag_length = 8000
     max_metrics_per_batch = 1000
+    summary_as_curves = True
 
     def __init__(
         self,

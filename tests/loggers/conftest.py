@@ -8,6 +8,7 @@ It runs in its own process group, stopped by pid at the end of the session.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,6 +89,19 @@ def mlflow_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def _template_db(tmp_path_factory) -> Path:
+    """An initialized MLflow sqlite store (creating the schema takes seconds), copied per test."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def sqlite_uri(tmp_path) -> str:
+def sqlite_uri(tmp_path, _template_db) -> str:
+    """A fresh, already initialized MLflow sqlite store in the test's temp dir."""
+    shutil.copy(_template_db, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -1,0 +1,76 @@
+"""MLflowLogger against a real ``mlflow server`` on 127.0.0.1 (started once per session).
+
+The outage test kills the server in the middle of training and restarts it (same port, same
+sqlite file): training finishes and every step of every metric is in MLflow exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
+from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
+from tests.tiny_models import make_trainer  # noqa: E402
+
+pytestmark = [pytest.mark.mlflow, pytest.mark.transformers, pytest.mark.slow]
+
+
+def test_logs_through_the_server(tmp_path, mlflow_server, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="server")
+    make_trainer(tmp_path, callbacks=[logger], logging_steps=2, eval_strategy="steps", eval_steps=4,
+                 max_steps=8, hub_token="hf_" + "Q" * 34).train()
+    client = MlflowClient(mlflow_server.uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(logger.run_id, "train/loss")] == [2, 4, 6, 8]
+    assert [m.step for m in client.get_metric_history(logger.run_id, "eval/mae")] == [4, 8]
+    assert run.data.params["hub_token"] == "<redacted>"
+    assert not any("QQQQ" in value for value in run.data.params.values())
+
+
+class KillAndRestart(TrainerCallback):
+    """Kills the server at ``kill_at``; restarts it (in a thread, it takes seconds) at ``restart_at``."""
+
+    def __init__(self, server, kill_at: int, restart_at: int) -> None:
+        self.server, self.kill_at, self.restart_at = server, kill_at, restart_at
+        self.thread = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.kill_at:
+            self.server.stop()
+        elif state.global_step == self.restart_at:
+            self.thread = threading.Thread(target=self.server.start)
+            self.thread.start()
+        time.sleep(0.02)  # let the worker try (and fail) while the server is down
+
+
+def test_server_killed_mid_training_every_step_exactly_once(tmp_path, mlflow_server):
+    logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="outage", flush_timeout=120,
+                          backoff=(0.2, 2.0), log_params=False)
+    chaos = KillAndRestart(mlflow_server, kill_at=10, restart_at=25)
+    trainer = make_trainer(tmp_path, callbacks=[chaos, logger], logging_steps=1, eval_strategy="steps",
+                           eval_steps=5, max_steps=40, n_train=320)
+    start = time.monotonic()
+    trainer.train()  # never raises, whatever the server does
+    chaos.thread.join(120)
+    assert mlflow_server.healthy()
+    assert logger.worker is None and logger.run_id
+    client = MlflowClient(mlflow_server.uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED", time.monotonic() - start
+    expected = {"train/loss": list(range(1, 41)), "eval/mse": list(range(5, 41, 5))}
+    for key, steps in expected.items():
+        got = [m.step for m in client.get_metric_history(logger.run_id, key)]
+        assert sorted(got) == steps, key
+    for key in run.data.metrics:
+        counts = Counter(m.step for m in client.get_metric_history(logger.run_id, key))
+        assert max(counts.values()) == 1, key
+    assert not logger.spill_path.exists()
