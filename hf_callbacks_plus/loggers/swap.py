@@ -1,0 +1,81 @@
+"""Swap the stock ``WandbCallback``/``MLflowCallback`` that ``report_to`` added for our loggers."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from .base import TrackerLogger
+
+__all__ = ["replace_report_to_callbacks"]
+
+LoggerChoice = Union[bool, TrackerLogger]
+
+
+def _stock_classes() -> dict[str, Any]:
+    try:
+        from transformers.integrations import integration_utils
+    except ImportError:  # transformers missing or broken: nothing to swap
+        return {}
+    return {name: getattr(integration_utils, cls, None)
+            for name, cls in (("mlflow", "MLflowCallback"), ("wandb", "WandbCallback"))}
+
+
+def _build(kind: str) -> TrackerLogger:
+    if kind == "mlflow":
+        from .mlflow import MLflowLogger
+
+        return MLflowLogger()
+    from .wandb import WandbLogger
+
+    return WandbLogger()
+
+
+def replace_report_to_callbacks(
+    trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True
+) -> list[tuple[Any, TrackerLogger]]:
+    """Replace a Trainer's stock MLflow/W&B callbacks with our loggers, at the same position.
+
+    ``TrainingArguments(report_to=["mlflow", "wandb"])`` makes the Trainer add transformers'
+    ``MLflowCallback``/``WandbCallback``. This swaps each for :class:`MLflowLogger` /
+    :class:`WandbLogger` (built from the same environment variables), keeping its place in the
+    callback list, and attaches the trainer to the new logger (eval dataset names, model).
+
+    Args:
+        trainer: A ``transformers.Trainer`` (or ``TrainerPlus``) after ``__init__``.
+        mlflow: True to build an ``MLflowLogger()``, a logger instance to use it, False to keep
+            the stock callback. Defaults to True.
+        wandb: The same for W&B. Defaults to True.
+
+    Returns:
+        The ``(stock callback, our logger)`` pairs that were swapped.
+
+    Raises:
+        TypeError: ``trainer`` has no ``callback_handler``, or a choice is neither a bool nor a
+            ``TrackerLogger``.
+
+    Example:
+        >>> trainer = Trainer(model, args=TrainingArguments(..., report_to=["mlflow"]))  # doctest: +SKIP
+        >>> replace_report_to_callbacks(trainer)  # doctest: +SKIP
+    """
+    handler = getattr(trainer, "callback_handler", None)
+    if handler is None or not hasattr(handler, "callbacks"):
+        raise TypeError(f"trainer must have a callback_handler (a Trainer), got {type(trainer).__name__}")
+    choices = {"mlflow": mlflow, "wandb": wandb}
+    for name, choice in choices.items():
+        if not isinstance(choice, (bool, TrackerLogger)):
+            raise TypeError(f"{name} must be True, False or a TrackerLogger instance, got {choice!r}")
+    swapped: list[tuple[Any, TrackerLogger]] = []
+    callbacks = handler.callbacks
+    for kind, stock_class in _stock_classes().items():
+        choice = choices[kind]
+        if stock_class is None or choice is False:
+            continue
+        for index, callback in enumerate(list(callbacks)):
+            if isinstance(callback, stock_class):
+                new = choice if isinstance(choice, TrackerLogger) else _build(kind)
+                callbacks[index] = new
+                if hasattr(new, "attach_trainer"):
+                    new.attach_trainer(trainer)
+                swapped.append((callback, new))
+                break
+    return swapped
