@@ -152,6 +152,11 @@ class EarlyStopping(SelfRestoringState):
         monitor = self.monitor_name or "metric_for_best_model"
         return f"EarlyStopping[{monitor},{self.resolved_mode or self.mode}]"
 
+    @state_key.setter
+    def state_key(self, value: str) -> None:
+        """Ignored: the key derives from monitor and mode. transformers'
+        ``restore_callback_states_from_checkpoint=True`` sets every saved attribute, this one too."""
+
     def state_args(self) -> dict[str, Any]:
         return dict(self._options)
 

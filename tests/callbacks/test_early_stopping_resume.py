@@ -70,6 +70,18 @@ def test_counter_is_restored_not_restarted_also_in_trainer_plus(tmp_path):
     assert (fresh.best_value, fresh.best_step) == (BEST_VALUE, BEST_STEP)
 
 
+def test_transformers_restore_flag_still_works(tmp_path):
+    """With restore_callback_states_from_checkpoint=True transformers replaces the instance."""
+    train("transformers", tmp_path)
+    stopper = EarlyStopping("eval_score", mode="min", patience=3)
+    trainer = scripted_trainer(tmp_path / "flag", RESUME_SCRIPT, callbacks=[stopper], save_strategy="steps",
+                               save_steps=4, logging_steps=100, restore_callback_states_from_checkpoint=True)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-12"))
+    active = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, EarlyStopping))
+    assert (active.stopped_step, active.best_step) == (STOP_STEP, BEST_STEP)
+    assert trainer.state.global_step == STOP_STEP
+
+
 def test_resuming_a_stopped_run_stops_at_once_unless_reset(tmp_path, caplog):
     train("transformers", tmp_path)
     checkpoint = str(tmp_path / f"checkpoint-{STOP_STEP}")
