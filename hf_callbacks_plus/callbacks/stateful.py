@@ -40,12 +40,22 @@ class SelfRestoringState(TrainerCallback, ExportableState):
         """Identifies this instance among others of its class. Defaults to the class name."""
         return type(self).__name__
 
+    @state_key.setter
+    def state_key(self, value: str) -> None:
+        # transformers' ``restore_callback_states_from_checkpoint=True`` restores by
+        # ``setattr`` of every saved attribute; the key is derived, so the write is ignored.
+        pass
+
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild an equivalent instance."""
         return {}
 
     def state_attributes(self) -> dict[str, Any]:
-        """The mutable state to checkpoint (JSON-serializable)."""
+        """The mutable state to checkpoint (JSON-serializable).
+
+        Use the real attribute names as keys: transformers'
+        ``restore_callback_states_from_checkpoint=True`` restores them with ``setattr``.
+        """
         return {}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
