@@ -1,0 +1,162 @@
+"""The demo's data and model, built locally: no hub, no network.
+
+Shared by ``examples/demo.py``, the other examples and their tests:
+
+- :func:`load_corpus` reads ``examples/demo_data/reviews.jsonl`` (a seeded, generated corpus
+  of short review sentences with 20% label noise, see ``demo_data/generate.py``);
+- :func:`build_tokenizer` trains a tiny WordPiece tokenizer with ``tokenizers``;
+- :func:`build_datasets` returns tokenized ``datasets.Dataset`` train and eval splits;
+- :func:`build_model` makes a BERT-style classifier from a tiny ``BertConfig``;
+- :func:`compute_metrics` and :func:`data_collator` complete a ``transformers.Trainer``.
+
+Example:
+    >>> from demo_pipeline import build_tokenizer, build_datasets, build_model
+    >>> tokenizer = build_tokenizer()
+    >>> train, evaluation = build_datasets(tokenizer, n_train=800, n_eval=300)
+    >>> model = build_model(tokenizer)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DATA_PATH = Path(__file__).resolve().parent / "demo_data" / "reviews.jsonl"
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+MAX_LENGTH = 32
+
+__all__ = [
+    "DATA_PATH",
+    "build_datasets",
+    "build_model",
+    "build_tokenizer",
+    "compute_metrics",
+    "data_collator",
+    "load_corpus",
+]
+
+
+def load_corpus(path: Path = DATA_PATH) -> list[dict[str, Any]]:
+    """Read the shipped corpus: a list of ``{"text": str, "label": 0 | 1}``."""
+    with Path(path).open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def build_tokenizer(vocab_size: int = 400, path: Path = DATA_PATH) -> Any:
+    """Train a tiny WordPiece tokenizer on the corpus and wrap it for transformers.
+
+    Args:
+        vocab_size: Target vocabulary size. Defaults to 400.
+        path: Corpus file. Defaults to the shipped ``reviews.jsonl``.
+
+    Returns:
+        A ``transformers.PreTrainedTokenizerFast`` with ``[PAD]``/``[CLS]``/``[SEP]`` tokens and a
+        BERT-style ``[CLS] ... [SEP]`` post-processor.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS)
+    tokenizer.train_from_iterator((row["text"] for row in load_corpus(path)), trainer=trainer)
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=MAX_LENGTH,
+    )
+
+
+def build_datasets(tokenizer: Any, n_train: int = 800, n_eval: int = 400,
+                   path: Path = DATA_PATH) -> tuple[Any, Any]:
+    """Tokenized train and eval ``datasets.Dataset`` splits (disjoint, in file order).
+
+    Args:
+        tokenizer: From :func:`build_tokenizer`.
+        n_train: Number of training examples. Defaults to 800.
+        n_eval: Number of evaluation examples. Defaults to 400.
+        path: Corpus file. Defaults to the shipped ``reviews.jsonl``.
+
+    Returns:
+        ``(train_dataset, eval_dataset)`` with columns ``input_ids``, ``attention_mask``,
+        ``token_type_ids`` and ``labels`` (unpadded; pad with :func:`data_collator`).
+
+    Raises:
+        ValueError: If ``n_train + n_eval`` exceeds the corpus size.
+    """
+    from datasets import Dataset
+
+    rows = load_corpus(path)
+    if n_train < 1 or n_eval < 1 or n_train + n_eval > len(rows):
+        raise ValueError(
+            f"n_train + n_eval must be between 2 and {len(rows)} (the corpus size); "
+            f"got n_train={n_train}, n_eval={n_eval}"
+        )
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        encoded = tokenizer(batch["text"], truncation=True, max_length=MAX_LENGTH)
+        encoded["labels"] = batch["label"]
+        return encoded
+
+    splits = []
+    for part in (rows[:n_train], rows[n_train:n_train + n_eval]):
+        dataset = Dataset.from_list(part)
+        splits.append(dataset.map(encode, batched=True, remove_columns=["text", "label"]))
+    return splits[0], splits[1]
+
+
+def build_model(tokenizer: Any, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
+                seed: int = 0) -> Any:
+    """A tiny BERT-style sequence classifier (2 labels) built from a config, seeded.
+
+    Args:
+        tokenizer: From :func:`build_tokenizer` (gives the vocabulary size and pad id).
+        hidden_size: Hidden size. Defaults to 64.
+        num_layers: Transformer layers. Defaults to 2.
+        num_heads: Attention heads. Defaults to 2.
+        seed: Seed for the weight initialization. Defaults to 0.
+
+    Returns:
+        A ``transformers.BertForSequenceClassification`` (about 100k parameters).
+    """
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
+        max_position_embeddings=MAX_LENGTH + 2, pad_token_id=tokenizer.pad_token_id, num_labels=2,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1},
+    )
+    torch.manual_seed(seed)
+    return BertForSequenceClassification(config)
+
+
+def compute_metrics(eval_pred: Any) -> dict[str, float]:
+    """``compute_metrics`` for the classifier: accuracy."""
+    import numpy as np
+
+    logits, labels = eval_pred
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    predictions = np.asarray(logits).argmax(axis=-1)
+    return {"accuracy": float((predictions == np.asarray(labels)).mean())}
+
+
+def data_collator(tokenizer: Any) -> Any:
+    """Dynamic padding (``transformers.DataCollatorWithPadding``)."""
+    from transformers import DataCollatorWithPadding
+
+    return DataCollatorWithPadding(tokenizer)
