@@ -1,0 +1,55 @@
+"""`make demo` (examples/demo.py) end to end, at tiny sizes: real Trainer, MLflow, W&B offline."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.examples.conftest import TINY, run_example
+
+pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb]
+
+
+def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path):
+    # min_delta=10 makes every evaluation after the first a non-improvement: with patience 2
+    # the stop is at the third evaluation, step 9, whatever the model learns.
+    result = run_example(tmp_path, "demo.py", *TINY, "--runs-dir", str(tmp_path), "--epochs", "10",
+                         "--patience", "2", "--min-delta", "10")
+    out = result.stdout
+    assert "stopped training at step 9" in out, out
+    assert "Best eval_loss" in out and "at step 3." in out
+    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db" in out
+
+    run_dir = tmp_path / "demo"
+    assert (run_dir / "learning_curves.png").stat().st_size > 10_000
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 9
+    evals = [r for r in state["log_history"] if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [3, 6, 9]
+    assert all("train_accuracy" in r and "gap_accuracy" in r for r in evals)
+    assert evals[-1]["early_stopping/stopped_step"] == 9
+
+    from mlflow.tracking import MlflowClient
+
+    run_id = re.search(r"\(run ([0-9a-f]{32})\)", out).group(1)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    for key in ("eval/loss", "eval/accuracy", "train/accuracy", "train/subset_loss", "train/loss",
+                "gap/accuracy", "early_stopping/best_step"):
+        assert [m.step for m in client.get_metric_history(run_id, key)][-1] in (6, 9), key
+    assert [m.step for m in client.get_metric_history(run_id, "eval/accuracy")] == [3, 6, 9]
+    assert "train/train_accuracy" not in run.data.metrics
+
+    from hf_callbacks_plus.testing import read_wandb_run
+
+    wandb_run = read_wandb_run(tmp_path / "wandb", wait=10)
+    assert wandb_run.exit_code == 0
+    assert wandb_run.steps("eval/accuracy") == [3, 6, 9]
+    assert wandb_run.steps("train/accuracy") == [3, 6, 9]
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = {key for line in lines if line["event"] == "log" for key in line["curves"]}
+    assert {"eval/loss", "train/accuracy", "gap/accuracy", "early_stopping/wait"} <= logged
