@@ -20,8 +20,12 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check hf_callbacks_plus tests examples benchmarks
 
-test: $(STAMP) lint
+test: $(STAMP) lint docs
 	$(PY) -m pytest
+
+# The documentation site (mkdocs material + mkdocstrings), built with --strict into site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # TrainerPlus & co. against every supported transformers, each in .venv-compat-<version>
 # (pins in compat/transformers-<version>.txt; venvs are built once and reused).
