@@ -1,0 +1,14 @@
+"""Run by ``torchrun --nproc_per_node 2`` in test_ddp.py: a tiny Trainer with MLflowLogger.
+
+Usage: ddp_train.py <output_dir> <sqlite_uri>
+"""
+
+import sys
+
+from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+from tests.tiny_models import make_trainer
+
+output_dir, uri = sys.argv[1], sys.argv[2]
+logger = MLflowLogger(tracking_uri=uri, experiment_name="ddp")
+trainer = make_trainer(output_dir, callbacks=[logger], logging_steps=1, max_steps=4, ddp_backend="gloo")
+trainer.train()
