@@ -165,6 +165,29 @@ class _CallbackList(list):
     del _name, _mutator
 
 
+#: The keyword arguments every event receives, in transformers' order.
+_EVENT_KWARGS = (
+    "model",
+    "processing_class",
+    "optimizer",
+    "lr_scheduler",
+    "train_dataloader",
+    "eval_dataloader",
+)
+
+
+def _event_kwarg(name: str) -> property:
+    """A handler attribute stored in the shared event keyword arguments (built once, not per event)."""
+
+    def get(self: CallbackHandler) -> Any:
+        return self._event_kwargs[name]
+
+    def set(self: CallbackHandler, value: Any) -> None:
+        self._event_kwargs[name] = value
+
+    return property(get, set, doc=f"Passed to every event as ``{name}``.")
+
+
 class CallbackHandler(TrainerCallback):
     """Calls the callbacks in order, like ``transformers.trainer_callback.CallbackHandler``.
 
@@ -185,6 +208,10 @@ class CallbackHandler(TrainerCallback):
         lr_scheduler: Any = None,
     ) -> None:
         self._dispatch: dict[str, list[Callable[..., Any]]] = {}
+        #: Incremented whenever the callback list changes (cached ``has_handlers`` results expire).
+        self.revision = 0
+        # The keyword arguments every event receives, kept up to date by the properties below.
+        self._event_kwargs: dict[str, Any] = dict.fromkeys(_EVENT_KWARGS)
         self._callbacks = _CallbackList([], self._invalidate)
         for callback in callbacks:
             self.add_callback(callback)
@@ -192,8 +219,13 @@ class CallbackHandler(TrainerCallback):
         self.processing_class = processing_class
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
-        self.train_dataloader: Any = None
-        self.eval_dataloader: Any = None
+
+    model = _event_kwarg("model")
+    processing_class = _event_kwarg("processing_class")
+    optimizer = _event_kwarg("optimizer")
+    lr_scheduler = _event_kwarg("lr_scheduler")
+    train_dataloader = _event_kwarg("train_dataloader")
+    eval_dataloader = _event_kwarg("eval_dataloader")
 
     # -- the callback list -------------------------------------------------------------
     @property
@@ -208,6 +240,7 @@ class CallbackHandler(TrainerCallback):
 
     def _invalidate(self) -> None:
         self._dispatch.clear()
+        self.revision += 1
 
     def add_callback(
         self,
@@ -328,16 +361,8 @@ class CallbackHandler(TrainerCallback):
             handlers = self._handlers(event)
         if not handlers:
             return control
-        common = {
-            "model": self.model,
-            "processing_class": self.processing_class,
-            "optimizer": self.optimizer,
-            "lr_scheduler": self.lr_scheduler,
-            "train_dataloader": self.train_dataloader,
-            "eval_dataloader": self.eval_dataloader,
-        }
-        if kwargs:
-            common.update(kwargs)
+        # each call unpacks the dict into its own **kwargs, so sharing it is safe
+        common = {**self._event_kwargs, **kwargs} if kwargs else self._event_kwargs
         for handler in handlers:
             result = handler(args, state, control, **common)
             if result is not None:
@@ -404,19 +429,7 @@ class CallbackHandler(TrainerCallback):
         """Fire ``on_exception``; a callback that fails here is logged, not raised."""
         for handler in self._handlers("on_exception"):
             try:
-                handler(
-                    args,
-                    state,
-                    control,
-                    model=self.model,
-                    processing_class=self.processing_class,
-                    optimizer=self.optimizer,
-                    lr_scheduler=self.lr_scheduler,
-                    train_dataloader=self.train_dataloader,
-                    eval_dataloader=self.eval_dataloader,
-                    exception=exception,
-                    **kwargs,
-                )
+                handler(args, state, control, **self._event_kwargs, exception=exception, **kwargs)
             except Exception:  # the original exception matters more
                 logger.exception("A callback failed in on_exception")
         return control
