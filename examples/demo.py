@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,6 +58,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--min-delta", type=float, default=0.0, help="improvement margin of early stopping")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=32, help="per-device train batch size")
+    parser.add_argument("--eval-batch-size", type=int, default=128, help="per-device eval batch size")
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--trackers", default="mlflow,wandb,jsonl",
                         help="comma-separated subset of mlflow,wandb,jsonl (or 'none')")
@@ -110,9 +111,16 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
     if "jsonl" in trackers:
         callbacks["jsonl"] = JsonlLogger(str(output_dir / "metrics.jsonl"))
 
+    extra: dict[str, Any] = {}
+    if "average_tokens_across_devices" in TrainingArguments.__dataclass_fields__:
+        # transformers >= 4.46 multiplies the loss by the number of processes when the model's
+        # forward takes **kwargs, expecting a sum over tokens; BERT's classification loss is a
+        # mean, so under torchrun the logged losses would be doubled. Not needed on one process.
+        extra["average_tokens_across_devices"] = False
     args = TrainingArguments(
+        **extra,
         output_dir=str(output_dir), run_name=options.name, num_train_epochs=options.epochs,
-        per_device_train_batch_size=options.batch_size, per_device_eval_batch_size=128,
+        per_device_train_batch_size=options.batch_size, per_device_eval_batch_size=options.eval_batch_size,
         learning_rate=options.learning_rate, warmup_steps=30, weight_decay=0.0,
         eval_strategy="steps", eval_steps=options.eval_steps, logging_steps=options.eval_steps,
         save_strategy="steps", save_steps=options.eval_steps, save_total_limit=2,
@@ -202,13 +210,21 @@ def summarize(trainer: Any, callbacks: dict[str, Any], output_dir: Path, seconds
     return "\n".join(lines)
 
 
-def run(options: argparse.Namespace) -> dict[str, Any]:
-    """Train, then print the summary and write the PNG (rank 0). Returns what tests check."""
+def run(options: argparse.Namespace, prepare: Optional[Callable[[Any, dict[str, Any]], None]] = None,
+        ) -> dict[str, Any]:
+    """Train, then print the summary and write the PNG (rank 0). Returns what tests check.
+
+    Args:
+        options: From :func:`parse_args`.
+        prepare: Called with ``(trainer, callbacks)`` before training (examples hook in here).
+    """
     output_dir = Path(options.runs_dir).resolve() / options.name
     if options.resume is None and is_main_process() and output_dir.exists():
         shutil.rmtree(output_dir)  # a fresh demo run each time (the MLflow store keeps history)
     start = time.time()
     trainer, callbacks = build_trainer(options, output_dir)
+    if prepare is not None:
+        prepare(trainer, callbacks)
     trainer.train(resume_from_checkpoint=options.resume)
     seconds = time.time() - start
     trainer.save_state()
@@ -221,7 +237,7 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
         "best_step": stopper.best_step, "best_value": stopper.best_value, "reason": stopper.reason.name,
         "mlflow_run_id": getattr(callbacks.get("mlflow"), "run_id", None),
         "wandb_run_id": getattr(callbacks.get("wandb"), "run_id", None),
-        "output_dir": str(output_dir), "seconds": seconds,
+        "output_dir": str(output_dir), "seconds": seconds, "log_history": trainer.state.log_history,
     }
     if is_main_process():
         png = None

@@ -4,7 +4,8 @@ Shared by ``examples/demo.py``, the other examples and their tests:
 
 - :func:`load_corpus` reads ``examples/demo_data/reviews.jsonl`` (a seeded, generated corpus
   of short review sentences with 20% label noise, see ``demo_data/generate.py``);
-- :func:`build_tokenizer` trains a tiny WordPiece tokenizer with ``tokenizers``;
+- :func:`train_vocabulary` trains a tiny WordPiece vocabulary with ``tokenizers`` (shipped as
+  ``demo_data/vocab.txt``) and :func:`build_tokenizer` builds the tokenizer on it;
 - :func:`build_datasets` returns tokenized ``datasets.Dataset`` train and eval splits;
 - :func:`build_model` makes a BERT-style classifier from a tiny ``BertConfig``;
 - :func:`compute_metrics` and :func:`data_collator` complete a ``transformers.Trainer``.
@@ -27,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 DATA_PATH = Path(__file__).resolve().parent / "demo_data" / "reviews.jsonl"
+VOCAB_PATH = DATA_PATH.with_name("vocab.txt")
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MAX_LENGTH = 32
 
@@ -38,6 +40,7 @@ __all__ = [
     "compute_metrics",
     "data_collator",
     "load_corpus",
+    "train_vocabulary",
 ]
 
 
@@ -47,29 +50,54 @@ def load_corpus(path: Path = DATA_PATH) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def build_tokenizer(vocab_size: int = 400, path: Path = DATA_PATH) -> Any:
-    """Train a tiny WordPiece tokenizer on the corpus and wrap it for transformers.
+def train_vocabulary(vocab_size: int = 1000, path: Path = DATA_PATH) -> list[str]:
+    """Train a WordPiece vocabulary on the corpus with ``tokenizers``.
+
+    The trainer breaks frequency ties in a process-dependent order, so two trainings can
+    give slightly different vocabularies: that is why the vocabulary is trained once
+    (``python examples/demo_data/generate.py``) and shipped as ``demo_data/vocab.txt``, like a
+    saved tokenizer. Every process (every rank under torchrun) then tokenizes identically.
 
     Args:
-        vocab_size: Target vocabulary size. Defaults to 400.
+        vocab_size: Maximum vocabulary size (the corpus needs about 400). Defaults to 1000.
         path: Corpus file. Defaults to the shipped ``reviews.jsonl``.
 
     Returns:
-        A ``transformers.PreTrainedTokenizerFast`` with ``[PAD]``/``[CLS]``/``[SEP]`` tokens and a
-        BERT-style ``[CLS] ... [SEP]`` post-processor.
+        The tokens: special tokens first, then sorted.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS)
     tokenizer.train_from_iterator((row["text"] for row in load_corpus(path)), trainer=trainer)
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    learned = tokenizer.get_vocab()
+    return SPECIAL_TOKENS + sorted(token for token in learned if token not in SPECIAL_TOKENS)
+
+
+def build_tokenizer(vocab_path: Path = VOCAB_PATH) -> Any:
+    """A BERT-style WordPiece tokenizer (``tokenizers``) on the shipped vocabulary.
+
+    Args:
+        vocab_path: One token per line. Defaults to ``demo_data/vocab.txt`` (written by
+            :func:`train_vocabulary` through ``demo_data/generate.py``).
+
+    Returns:
+        A ``transformers.PreTrainedTokenizerFast`` with ``[PAD]``/``[CLS]``/``[SEP]`` tokens and a
+        BERT-style ``[CLS] ... [SEP]`` post-processor.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = Path(vocab_path).read_text(encoding="utf-8").split("\n")
+    vocab = {token: index for index, token in enumerate(t for t in tokens if t)}
+    tokenizer = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
     )
     tokenizer.decoder = decoders.WordPiece()
     return PreTrainedTokenizerFast(

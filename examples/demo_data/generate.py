@@ -1,7 +1,8 @@
 """Generate the demo corpus: short movie-review-like sentences with sentiment labels.
 
 The corpus is deterministic (seeded ``random.Random``) and shipped as ``reviews.jsonl`` next
-to this file, so the demo needs no network. Regenerate with::
+to this file with the WordPiece vocabulary trained on it (``vocab.txt``), so the demo needs
+no network. Regenerate both with::
 
     python examples/demo_data/generate.py
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 SUBJECTS = [
@@ -88,6 +90,12 @@ def main() -> None:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
     print(f"wrote {len(rows)} examples to {path}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from demo_pipeline import VOCAB_PATH, train_vocabulary
+
+    tokens = train_vocabulary(path=path)
+    VOCAB_PATH.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    print(f"wrote a WordPiece vocabulary of {len(tokens)} tokens to {VOCAB_PATH}")
 
 
 if __name__ == "__main__":
