@@ -1,7 +1,8 @@
 """LightweightTrainer: a transformers-free loop firing Trainer's events in Trainer's order.
 
 The flow is a port of ``transformers.Trainer`` 5.23 (``_inner_training_loop``,
-``_run_epoch``, ``_maybe_log_save_evaluate``, ``_finalize_training``, ``log``): the same
+``_run_epoch``, ``_maybe_log_save_evaluate``, ``_finalize_training``, ``log``; the step loops are in
+``steps.py``, logging in ``logs.py``): the same
 events with the same ``global_step``/``epoch``/control flags, the same log keys, the same
 checkpoint folders. Parity is tested against a real Trainer in
 ``tests/loop/test_parity_transformers.py``. The model, the optimizer and the data are
@@ -11,7 +12,6 @@ yours: the loop only calls ``train_step(batch)`` and your optional hooks.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Mapping
@@ -21,17 +21,19 @@ from typing import Any, Callable, Iterable, Optional, Union
 from .arguments import LoopArguments
 from .callback import CallbackHandler, CallbackRef
 from .checkpoints import CheckpointMixin
-from .evaluation import EvaluationMixin, speed_metrics, to_float
+from .evaluation import EvaluationMixin
 from .flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from .logs import LoggingMixin
 from .plan import TrainOutput, plan_training
 from .state import TrainerControl, TrainerState
+from .steps import StepsMixin
 
 __all__ = ["LightweightTrainer", "TrainOutput"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
 
-class LightweightTrainer(EvaluationMixin, CheckpointMixin):
+class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMixin):
     """Run callbacks exactly as ``transformers.Trainer`` does, around your own training step.
 
     Args:
@@ -219,191 +221,24 @@ class LightweightTrainer(EvaluationMixin, CheckpointMixin):
     def _run_epoch(
         self, epoch: int, steps_per_epoch: int, batches_per_epoch: int, start_time: float, skip: int
     ) -> None:
-        args, handler = self.args, self.callback_handler
-        accumulation = args.gradient_accumulation_steps
-        step = -1
-        grad_norm: Optional[float] = None
-        learning_rate: Optional[float] = None
-        first_update = 0
+        accumulation = self.args.gradient_accumulation_steps
         if hasattr(self.train_data, "set_epoch"):
             self.train_data.set_epoch(epoch)
         iterator = iter(self.train_data)
+        step, first_update = -1, 0
         if skip > 0:
             for _ in islice(iterator, skip):
                 pass
-            step = skip - 1
-            first_update = skip // accumulation
-        remainder = batches_per_epoch % accumulation or accumulation
-        fire_loss = handler.has_handlers("on_training_loss")
-        plain_hooks = (
-            self.optimizer_step_fn is not None or self.optimizer is not None or self.lr_scheduler is not None
+            step, first_update = skip - 1, skip // accumulation
+        run_steps = self._run_single_batch_steps if accumulation == 1 else self._run_accumulated_steps
+        step, grad_norm, learning_rate = run_steps(
+            iterator, epoch, step, first_update, steps_per_epoch, batches_per_epoch, start_time
         )
-        track_lr = self.learning_rate_fn is not None or callable(
-            getattr(self.lr_scheduler, "get_last_lr", None)
-        )
-
-        # Locals keep the per-step overhead low (see benchmarks/bench_loop.py).
-        state, train_step, nan_filter = self.state, self.train_step, args.logging_nan_inf_filter
-        count_tokens = self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no"
-        on_step_begin, on_step_end = handler.on_step_begin, handler.on_step_end
-        on_pre_optimizer_step, on_optimizer_step = handler.on_pre_optimizer_step, handler.on_optimizer_step
-        on_substep_end = handler.on_substep_end
-        # The handler's dispatch table ([] = no callback overrides the event; missing = not built yet,
-        # cleared whenever the callback list changes): events that reset no flag are skipped when empty.
-        dispatch = handler._dispatch
-        for update_step in range(first_update, steps_per_epoch):
-            num_batches = accumulation if update_step != steps_per_epoch - 1 else remainder
-            batch_samples = list(islice(iterator, num_batches))
-            scale = self.current_gradient_accumulation_steps = len(batch_samples)
-            for inputs in batch_samples:
-                step += 1
-                if step % accumulation == 0:
-                    self.control = on_step_begin(args, state, self.control)
-                output = train_step(inputs)
-                step_grad_norm = None
-                if type(output) is not float:
-                    if isinstance(output, Mapping):
-                        step_grad_norm = output.get("grad_norm")
-                        output = output["loss"]
-                    output = to_float(output)
-                loss = output / scale
-                if fire_loss:
-                    self.control = handler.call_event(
-                        "on_training_loss", args, state, self.control, loss=loss
-                    )
-                if nan_filter and not math.isfinite(loss):
-                    self._tr_loss += self._tr_loss / (1 + state.global_step - self._globalstep_last_logged)
-                else:
-                    self._tr_loss += loss
-                if count_tokens:
-                    state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
-
-                if (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch:  # sync step
-                    grad_norm = None if step_grad_norm is None else to_float(step_grad_norm)
-                    if dispatch.get("on_pre_optimizer_step", True):
-                        self.control = on_pre_optimizer_step(args, state, self.control)
-                    if plain_hooks:
-                        self._optimizer_step()
-                    if dispatch.get("on_optimizer_step", True):
-                        self.control = on_optimizer_step(args, state, self.control)
-                    learning_rate = self._get_learning_rate() if track_lr else None
-                    if plain_hooks:
-                        self._after_optimizer_step()
-                    state.global_step += 1
-                    state.epoch = epoch + (step + 1) / batches_per_epoch
-                    control = self.control = on_step_end(args, state, self.control)
-                    if control.should_log or control.should_evaluate or control.should_save:
-                        self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
-                elif dispatch.get("on_substep_end", True):
-                    self.control = on_substep_end(args, state, self.control)
-                if self.control.should_epoch_stop or self.control.should_training_stop:
-                    break
-            if self.control.should_epoch_stop or self.control.should_training_stop:
-                break
-
         if step < 0:
             logger.warning(
                 "train_data yielded no batch in this epoch; stopping training at step %d.",
                 self.state.global_step,
             )
             self.control.should_training_stop = True
-        self.control = handler.on_epoch_end(args, self.state, self.control)
+        self.control = self.callback_handler.on_epoch_end(self.args, self.state, self.control)
         self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
-
-    # -- optimizer hooks -------------------------------------------------------------------
-    def _optimizer_step(self) -> None:
-        if self.optimizer_step_fn is not None:
-            self.optimizer_step_fn()
-        elif self.optimizer is not None:
-            self.optimizer.step()
-
-    def _after_optimizer_step(self) -> None:
-        if self.optimizer_step_fn is not None:
-            return
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        if self.optimizer is not None and hasattr(self.optimizer, "zero_grad"):
-            self.optimizer.zero_grad()
-
-    def _get_learning_rate(self) -> Optional[float]:
-        if self.learning_rate_fn is not None:
-            return to_float(self.learning_rate_fn())
-        get_last_lr = getattr(self.lr_scheduler, "get_last_lr", None)
-        if callable(get_last_lr):
-            return to_float(get_last_lr()[0])
-        return None
-
-    # -- log / evaluate / save ------------------------------------------------------------
-    def _maybe_log_save_evaluate(
-        self, grad_norm: Optional[float], start_time: float, learning_rate: Optional[float]
-    ) -> None:
-        if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
-            logs: dict[str, float] = {}
-            tr_loss = self._tr_loss
-            self._tr_loss -= self._tr_loss
-            logs["loss"] = tr_loss / (self.state.global_step - self._globalstep_last_logged)
-            if grad_norm is not None:
-                logs["grad_norm"] = grad_norm
-            if learning_rate is None:
-                learning_rate = self._get_learning_rate()
-            if learning_rate is not None:
-                logs["learning_rate"] = learning_rate
-            self._total_loss_scalar += tr_loss
-            self._globalstep_last_logged = self.state.global_step
-            self.store_flos()
-            self.log(logs, start_time)
-
-        if self.control.should_evaluate:
-            metrics = self._evaluate()
-            is_new_best = self._determine_best_metric(metrics)
-            if self.args.save_strategy == "best":
-                self.control.should_save = is_new_best
-
-        if self.control.should_save:
-            self._save_checkpoint()
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-
-    def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
-        """Add ``epoch``, fire ``on_pre_log``, append to ``state.log_history``, fire ``on_log``.
-
-        Args:
-            logs: The values to log; ``on_pre_log`` callbacks may change them in place.
-            start_time: Start of training, for ``train_tokens_per_second``. Defaults to None.
-        """
-        if self.state.epoch is not None:
-            logs["epoch"] = self.state.epoch
-        if self.args.include_num_input_tokens_seen != "no":
-            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-            if start_time is not None:
-                seen = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
-                logs.update(speed_metrics("train", start_time, num_tokens=seen))
-        handler = self.callback_handler
-        if handler.has_handlers("on_pre_log"):
-            self.control = handler.call_event("on_pre_log", self.args, self.state, self.control, logs=logs)
-        self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.control = handler.on_log(self.args, self.state, self.control, logs)
-
-    def store_flos(self) -> None:
-        """Move the floating-point operations counted so far into ``state.total_flos``."""
-        self.state.total_flos += self.current_flos
-        self.current_flos = 0.0
-
-    def _finalize_training(self, num_samples: float, start_time: float) -> TrainOutput:
-        self._total_loss_scalar += self._tr_loss
-        steps_trained = self.state.global_step - self._initial_global_step
-        train_loss = self._total_loss_scalar / max(steps_trained, 0.001)
-        metrics = speed_metrics(
-            "train",
-            start_time,
-            num_samples=num_samples * steps_trained / max(self.state.max_steps, 1),
-            num_steps=steps_trained,
-        )
-        self.store_flos()
-        metrics["total_flos"] = self.state.total_flos
-        metrics["train_loss"] = train_loss
-        self.log(metrics)
-        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            self._load_best_model()
-        self._finalize_checkpoints()
-        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
-        return TrainOutput(self.state.global_step, train_loss, metrics)

@@ -39,6 +39,7 @@ def run_transformers(
     n_train: int = 64,
     n_eval: int = 16,
     resume: Any = None,
+    setup: Any = None,
     **overrides: Any,
 ) -> tuple[EventRecorder, Any]:
     """Train a real transformers.Trainer with an EventRecorder last among the user callbacks."""
@@ -51,6 +52,8 @@ def run_transformers(
         compute_metrics=ScriptedMetrics(),
         **overrides,
     )
+    if setup is not None:
+        setup(trainer)
     trainer.train(resume_from_checkpoint=resume)
     return recorder, trainer
 
@@ -61,6 +64,7 @@ def run_lightweight(
     n_train: int = 64,
     n_eval: int = 16,
     resume: Any = None,
+    setup: Any = None,
     **overrides: Any,
 ) -> tuple[EventRecorder, LightweightTrainer]:
     """Train LightweightTrainer on the same shape of data with the same arguments."""
@@ -80,6 +84,8 @@ def run_lightweight(
         learning_rate_fn=lambda: 0.1,
         callbacks=[*callbacks, recorder],
     )
+    if setup is not None:
+        setup(trainer)
     trainer.train(resume_from_checkpoint=resume)
     return recorder, trainer
 
@@ -92,16 +98,20 @@ def checkpoints(output_dir: Path) -> list[str]:
     return sorted(names, key=lambda name: int(name.split("-")[1]))
 
 
-def assert_same_run(tmp_path: Path, callbacks_factory: Any = None, **config: Any) -> EventRecorder:
+def assert_same_run(
+    tmp_path: Path, callbacks_factory: Any = None, setup: Any = None, **config: Any
+) -> EventRecorder:
     """Run ``config`` in both trainers; assert identical traces, log keys and checkpoints left.
+
+    ``setup(trainer)``, when given, is called on each trainer before ``train()``.
 
     Returns:
         The transformers trace (for extra assertions on what the configuration exercises).
     """
     make_callbacks = callbacks_factory or (lambda: [])
     hf_dir, lw_dir = tmp_path / "hf", tmp_path / "lw"
-    expected, hf_trainer = run_transformers(hf_dir, callbacks=make_callbacks(), **config)
-    actual, lw_trainer = run_lightweight(lw_dir, callbacks=make_callbacks(), **config)
+    expected, hf_trainer = run_transformers(hf_dir, callbacks=make_callbacks(), setup=setup, **config)
+    actual, lw_trainer = run_lightweight(lw_dir, callbacks=make_callbacks(), setup=setup, **config)
     report = diff_traces(expected, actual, names=("transformers.Trainer", "LightweightTrainer"))
     assert report is None, report
     assert checkpoints(hf_dir) == checkpoints(lw_dir)

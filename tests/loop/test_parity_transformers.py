@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_callbacks_plus.loop import ExportableState, TrainerCallback
-from hf_callbacks_plus.testing import diff_traces
+from hf_callbacks_plus.testing import EventRecorder, diff_traces
 from tests.loop.parity import assert_same_run, checkpoints, run_lightweight, run_transformers
 
 pytestmark = pytest.mark.transformers
@@ -282,6 +282,56 @@ def test_configurations_exercise_what_they_claim(tmp_path):
     assert trace.steps("on_evaluate") == [2, 4, 6]
     assert trace.steps("on_save") == [2, 4, 6]
     assert checkpoints(tmp_path / "lw") == ["checkpoint-6"]
+
+
+class LateJoiner(TrainerCallback):
+    """Added during training: asks for a log before each optimizer step and a save after a substep."""
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        control.should_log = True
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        control.should_save = True
+
+
+class AddsAndRemovesLateJoiner(TrainerCallback):
+    """Adds a LateJoiner from inside ``on_step_begin`` of step 3 (so it must fire in that very
+    step) and removes it in ``on_step_end`` of step 5: the loop must notice both list changes."""
+
+    def __init__(self) -> None:
+        self.trainer = None
+        self.joiner = LateJoiner()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            self.trainer.add_callback(self.joiner)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 5:
+            self.trainer.remove_callback(self.joiner)
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_callbacks_added_and_removed_during_training(tmp_path, accumulation):
+    """The loop skips events no callback implements; it must notice callbacks added mid-step.
+
+    The EventRecorder implements every event (so nothing would be skipped): it is removed
+    here, and the runs are compared by their log history and checkpoints instead.
+    """
+
+    def setup(trainer):
+        trainer.remove_callback(EventRecorder)
+        trainer.callback_handler.callbacks[1].trainer = trainer  # after DefaultFlowCallback
+
+    config = {"gradient_accumulation_steps": accumulation, "logging_strategy": "no", "max_steps": 8}
+    runs = []
+    for name, run in (("hf", run_transformers), ("lw", run_lightweight)):
+        _, trainer = run(tmp_path / name, callbacks=[AddsAndRemovesLateJoiner()], setup=setup, **config)
+        runs.append(([entry["step"] for entry in trainer.state.log_history], checkpoints(tmp_path / name)))
+    assert runs[0] == runs[1]
+    log_steps, saved = runs[1]
+    assert log_steps == [3, 4, 5, 8]  # 3-5 from the LateJoiner, then the final train record
+    assert saved == (["checkpoint-3", "checkpoint-4", "checkpoint-5"] if accumulation > 1 else [])
 
 
 def test_evaluate_and_predict_after_training(tmp_path):

@@ -1,0 +1,232 @@
+"""The steps of a training epoch: micro-batches, gradient accumulation, step events, optimizer hooks.
+
+A port of the inner loop of ``transformers.Trainer._run_epoch`` (5.23): ``on_step_begin``
+before the first micro-batch of a step, ``on_training_loss`` after each micro-batch,
+``on_substep_end`` between micro-batches, then ``on_pre_optimizer_step``, the optimizer,
+``on_optimizer_step``, ``on_step_end`` and the log/evaluate/save point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from itertools import islice
+from typing import Any, Optional
+
+from .evaluation import to_float
+from .state import TrainerControl, TrainerState
+
+__all__ = ["StepsMixin"]
+
+
+class StepsMixin:
+    """The step loops and optimizer hooks of :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`."""
+
+    args: Any
+    state: TrainerState
+    control: TrainerControl
+    callback_handler: Any
+    train_step: Any
+    num_tokens_fn: Any
+    optimizer: Any
+    lr_scheduler: Any
+    optimizer_step_fn: Any
+    learning_rate_fn: Any
+    current_gradient_accumulation_steps: int
+    _tr_loss: float
+    _globalstep_last_logged: int
+    _maybe_log_save_evaluate: Any
+
+    # The two step loops are the hot path (see benchmarks/bench_loop.py): they keep what
+    # they use in locals, and skip the events no callback implements. Which events have
+    # handlers is looked up again whenever the callback list changes (``handler.revision``);
+    # until then an event without handlers costs one comparison. Flags the handler resets
+    # (``on_step_begin``) are reset here too when its dispatch is skipped.
+
+    def _run_single_batch_steps(
+        self,
+        iterator: Any,
+        epoch: int,
+        step: int,
+        first_update: int,
+        steps_per_epoch: int,
+        batches_per_epoch: int,
+        start_time: float,
+    ) -> tuple[int, Optional[float], Optional[float]]:
+        """The steps of an epoch with ``gradient_accumulation_steps == 1``: one batch per step."""
+        args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
+        has_handlers, isfinite = handler.has_handlers, math.isfinite
+        nan_filter = args.logging_nan_inf_filter
+        count_tokens = self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no"
+        plain_hooks, track_lr = self._optimizer_hooks()
+        grad_norm: Optional[float] = None
+        learning_rate: Optional[float] = None
+        revision = fire_begin = fire_loss = fire_pre = fire_opt = None
+        tr_loss = self._tr_loss
+        if steps_per_epoch > first_update:
+            self.current_gradient_accumulation_steps = 1
+        for inputs in islice(iterator, steps_per_epoch - first_update):
+            step += 1
+            if handler.revision != revision:
+                revision = handler.revision
+                fire_begin, fire_loss = has_handlers("on_step_begin"), has_handlers("on_training_loss")
+                fire_pre, fire_opt = has_handlers("on_pre_optimizer_step"), has_handlers("on_optimizer_step")
+            control = self.control
+            if fire_begin or handler.revision != revision:
+                control = self.control = handler.on_step_begin(args, state, control)
+            else:  # what handler.on_step_begin does before dispatching
+                control.should_log = control.should_evaluate = control.should_save = False
+            output = train_step(inputs)
+            step_grad_norm = None
+            if type(output) is not float:
+                if isinstance(output, Mapping):
+                    step_grad_norm = output.get("grad_norm")
+                    output = output["loss"]
+                output = to_float(output)
+            if fire_loss or handler.revision != revision:
+                control = self.control = handler.call_event(
+                    "on_training_loss", args, state, control, loss=output
+                )
+            if nan_filter and not isfinite(output):
+                tr_loss += tr_loss / (1 + state.global_step - self._globalstep_last_logged)
+            else:
+                tr_loss += output
+            if count_tokens:
+                state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
+
+            grad_norm = None if step_grad_norm is None else to_float(step_grad_norm)
+            if fire_pre or handler.revision != revision:
+                control = self.control = handler.on_pre_optimizer_step(args, state, control)
+            if plain_hooks:
+                self._optimizer_step()
+            if fire_opt or handler.revision != revision:
+                control = self.control = handler.on_optimizer_step(args, state, control)
+            learning_rate = self._get_learning_rate() if track_lr else None
+            if plain_hooks:
+                self._after_optimizer_step()
+            state.global_step += 1
+            state.epoch = epoch + (step + 1) / batches_per_epoch
+            control = self.control = handler.on_step_end(args, state, control)
+            if control.should_log or control.should_evaluate or control.should_save:
+                self._tr_loss = tr_loss
+                self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
+                tr_loss, control = self._tr_loss, self.control
+            if control.should_epoch_stop or control.should_training_stop:
+                break
+        else:
+            if step + 1 < steps_per_epoch:  # the data ran out: the remaining steps got no batch
+                self.current_gradient_accumulation_steps = 0
+        self._tr_loss = tr_loss
+        return step, grad_norm, learning_rate
+
+    def _run_accumulated_steps(
+        self,
+        iterator: Any,
+        epoch: int,
+        step: int,
+        first_update: int,
+        steps_per_epoch: int,
+        batches_per_epoch: int,
+        start_time: float,
+    ) -> tuple[int, Optional[float], Optional[float]]:
+        """The steps of an epoch with gradient accumulation (micro-batches, ``on_substep_end``)."""
+        args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
+        has_handlers = handler.has_handlers
+        accumulation = args.gradient_accumulation_steps
+        remainder = batches_per_epoch % accumulation or accumulation
+        nan_filter = args.logging_nan_inf_filter
+        count_tokens = self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no"
+        plain_hooks, track_lr = self._optimizer_hooks()
+        grad_norm: Optional[float] = None
+        learning_rate: Optional[float] = None
+        revision = fire_loss = fire_pre = fire_opt = fire_sub = None
+        for update_step in range(first_update, steps_per_epoch):
+            num_batches = accumulation if update_step != steps_per_epoch - 1 else remainder
+            batch_samples = list(islice(iterator, num_batches))
+            scale = self.current_gradient_accumulation_steps = len(batch_samples)
+            for inputs in batch_samples:
+                step += 1
+                if handler.revision != revision:
+                    revision = handler.revision
+                    fire_loss, fire_sub = has_handlers("on_training_loss"), has_handlers("on_substep_end")
+                    fire_pre, fire_opt = (
+                        has_handlers("on_pre_optimizer_step"),
+                        has_handlers("on_optimizer_step"),
+                    )
+                if step % accumulation == 0:
+                    self.control = handler.on_step_begin(args, state, self.control)
+                output = train_step(inputs)
+                step_grad_norm = None
+                if type(output) is not float:
+                    if isinstance(output, Mapping):
+                        step_grad_norm = output.get("grad_norm")
+                        output = output["loss"]
+                    output = to_float(output)
+                loss = output / scale
+                if fire_loss or handler.revision != revision:
+                    self.control = handler.call_event(
+                        "on_training_loss", args, state, self.control, loss=loss
+                    )
+                if nan_filter and not math.isfinite(loss):
+                    self._tr_loss += self._tr_loss / (1 + state.global_step - self._globalstep_last_logged)
+                else:
+                    self._tr_loss += loss
+                if count_tokens:
+                    state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
+
+                if (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch:  # sync step
+                    grad_norm = None if step_grad_norm is None else to_float(step_grad_norm)
+                    if fire_pre or handler.revision != revision:
+                        self.control = handler.on_pre_optimizer_step(args, state, self.control)
+                    if plain_hooks:
+                        self._optimizer_step()
+                    if fire_opt or handler.revision != revision:
+                        self.control = handler.on_optimizer_step(args, state, self.control)
+                    learning_rate = self._get_learning_rate() if track_lr else None
+                    if plain_hooks:
+                        self._after_optimizer_step()
+                    state.global_step += 1
+                    state.epoch = epoch + (step + 1) / batches_per_epoch
+                    control = self.control = handler.on_step_end(args, state, self.control)
+                    if control.should_log or control.should_evaluate or control.should_save:
+                        self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
+                elif fire_sub or handler.revision != revision:
+                    self.control = handler.on_substep_end(args, state, self.control)
+                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    break
+            if self.control.should_epoch_stop or self.control.should_training_stop:
+                break
+        return step, grad_norm, learning_rate
+
+    # -- optimizer hooks -------------------------------------------------------------------
+    def _optimizer_hooks(self) -> tuple[bool, bool]:
+        """Whether a step calls the optimizer/scheduler hooks, and whether it reads the learning rate."""
+        plain_hooks = (
+            self.optimizer_step_fn is not None or self.optimizer is not None or self.lr_scheduler is not None
+        )
+        track_lr = self.learning_rate_fn is not None or callable(
+            getattr(self.lr_scheduler, "get_last_lr", None)
+        )
+        return plain_hooks, track_lr
+
+    def _optimizer_step(self) -> None:
+        if self.optimizer_step_fn is not None:
+            self.optimizer_step_fn()
+        elif self.optimizer is not None:
+            self.optimizer.step()
+
+    def _after_optimizer_step(self) -> None:
+        if self.optimizer_step_fn is not None:
+            return
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        if self.optimizer is not None and hasattr(self.optimizer, "zero_grad"):
+            self.optimizer.zero_grad()
+
+    def _get_learning_rate(self) -> Optional[float]:
+        if self.learning_rate_fn is not None:
+            return to_float(self.learning_rate_fn())
+        get_last_lr = getattr(self.lr_scheduler, "get_last_lr", None)
+        if callable(get_last_lr):
+            return to_float(get_last_lr()[0])
+        return None
