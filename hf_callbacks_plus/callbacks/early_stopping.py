@@ -14,15 +14,20 @@ from ..metrics.keys import KeyGrammar
 from ..metrics.monitor import Monitor, to_float
 from .best_weights import BestWeights
 from .distributed import broadcast_from_rank0, distributed_world_size
-from .early_stopping_checks import check_against_args, check_arguments, check_thresholds, expected_prefix
+from .early_stopping_checks import (
+    check_against_args,
+    check_arguments,
+    check_thresholds,
+    expected_prefix,
+    missing_metric_problem,
+    monitor_from_args,
+)
 from .stateful import SelfRestoringState
-from .stop_reason import Decision, StopReason
+from .stop_reason import Decision, StopReason, stop_message
 
 __all__ = ["Decision", "EarlyStopping", "StopReason"]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-_SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
 
 
 class EarlyStopping(SelfRestoringState):
@@ -218,34 +223,7 @@ class EarlyStopping(SelfRestoringState):
         """Rank 0's decision on every rank (unchanged when not distributed)."""
         if not self.sync_decision or distributed_world_size() <= 1:
             return decision
-        nan = float("nan")
-        values = broadcast_from_rank0([
-            float(decision.improved), float(decision.wait),
-            nan if decision.best_value is None else decision.best_value,
-            -1.0 if decision.best_step is None else float(decision.best_step),
-            nan if decision.best_epoch is None else decision.best_epoch, float(decision.reason.code),
-        ])
-        return Decision(
-            bool(values[0]), int(values[1]), None if math.isnan(values[2]) else values[2],
-            None if values[3] < 0 else int(values[3]), None if math.isnan(values[4]) else values[4],
-            list(StopReason)[int(values[5])],
-        )
-
-    def _message(self, decision: Decision, value: float, step: int) -> str:
-        name, best = self.monitor_name, f"{self.best_value!r} at step {self.best_step}"
-        texts = {
-            StopReason.PATIENCE: f"{name}={value!r} did not improve on the best {best} by more than "
-                                 f"{self.min_delta} ({self.min_delta_mode}) for {self.wait} evaluation(s) "
-                                 f"(patience={self.patience})",
-            StopReason.BASELINE_NOT_REACHED: f"{name} did not beat baseline={self.baseline!r} within "
-                                             f"{self.wait} evaluation(s) (patience={self.patience})",
-            StopReason.STOPPING_THRESHOLD: f"{name}={value!r} reached stopping_threshold="
-                                           f"{self.stopping_threshold!r}",
-            StopReason.DIVERGENCE_THRESHOLD: f"{name}={value!r} is worse than divergence_threshold="
-                                             f"{self.divergence_threshold!r}",
-            StopReason.NON_FINITE: f"{name} is {value!r} (check_finite=True)",
-        }
-        return f"EarlyStopping stopped training at step {step}: {texts[decision.reason]}. Best: {best}."
+        return Decision.from_floats(broadcast_from_rank0(decision.to_floats()))
 
     # -- observing metrics ---------------------------------------------------------------
     def _observe(self, values: Any, state: Any, control: Any, model: Any, from_evaluate: bool) -> None:
@@ -280,7 +258,9 @@ class EarlyStopping(SelfRestoringState):
             self._best_weights.take_snapshot(model, step)
         if decision.should_stop:
             self.stopped, self.stopped_step, self.reason = True, step, decision.reason
-            self.message = self._message(decision, value, step)
+            self.message = stop_message(decision.reason, self.monitor_name, value, step, wait=self.wait,
+                                        best_value=self.best_value, best_step=self.best_step,
+                                        options=self._options)
             control.should_training_stop = True
             warn = decision.reason in (StopReason.NON_FINITE, StopReason.DIVERGENCE_THRESHOLD)
             logger.log(logging.WARNING if warn else logging.INFO, self.message)
@@ -312,24 +292,10 @@ class EarlyStopping(SelfRestoringState):
             logger.warning("%s (strict=False: early stopping ignores it.)", message)
 
     def _check_missing(self, values: dict, from_evaluate: bool) -> None:
-        monitor = self._monitor
-        if monitor is None:
-            return
-        prefix = expected_prefix(monitor.monitor, self.grammar)
-        if prefix == "":
-            training_record = bool({"loss", "learning_rate"} & set(values)) and "train_runtime" not in values
-            if not from_evaluate and training_record:
-                self._fail(RuntimeError, "EarlyStopping: " + monitor.explain_missing(values))
-            return
-        if not from_evaluate:
-            return
-        prefixes = {
-            key[: -len(suffix)] for key in values if isinstance(key, str)
-            for suffix in _SPEED_SUFFIXES if key.endswith(suffix)
-        }
-        if prefix in prefixes:
-            self._fail(RuntimeError, f"EarlyStopping: the {prefix!r} evaluation did not return it. "
-                                     + monitor.explain_missing(values))
+        if self._monitor is not None:
+            problem = missing_metric_problem(self._monitor, self.grammar, values, from_evaluate)
+            if problem is not None:
+                self._fail(RuntimeError, problem)
 
     # -- events --------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -337,14 +303,7 @@ class EarlyStopping(SelfRestoringState):
         self.reset()
         monitor, mode = self.monitor, self.mode
         if monitor is None:
-            monitor = getattr(args, "metric_for_best_model", None)
-            if not monitor:
-                raise ValueError(
-                    "EarlyStopping: monitor=None takes the metric from args.metric_for_best_model, which is "
-                    "None. Pass monitor='eval_loss' (or another metric) or set metric_for_best_model."
-                )
-            if mode == "auto":
-                mode = "max" if getattr(args, "greater_is_better", None) else "min"
+            monitor, mode = monitor_from_args(args, mode)
             self._monitor = self._build_monitor(monitor, mode)
             check_thresholds(self._monitor.mode, self.baseline, self.stopping_threshold,
                              self.divergence_threshold)

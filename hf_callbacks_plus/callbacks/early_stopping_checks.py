@@ -6,9 +6,14 @@ import math
 from typing import Any, Optional
 
 from ..metrics.keys import TRAINING_LOOP_KEYS, KeyGrammar
-from ..metrics.monitor import MIN_DELTA_MODES, MODES
+from ..metrics.monitor import MIN_DELTA_MODES, MODES, Monitor
 
-__all__ = ["check_against_args", "check_arguments", "check_thresholds", "expected_prefix"]
+__all__ = [
+    "check_against_args", "check_arguments", "check_thresholds", "expected_prefix", "missing_metric_problem",
+    "monitor_from_args",
+]
+
+_SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
 
 
 def _number(name: str, value: Any, *, allow_none: bool = True, minimum: Optional[float] = None) -> None:
@@ -153,3 +158,46 @@ def grammar_name(monitor: str) -> str:
     """The metric name inside its section (``eval_squad_f1`` -> ``squad_f1`` without datasets)."""
     grammar = KeyGrammar()
     return grammar.parse(grammar.candidates(monitor)[0]).name
+
+
+def missing_metric_problem(monitor: Monitor, grammar: KeyGrammar, values: dict[str, Any],
+                           from_evaluate: bool) -> Optional[str]:
+    """Explain why a record that should hold the monitored metric does not; None when it is fine.
+
+    A training record (``loss``/``learning_rate``) must hold a training-loop metric; an
+    evaluation of the monitored prefix (it reports ``<prefix>_runtime``...) must hold an
+    evaluation metric. Other records may lack it.
+    """
+    prefix = expected_prefix(monitor.monitor, grammar)
+    if prefix == "":
+        training_record = bool({"loss", "learning_rate"} & set(values)) and "train_runtime" not in values
+        if not from_evaluate and training_record:
+            return "EarlyStopping: " + monitor.explain_missing(values)
+        return None
+    if not from_evaluate:
+        return None
+    prefixes = {
+        key[: -len(suffix)] for key in values if isinstance(key, str)
+        for suffix in _SPEED_SUFFIXES if key.endswith(suffix)
+    }
+    if prefix in prefixes:
+        explanation = monitor.explain_missing(values)
+        return f"EarlyStopping: the {prefix!r} evaluation did not return it. {explanation}"
+    return None
+
+
+def monitor_from_args(args: Any, mode: str) -> tuple[str, str]:
+    """``monitor=None``: the metric and mode of ``args.metric_for_best_model`` / ``greater_is_better``.
+
+    Raises:
+        ValueError: ``args.metric_for_best_model`` is not set either.
+    """
+    monitor = getattr(args, "metric_for_best_model", None)
+    if not monitor:
+        raise ValueError(
+            "EarlyStopping: monitor=None takes the metric from args.metric_for_best_model, which is "
+            "None. Pass monitor='eval_loss' (or another metric) or set metric_for_best_model."
+        )
+    if mode == "auto":
+        mode = "max" if getattr(args, "greater_is_better", None) else "min"
+    return monitor, mode

@@ -1,12 +1,15 @@
-"""Why ``EarlyStopping`` stopped (``StopReason``) and what one observation decided (``Decision``)."""
+"""Why ``EarlyStopping`` stopped (``StopReason``), what one observation decided (``Decision``) and
+the sentence that tells the user (``stop_message``)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["Decision", "StopReason"]
+__all__ = ["Decision", "StopReason", "stop_message"]
 
 
 class StopReason(str, Enum):
@@ -40,3 +43,56 @@ class Decision:
     def should_stop(self) -> bool:
         """True when training must stop."""
         return self.reason is not StopReason.NOT_STOPPED
+
+    def to_floats(self) -> list[float]:
+        """The decision as floats (None as NaN / -1), to broadcast between ranks."""
+        nan = float("nan")
+        return [
+            float(self.improved), float(self.wait), nan if self.best_value is None else self.best_value,
+            -1.0 if self.best_step is None else float(self.best_step),
+            nan if self.best_epoch is None else self.best_epoch, float(self.reason.code),
+        ]
+
+    @classmethod
+    def from_floats(cls, values: Sequence[float]) -> Decision:
+        """Rebuild a decision from :meth:`to_floats`."""
+        return cls(
+            bool(values[0]), int(values[1]), None if math.isnan(values[2]) else values[2],
+            None if values[3] < 0 else int(values[3]), None if math.isnan(values[4]) else values[4],
+            list(StopReason)[int(values[5])],
+        )
+
+
+def stop_message(reason: StopReason, name: Optional[str], value: float, step: int, *,
+                 best_value: Optional[float], best_step: Optional[int], wait: int,
+                 options: dict[str, Any]) -> str:
+    """The log line of a stop: which rule fired, with the value, the setting and the best so far.
+
+    Args:
+        reason: Why training stops (not ``NOT_STOPPED``).
+        name: The monitored metric.
+        value: The value observed at ``step``.
+        step: The global step of the stop.
+        best_value: The best value so far (None when nothing beat the baseline).
+        best_step: The step of ``best_value``.
+        wait: Observations without improvement.
+        options: The ``EarlyStopping`` constructor arguments (patience, min_delta, thresholds...).
+
+    Returns:
+        One sentence starting with "EarlyStopping stopped training at step ...".
+    """
+    best = f"{best_value!r} at step {best_step}"
+    patience = options["patience"]
+    texts = {
+        StopReason.PATIENCE: f"{name}={value!r} did not improve on the best {best} by more than "
+                             f"{options['min_delta']} ({options['min_delta_mode']}) for {wait} "
+                             f"evaluation(s) (patience={patience})",
+        StopReason.BASELINE_NOT_REACHED: f"{name} did not beat baseline={options['baseline']!r} within "
+                                         f"{wait} evaluation(s) (patience={patience})",
+        StopReason.STOPPING_THRESHOLD: f"{name}={value!r} reached stopping_threshold="
+                                       f"{options['stopping_threshold']!r}",
+        StopReason.DIVERGENCE_THRESHOLD: f"{name}={value!r} is worse than divergence_threshold="
+                                         f"{options['divergence_threshold']!r}",
+        StopReason.NON_FINITE: f"{name} is {value!r} (check_finite=True)",
+    }
+    return f"EarlyStopping stopped training at step {step}: {texts[reason]}. Best: {best}."
