@@ -16,9 +16,10 @@ import logging
 from typing import Any, Callable, Iterable, Optional, Union
 
 from .._compat import TrainerCallbackBase
+from .dispatch import _EVENT_KWARGS, _KWARGS_FREE, _CallbackList, _event_kwarg, ignores_event_kwargs
 from .state import TrainerControl, TrainerState
 
-__all__ = ["EVENTS", "CallbackHandler", "CallbackRef", "TrainerCallback"]
+__all__ = ["EVENTS", "CallbackHandler", "CallbackRef", "TrainerCallback", "ignores_event_kwargs"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -130,64 +131,6 @@ _NOOPS = _base_noops()
 CallbackRef = Union[Any, type]
 
 
-class _CallbackList(list):
-    """A list that tells its handler when it changes, so dispatch tables are rebuilt."""
-
-    def __init__(self, items: Iterable[Any], on_change: Callable[[], None]) -> None:
-        super().__init__(items)
-        self._on_change = on_change
-
-    def _mutator(name: str):  # noqa: N805 - helper to build methods
-        original = getattr(list, name)
-
-        def method(self, *args, **kwargs):
-            result = original(self, *args, **kwargs)
-            self._on_change()
-            return result
-
-        method.__name__ = name
-        return method
-
-    for _name in (
-        "append",
-        "extend",
-        "insert",
-        "remove",
-        "pop",
-        "clear",
-        "sort",
-        "reverse",
-        "__setitem__",
-        "__delitem__",
-        "__iadd__",
-    ):
-        locals()[_name] = _mutator(_name)
-    del _name, _mutator
-
-
-#: The keyword arguments every event receives, in transformers' order.
-_EVENT_KWARGS = (
-    "model",
-    "processing_class",
-    "optimizer",
-    "lr_scheduler",
-    "train_dataloader",
-    "eval_dataloader",
-)
-
-
-def _event_kwarg(name: str) -> property:
-    """A handler attribute stored in the shared event keyword arguments (built once, not per event)."""
-
-    def get(self: CallbackHandler) -> Any:
-        return self._event_kwargs[name]
-
-    def set(self: CallbackHandler, value: Any) -> None:
-        self._event_kwargs[name] = value
-
-    return property(get, set, doc=f"Passed to every event as ``{name}``.")
-
-
 class CallbackHandler(TrainerCallback):
     """Calls the callbacks in order, like ``transformers.trainer_callback.CallbackHandler``.
 
@@ -212,6 +155,7 @@ class CallbackHandler(TrainerCallback):
         self.revision = 0
         # The keyword arguments every event receives, kept up to date by the properties below.
         self._event_kwargs: dict[str, Any] = dict.fromkeys(_EVENT_KWARGS)
+        self._event_values: tuple[Any, ...] = tuple(self._event_kwargs.values())
         self._callbacks = _CallbackList([], self._invalidate)
         for callback in callbacks:
             self.add_callback(callback)
@@ -326,18 +270,19 @@ class CallbackHandler(TrainerCallback):
         return "\n".join(cb.__class__.__name__ for cb in self._callbacks)
 
     # -- dispatch ----------------------------------------------------------------------
-    def _handlers(self, event: str) -> list[Callable[..., Any]]:
+    def _handlers(self, event: str) -> list[tuple[Callable[..., Any], bool]]:
+        """``(bound method, ignores the event keyword arguments)`` of the callbacks implementing ``event``."""
         handlers = self._dispatch.get(event)
         if handlers is None:
             handlers = []
             for callback in self._callbacks:
                 if event in getattr(callback, "__dict__", {}):
-                    handlers.append(getattr(callback, event))
+                    handlers.append((getattr(callback, event), False))
                     continue
                 function = getattr(type(callback), event, None)
                 if function is None or function in _NOOPS:
                     continue
-                handlers.append(getattr(callback, event))
+                handlers.append((getattr(callback, event), getattr(function, _KWARGS_FREE, False)))
             self._dispatch[event] = handlers
         return handlers
 
@@ -361,10 +306,35 @@ class CallbackHandler(TrainerCallback):
             handlers = self._handlers(event)
         if not handlers:
             return control
-        # each call unpacks the dict into its own **kwargs, so sharing it is safe
-        common = {**self._event_kwargs, **kwargs} if kwargs else self._event_kwargs
-        for handler in handlers:
-            result = handler(args, state, control, **common)
+        if kwargs:
+            common = {**self._event_kwargs, **kwargs}
+            for handler, kwargs_free in handlers:
+                if kwargs_free:
+                    result = handler(args, state, control)
+                else:
+                    result = handler(args, state, control, **common)
+                if result is not None:
+                    control = result
+            return control
+        # Keywords spelled out: much cheaper than unpacking a dict (see benchmarks/bench_loop.py).
+        (model, processing_class, optimizer, lr_scheduler, train_dataloader, eval_dataloader) = (
+            self._event_values
+        )
+        for handler, kwargs_free in handlers:
+            if kwargs_free:
+                result = handler(args, state, control)
+            else:
+                result = handler(
+                    args,
+                    state,
+                    control,
+                    model=model,
+                    processing_class=processing_class,
+                    optimizer=optimizer,
+                    lr_scheduler=lr_scheduler,
+                    train_dataloader=train_dataloader,
+                    eval_dataloader=eval_dataloader,
+                )
             if result is not None:
                 control = result
         return control
@@ -427,7 +397,7 @@ class CallbackHandler(TrainerCallback):
 
     def on_exception(self, args, state, control, exception: BaseException, **kwargs):
         """Fire ``on_exception``; a callback that fails here is logged, not raised."""
-        for handler in self._handlers("on_exception"):
+        for handler, _ in self._handlers("on_exception"):
             try:
                 handler(args, state, control, **self._event_kwargs, exception=exception, **kwargs)
             except Exception:  # the original exception matters more

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._compat import require
-from .callback import TrainerCallback
+from .callback import TrainerCallback, ignores_event_kwargs
 from .state import TrainerControl, TrainerState
 
 __all__ = ["DefaultFlowCallback", "PrinterCallback", "ProgressCallback"]
@@ -30,6 +30,7 @@ class DefaultFlowCallback(TrainerCallback):
     like transformers' own.
     """
 
+    @ignores_event_kwargs
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         # transformers' strategies are str enums, so comparing with strings works for both
         logging_strategy, eval_strategy, save_strategy = (
@@ -70,6 +71,7 @@ class DefaultFlowCallback(TrainerCallback):
 
         return control
 
+    @ignores_event_kwargs
     def on_epoch_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         if args.logging_strategy == "epoch":
             control.should_log = True

@@ -41,7 +41,8 @@ class StepsMixin:
     # they use in locals, and skip the events no callback implements. Which events have
     # handlers is looked up again whenever the callback list changes (``handler.revision``);
     # until then an event without handlers costs one comparison. Flags the handler resets
-    # (``on_step_begin``) are reset here too when its dispatch is skipped.
+    # (``on_step_begin``) are reset here too when its dispatch is skipped; ``on_step_end``, which
+    # resets none, goes straight to ``call_event`` like ``handler.on_step_end`` does.
 
     def _run_single_batch_steps(
         self,
@@ -55,7 +56,7 @@ class StepsMixin:
     ) -> tuple[int, Optional[float], Optional[float]]:
         """The steps of an epoch with ``gradient_accumulation_steps == 1``: one batch per step."""
         args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
-        has_handlers, isfinite = handler.has_handlers, math.isfinite
+        has_handlers, call_event, isfinite = handler.has_handlers, handler.call_event, math.isfinite
         nan_filter = args.logging_nan_inf_filter
         count_tokens = self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no"
         plain_hooks, track_lr = self._optimizer_hooks()
@@ -106,7 +107,7 @@ class StepsMixin:
                 self._after_optimizer_step()
             state.global_step += 1
             state.epoch = epoch + (step + 1) / batches_per_epoch
-            control = self.control = handler.on_step_end(args, state, control)
+            control = self.control = call_event("on_step_end", args, state, control)
             if control.should_log or control.should_evaluate or control.should_save:
                 self._tr_loss = tr_loss
                 self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
@@ -131,7 +132,7 @@ class StepsMixin:
     ) -> tuple[int, Optional[float], Optional[float]]:
         """The steps of an epoch with gradient accumulation (micro-batches, ``on_substep_end``)."""
         args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
-        has_handlers = handler.has_handlers
+        has_handlers, call_event = handler.has_handlers, handler.call_event
         accumulation = args.gradient_accumulation_steps
         remainder = batches_per_epoch % accumulation or accumulation
         nan_filter = args.logging_nan_inf_filter
@@ -187,7 +188,7 @@ class StepsMixin:
                         self._after_optimizer_step()
                     state.global_step += 1
                     state.epoch = epoch + (step + 1) / batches_per_epoch
-                    control = self.control = handler.on_step_end(args, state, self.control)
+                    control = self.control = call_event("on_step_end", args, state, self.control)
                     if control.should_log or control.should_evaluate or control.should_save:
                         self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
                 elif fire_sub or handler.revision != revision:

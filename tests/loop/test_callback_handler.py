@@ -1,0 +1,77 @@
+"""CallbackHandler dispatch: event keyword arguments, ``revision``, ``ignores_event_kwargs``."""
+
+from __future__ import annotations
+
+from hf_callbacks_plus.loop import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
+from hf_callbacks_plus.loop.callback import ignores_event_kwargs
+
+
+class KwargsSeen(TrainerCallback):
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append(kwargs)
+
+
+class Plain(TrainerCallback):
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    @ignores_event_kwargs
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append(kwargs)
+
+
+class PlainSubclass(Plain):
+    def on_step_end(self, args, state, control, **kwargs):
+        super().on_step_end(args, state, control, **kwargs)
+
+
+def test_event_kwargs_follow_the_handler_attributes():
+    callback = KwargsSeen()
+    handler = CallbackHandler([callback], model="m", optimizer="o")
+    handler.on_step_end(None, TrainerState(), TrainerControl())
+    handler.train_dataloader = "data"
+    handler.model = "m2"
+    handler.on_step_end(None, TrainerState(), TrainerControl())
+    handler.call_event("on_step_end", None, TrainerState(), TrainerControl(), extra=1, model="m3")
+    first, second, third = callback.seen
+    assert first == {
+        "model": "m",
+        "processing_class": None,
+        "optimizer": "o",
+        "lr_scheduler": None,
+        "train_dataloader": None,
+        "eval_dataloader": None,
+    }
+    assert (second["model"], second["train_dataloader"]) == ("m2", "data")
+    assert (third["model"], third["extra"]) == ("m3", 1)
+    assert handler.model == "m2"
+
+
+def test_marked_methods_are_called_without_event_kwargs_but_overrides_are_not():
+    plain, subclass = Plain(), PlainSubclass()
+    handler = CallbackHandler([plain, subclass], model="m")
+    handler.on_step_end(None, TrainerState(), TrainerControl())
+    handler.call_event("on_step_end", None, TrainerState(), TrainerControl(), logs={})
+    assert plain.seen == [{}, {}]
+    assert [kwargs["model"] for kwargs in subclass.seen] == ["m", "m"]
+    assert subclass.seen[1]["logs"] == {}
+
+
+def test_revision_moves_on_every_change_of_the_callback_list():
+    handler = CallbackHandler([KwargsSeen])
+    assert not handler.has_handlers("on_log")
+    revisions = [handler.revision]
+    logger = Plain()
+    handler.add_callback(logger)
+    revisions.append(handler.revision)
+    handler.callbacks.reverse()
+    revisions.append(handler.revision)
+    handler.remove_callback(logger)
+    revisions.append(handler.revision)
+    handler.callbacks = [Plain()]
+    revisions.append(handler.revision)
+    assert revisions == sorted(set(revisions))
+    assert handler.has_handlers("on_step_end") and not handler.has_handlers("on_log")
