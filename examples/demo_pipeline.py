@@ -39,8 +39,10 @@ __all__ = [
     "build_tokenizer",
     "compute_metrics",
     "data_collator",
+    "example_sizes",
     "load_corpus",
     "train_vocabulary",
+    "training_arguments",
 ]
 
 
@@ -188,3 +190,30 @@ def data_collator(tokenizer: Any) -> Any:
     from transformers import DataCollatorWithPadding
 
     return DataCollatorWithPadding(tokenizer)
+
+
+def example_sizes() -> dict[str, Any]:
+    """Sizes for the small examples; ``EXAMPLES_TINY=1`` (set by the tests) makes them tiny.
+
+    Returns:
+        ``{"n_train", "n_eval", "subset", "hidden_size", "epochs", "eval_steps"}``.
+    """
+    if os.environ.get("EXAMPLES_TINY", "") not in ("", "0"):
+        return {"n_train": 96, "n_eval": 48, "subset": 32, "hidden_size": 32, "epochs": 3, "eval_steps": 3}
+    return {"n_train": 600, "n_eval": 400, "subset": 200, "hidden_size": 64, "epochs": 15, "eval_steps": 20}
+
+
+def training_arguments(output_dir: str, **overrides: Any) -> Any:
+    """``TrainingArguments`` of the small examples (CPU, quiet, evaluate/log/save together)."""
+    from transformers import TrainingArguments
+
+    sizes = example_sizes()
+    values: dict[str, Any] = {
+        "output_dir": output_dir, "num_train_epochs": sizes["epochs"], "learning_rate": 1e-3,
+        "warmup_steps": 30, "per_device_train_batch_size": 16 if sizes["n_train"] < 200 else 32,
+        "per_device_eval_batch_size": 64, "eval_strategy": "steps", "eval_steps": sizes["eval_steps"],
+        "logging_steps": sizes["eval_steps"], "save_strategy": "steps", "save_steps": sizes["eval_steps"],
+        "report_to": "none", "use_cpu": True, "seed": 0, "disable_tqdm": True,
+    }
+    values.update(overrides)
+    return TrainingArguments(**values)

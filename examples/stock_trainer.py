@@ -1,0 +1,66 @@
+"""Our callbacks in a stock ``transformers.Trainer``: pass them in ``callbacks=[...]``.
+
+    python examples/stock_trainer.py [output_dir]
+
+Nothing to subclass. ``EarlyStopping``, ``TerminateOnNonFinite`` and the loggers work from
+``callbacks=[...]``. ``TrainSubsetEvaluation`` needs the trainer object to evaluate, and a
+stock Trainer has no event that runs before its report_to integrations, so it goes through
+``run_before_integrations`` (which binds it and puts it ahead of the loggers).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from demo_pipeline import (  # noqa: E402
+    build_datasets,
+    build_model,
+    build_tokenizer,
+    compute_metrics,
+    data_collator,
+    example_sizes,
+    training_arguments,
+)
+from transformers import Trainer  # noqa: E402
+
+from hf_callbacks_plus import (  # noqa: E402
+    EarlyStopping,
+    JsonlLogger,
+    MLflowLogger,
+    TerminateOnNonFinite,
+    TrainSubsetEvaluation,
+    run_before_integrations,
+)
+
+
+def main(output_dir: str) -> None:
+    sizes = example_sizes()
+    tokenizer = build_tokenizer()
+    train, evaluation = build_datasets(tokenizer, n_train=sizes["n_train"], n_eval=sizes["n_eval"])
+    stopper = EarlyStopping(monitor="eval_accuracy", patience=3)  # mode "max" from the name
+    trainer = Trainer(
+        model=build_model(tokenizer, hidden_size=sizes["hidden_size"]),
+        args=training_arguments(output_dir),
+        train_dataset=train, eval_dataset=evaluation, data_collator=data_collator(tokenizer),
+        compute_metrics=compute_metrics,
+        callbacks=[stopper, TerminateOnNonFinite(),
+                   MLflowLogger(tracking_uri=f"sqlite:///{output_dir}/mlflow.db", experiment_name="stock"),
+                   JsonlLogger(f"{output_dir}/metrics.jsonl")],
+    )
+    run_before_integrations(trainer, TrainSubsetEvaluation(size=sizes["subset"], gap_metrics=True), stopper)
+    trainer.train()
+
+    for record in trainer.state.log_history:
+        if "eval_accuracy" in record:
+            print(f"step {record['step']:>4}: eval_accuracy {record['eval_accuracy']:.3f}  "
+                  f"train_accuracy {record['train_accuracy']:.3f}  gap_loss {record['gap_loss']:+.3f}")
+    print(f"stopped: {stopper.stopped} ({stopper.reason.name}); best eval_accuracy {stopper.best_value:.3f} "
+          f"at step {stopper.best_step}; logs in {output_dir}/metrics.jsonl and {output_dir}/mlflow.db")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="stock-trainer-"))

@@ -1,0 +1,106 @@
+"""Every example in examples/ runs (tiny sizes via EXAMPLES_TINY=1) and shows what it claims."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.examples.conftest import EXAMPLES, ROOT, run_example
+
+HERE = Path(__file__).resolve().parent
+
+
+def tiny(monkeypatch):
+    monkeypatch.setenv("EXAMPLES_TINY", "1")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.transformers
+@pytest.mark.mlflow
+def test_stock_trainer_example(tmp_path, monkeypatch):
+    tiny(monkeypatch)
+    out = run_example(tmp_path, "stock_trainer.py", str(tmp_path)).stdout
+    evals = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(evals) >= 2 and all("train_accuracy" in line for line in evals)
+    assert re.search(r"best eval_accuracy [0-9.]+ at step \d+", out)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    curves = {key for rec in records if rec["event"] == "log" for key in rec["curves"]}
+    assert {"eval/accuracy", "train/accuracy", "gap/loss", "early_stopping/best_value"} <= curves
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("stock").experiment_id])
+    assert run.info.status == "FINISHED" and "train/accuracy" in run.data.metrics
+
+
+@pytest.mark.transformers
+def test_trainer_plus_example(tmp_path, monkeypatch):
+    tiny(monkeypatch)
+    out = run_example(tmp_path, "trainer_plus.py", str(tmp_path)).stdout
+    for name in ("LabelSmoothingTrainer", "WeightedLossTrainerPlus"):
+        assert re.search(rf"{name}: \d+ evaluations logged; .* eval/error_rate [0-9.]+, train/accuracy", out)
+        records = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["event"] == "log"]
+        evals = [r["curves"] for r in records if "eval/loss" in r["curves"]]
+        assert evals and all("eval/error_rate" in c and "train/accuracy" in c for c in evals)
+        assert all(abs(c["eval/error_rate"] - (1 - c["eval/accuracy"])) < 1e-9 for c in evals)
+
+
+def test_custom_callback_example_passes_without_transformers_or_torch(tmp_path):
+    # The example's pytest file runs with torch/transformers/accelerate/datasets unimportable.
+    run_example(tmp_path, "test_custom_callback_example.py", "-q", "-p", "no:cacheprovider",
+                "--rootdir", str(ROOT), command=[sys.executable, str(HERE / "block_heavy_imports.py")])
+
+
+def test_custom_callback_example_fails_when_the_callback_is_broken(tmp_path):
+    # the example's tests can fail: break the callback (never stops) and they must
+    broken = tmp_path / "test_broken_example.py"
+    source = (EXAMPLES / "test_custom_callback_example.py").read_text()
+    broken.write_text(source.replace("control.should_training_stop = True", "pass"))
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-m", "pytest", str(broken), "-q", "-p", "no:cacheprovider",
+                             "--rootdir", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 1 and "2 failed" in result.stdout, result.stdout
+
+
+def test_lightweight_loop_example(tmp_path):
+    out = run_example(tmp_path, "lightweight_loop.py", str(tmp_path)).stdout
+    assert "loss" in out
+
+
+@pytest.mark.transformers
+@pytest.mark.mlflow
+@pytest.mark.wandb
+def test_resume_example_same_stop_step_same_tracker_runs(tmp_path, monkeypatch):
+    tiny(monkeypatch)
+    # min_delta=10: evaluations after the first never improve; patience 2 stops at the 3rd
+    # evaluation (step 9). Interrupted after step 6 (wait=1): only a restored counter stops at 9.
+    out = run_example(tmp_path, "resume.py", str(tmp_path), "--interrupt-at", "6", "--patience", "2",
+                      "--min-delta", "10", "--compare").stdout
+    lines = {line.split(":")[0]: line for line in out.splitlines() if line.startswith(("phase", "uninterr"))}
+    assert "global_step 6, early stopping did not stop" in lines["phase 1"]
+    assert "global_step 9, early stopping stopped at step 9" in lines["phase 2 (resumed)"]
+    assert "stopped at step 9 (best eval_loss" in lines["uninterrupted"]
+    ids = [re.search(r"MLflow run (\w+), W&B run (\w+)", lines[key]).groups()
+           for key in ("phase 1", "phase 2 (resumed)")]
+    assert ids[0] == ids[1]  # the same MLflow run and the same W&B run continued
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("resume-run").experiment_id])
+    assert [r.info.run_id for r in runs] == [ids[0][0]] and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(ids[0][0], "eval/loss")] == [3, 6, 9]
+    assert [m.step for m in client.get_metric_history(ids[0][0], "train/loss")] == [3, 6, 9]
+    steps = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")
+             if r["event"] == "log" and "eval/loss" in r["curves"]]
+    assert steps == [3, 6, 9]
