@@ -36,67 +36,22 @@ from typing import Any, Optional, Sequence
 
 from .._compat import require
 from .base import FAILED, FINISHED, TrackerLogger
+from .wandb_options import (
+    LOG_MODEL_CHOICES,
+    MAX_TAG_LENGTH,
+    MODE_CHOICES,
+    RESUME_CHOICES,
+    STEP_KEY,
+    WATCH_CHOICES,
+    choice,
+    typed,
+    version_of,
+    wandb_disabled_reason,
+)
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbLogger", "wandb_disabled_reason"]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-#: Values of ``log_model`` / ``WANDB_LOG_MODEL`` ("true" is transformers' legacy spelling of "end").
-LOG_MODEL_CHOICES = ("false", "end", "checkpoint")
-#: Values of ``watch`` / ``WANDB_WATCH``.
-WATCH_CHOICES = ("false", "gradients", "parameters", "all")
-RESUME_CHOICES = ("allow", "must")
-MODE_CHOICES = ("online", "offline", "disabled", "shared")
-_TRUE = {"1", "true", "yes", "on"}
-STEP_KEY = "train/global_step"
-MAX_TAG_LENGTH = 64
-
-
-def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
-    """Why W&B logging is switched off, or None when it is on.
-
-    Args:
-        mode: The ``mode`` argument given to the logger. Defaults to None (environment only).
-
-    Returns:
-        A sentence naming the setting that disables W&B, or None.
-    """
-    if os.environ.get("WANDB_DISABLED", "").strip().lower() in _TRUE:
-        return f"WANDB_DISABLED={os.environ['WANDB_DISABLED']!r} is set"
-    if mode == "disabled":
-        return "mode='disabled' was given"
-    if mode is None and os.environ.get("WANDB_MODE", "").strip().lower() == "disabled":
-        return "WANDB_MODE='disabled' is set"
-    return None
-
-
-def _choice(name: str, value: Any, env: str, default: str, choices: Sequence[str]) -> str:
-    raw = value if value is not None else os.environ.get(env, default)
-    if isinstance(raw, bool):
-        raw = "end" if (raw and name == "log_model") else ("all" if raw else "false")
-    text = str(raw).strip().lower()
-    if name == "log_model" and text in ("true", "1"):
-        text = "end"
-    if text in ("", "0", "none", "no"):
-        text = "false"
-    if text not in choices:
-        source = f"{name}={value!r}" if value is not None else f"{env}={raw!r}"
-        raise ValueError(f"WandbLogger: {source} is not valid; choose one of {choices}.")
-    return text
-
-
-def _typed(value: str) -> Any:
-    """Config values arrive as strings; give numbers and booleans back their type."""
-    if value in ("True", "False"):
-        return value == "True"
-    if value == "None":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            continue
-    return value
 
 
 class WandbLogger(TrackerLogger):
@@ -174,8 +129,8 @@ class WandbLogger(TrackerLogger):
         self.resume = resume
         self.dir = dir
         self.settings = settings
-        self.log_model = _choice("log_model", log_model, "WANDB_LOG_MODEL", "false", LOG_MODEL_CHOICES)
-        self.watch = _choice("watch", watch, "WANDB_WATCH", "false", WATCH_CHOICES)
+        self.log_model = choice("log_model", log_model, "WANDB_LOG_MODEL", "false", LOG_MODEL_CHOICES)
+        self.watch = choice("watch", watch, "WANDB_WATCH", "false", WATCH_CHOICES)
         self._given = {"project": project, "run_id": run_id, "log_model": log_model, "watch": watch}
         self.explicit_run_id = run_id or os.environ.get("WANDB_RUN_ID") or None
         #: Why the logger does nothing (``WANDB_DISABLED``, ``mode="disabled"``), or None.
@@ -277,7 +232,7 @@ class WandbLogger(TrackerLogger):
             }
             if self.settings is not None:
                 init["settings"] = self.settings
-            if _version(wandb) >= (0, 19):
+            if version_of(wandb) >= (0, 19):
                 init["reinit"] = "create_new"
             self._run = wandb.init(**{key: value for key, value in init.items() if value is not None})
             self._owns_run = True
@@ -354,7 +309,7 @@ class WandbLogger(TrackerLogger):
         self._run.summary.update(values)
 
     def _log_params(self, params: dict[str, str]) -> None:
-        self._run.config.update({key: _typed(value) for key, value in params.items()}, allow_val_change=True)
+        self._run.config.update({key: typed(value) for key, value in params.items()}, allow_val_change=True)
 
     def _set_tags(self, tags: dict[str, str]) -> None:
         current = list(self._run.tags or ())
@@ -400,11 +355,3 @@ class WandbLogger(TrackerLogger):
         self._run.log_artifact(artifact, aliases=record["aliases"])
         if record.get("cleanup"):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _version(module: Any) -> tuple[int, ...]:
-    parts = []
-    for piece in str(getattr(module, "__version__", "0")).split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
