@@ -1,8 +1,8 @@
 """LightweightTrainer: a transformers-free loop firing Trainer's events in Trainer's order.
 
 The flow is a port of ``transformers.Trainer`` 5.23 (``_inner_training_loop``,
-``_run_epoch``, ``_maybe_log_save_evaluate``, ``_finalize_training``, ``log``; the step loops are in
-``steps.py``, logging in ``logs.py``): the same
+``_run_epoch``, ``_maybe_log_save_evaluate``, ``_finalize_training``, ``log``; the step
+loops live in ``steps.py``, logging and the final train log in ``logs.py``): the same
 events with the same ``global_step``/``epoch``/control flags, the same log keys, the same
 checkpoint folders. Parity is tested against a real Trainer in
 ``tests/loop/test_parity_transformers.py``. The model, the optimizer and the data are
