@@ -17,102 +17,12 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from .._compat import TrainerCallbackBase
 from .dispatch import _EVENT_KWARGS, _KWARGS_FREE, _CallbackList, _event_kwarg, ignores_event_kwargs
+from .events import EVENTS, TrainerCallback
 from .state import TrainerControl, TrainerState
 
 __all__ = ["EVENTS", "CallbackHandler", "CallbackRef", "TrainerCallback", "ignores_event_kwargs"]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-#: Every event a transformers.Trainer fires, in declaration order.
-EVENTS = (
-    "on_init_end",
-    "on_train_begin",
-    "on_train_end",
-    "on_epoch_begin",
-    "on_epoch_end",
-    "on_step_begin",
-    "on_pre_optimizer_step",
-    "on_optimizer_step",
-    "on_substep_end",
-    "on_step_end",
-    "on_evaluate",
-    "on_predict",
-    "on_save",
-    "on_log",
-    "on_prediction_step",
-    "on_push_begin",
-)
-
-
-class TrainerCallback(TrainerCallbackBase):
-    """Base class for callbacks; every event is a no-op to override.
-
-    Events receive ``args``, ``state`` and ``control`` positionally, and ``model``,
-    ``processing_class``, ``optimizer``, ``lr_scheduler``, ``train_dataloader``,
-    ``eval_dataloader`` plus event data (``metrics``, ``logs``, ``exception``) as keyword
-    arguments. Return ``control`` (or None when unchanged).
-
-    When transformers is installed this class derives from ``transformers.TrainerCallback``,
-    so the same callback runs in a stock ``transformers.Trainer``, in ``TrainerPlus`` and in
-    :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`.
-    """
-
-    def on_init_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called at the end of the trainer's ``__init__``."""
-
-    def on_train_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called at the beginning of training."""
-
-    def on_train_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called at the end of training."""
-
-    def on_epoch_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called at the beginning of an epoch."""
-
-    def on_epoch_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called at the end of an epoch."""
-
-    def on_step_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called at the beginning of an optimizer step (before its first micro-batch)."""
-
-    def on_pre_optimizer_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called before the optimizer step, after gradient clipping."""
-
-    def on_optimizer_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called after the optimizer step, before gradients are zeroed."""
-
-    def on_substep_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called after each gradient-accumulation micro-batch except the last of a step."""
-
-    def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called at the end of an optimizer step (``state.global_step`` already incremented)."""
-
-    def on_evaluate(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called after an evaluation, with ``metrics``."""
-
-    def on_predict(
-        self, args: Any, state: TrainerState, control: TrainerControl, metrics: Any, **kwargs: Any
-    ):
-        """Called after a successful prediction, with ``metrics``."""
-
-    def on_save(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called after a checkpoint was saved."""
-
-    def on_log(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called after logging, with ``logs``."""
-
-    def on_prediction_step(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called after each prediction/evaluation batch."""
-
-    def on_push_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called before pushing to the hub."""
-
-    def on_exception(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
-        """Called (by our loop and ``TrainerPlus``) when training raises, with ``exception``.
-
-        The exception is re-raised after every callback ran. A stock transformers.Trainer
-        has no such event.
-        """
 
 
 def _base_noops() -> set[Any]:
