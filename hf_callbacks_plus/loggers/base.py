@@ -20,19 +20,16 @@ What the base class does, once for every backend (W&B, MLflow, JSONL):
 
 A backend subclass implements ``_start``, ``_log_metrics``, ``_log_summary``, ``_log_params``,
 ``_set_tags``, ``_finish`` (and optionally ``_log_records``, ``_logged_steps``,
-``_is_transient``), and sets the class attributes ``max_param_length``,
+``_is_transient``, ``_send_to_run``), and sets the class attributes ``max_param_length``,
 ``max_params_per_batch`` and ``max_name_length`` and the static method ``clean_name``.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import math
 import os
 import tempfile
 import threading
-import time
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -40,35 +37,14 @@ from typing import Any, Optional
 from ..callbacks.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
 from .config import collect_config
-from .values import NONFINITE_POLICIES, NameSanitizer, WarnOnce, normalize_value, truncate
+from .lifecycle import FAILED, FINISHED, LIVE, is_main_process
+from .records import make_log_record, plan_batch
+from .values import NONFINITE_POLICIES, NameSanitizer, WarnOnce, truncate
 from .worker import BackgroundWorker
 
-__all__ = ["FAILED", "FINISHED", "TrackerLogger"]
+__all__ = ["FAILED", "FINISHED", "TrackerLogger", "is_main_process"]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-FINISHED = "FINISHED"
-FAILED = "FAILED"
-
-_LIVE: weakref.WeakSet[TrackerLogger] = weakref.WeakSet()
-
-
-def _close_all_at_exit() -> None:
-    for tracker in list(_LIVE):
-        try:
-            tracker.close(FAILED if tracker.training else FINISHED)
-        except Exception as error:  # never raise at interpreter exit
-            logger.warning("%s: could not close at exit: %s", type(tracker).__name__, error)
-
-
-atexit.register(_close_all_at_exit)
-
-
-def is_main_process(state: Any = None) -> bool:
-    """True on the process that should log: world rank 0 (``state`` and env ``RANK``)."""
-    if os.environ.get("RANK", "0").strip() not in ("", "0"):
-        return False
-    return bool(getattr(state, "is_world_process_zero", True)) if state is not None else True
 
 
 class TrackerLogger(SelfRestoringState):
@@ -101,6 +77,9 @@ class TrackerLogger(SelfRestoringState):
     #: Send numeric summary values as curve points at the current step (backends without a
     #: run summary, such as MLflow); they are then deduplicated per step like curves.
     summary_as_curves: bool = False
+    #: The backend can write to any run (``_send_to_run``): spilled records of an earlier run go
+    #: to that run. When False (W&B: only the open run), they are held until that run resumes.
+    can_write_other_runs: bool = False
 
     def __init__(
         self,
@@ -184,6 +163,11 @@ class TrackerLogger(SelfRestoringState):
             if record["summary"]:
                 self._log_summary(record["summary"])
 
+    def _send_to_run(self, run_id: Optional[str], records: list[dict[str, Any]]) -> None:
+        """Send records left in the spill file by another run to *that* run (``run_id``, or None
+        when it never opened). Worker thread. Only called when ``can_write_other_runs``."""
+        raise NotImplementedError
+
     def _logged_steps(self) -> dict[str, int]:
         """Last step already logged per metric in the reattached run (queried on resume)."""
         return {}
@@ -243,7 +227,7 @@ class TrackerLogger(SelfRestoringState):
             self.training = False
         if worker is None:
             return True
-        _LIVE.discard(self)
+        LIVE.discard(self)
         return worker.close(self.flush_timeout if timeout is None else timeout,
                             finish=lambda: self._finish(status))
 
@@ -300,28 +284,10 @@ class TrackerLogger(SelfRestoringState):
         if self._worker is None:  # e.g. trainer.evaluate() after training: reopen the run
             self._output_dir = self._output_dir or getattr(args, "output_dir", None)
             self._open()
-        self.grammar.learn_from_metrics(logs)
-        curves, summary = self.grammar.render_logs(logs)
-        metrics: dict[str, float] = {}
-        texts: dict[str, Any] = {}
-        for target, values in ((metrics, curves), (texts, summary)):
-            for name, value in values.items():
-                kind, number = normalize_value(value)
-                if kind == "number":
-                    if self.nonfinite == "drop" and (math.isnan(number) or math.isinf(number)):
-                        self._warn(("nonfinite", name), "%s: dropping non-finite value %r of %r "
-                                   "(nonfinite='drop').", type(self).__name__, number, name)
-                        continue
-                    target[name] = number
-                elif kind == "text":
-                    texts[name] = number
-                else:
-                    self._warn(("drop", name), "%s: %r has a value of type %s that is neither a number "
-                               "nor a string; it is not logged.", type(self).__name__, name,
-                               type(value).__name__)
-        if metrics or texts:
-            self._worker.submit({"kind": "log", "step": int(state.global_step),
-                                 "timestamp": int(time.time() * 1000), "metrics": metrics, "summary": texts})
+        record = make_log_record(logs, state.global_step, self.grammar, self.nonfinite, self._warn,
+                                 type(self).__name__)
+        if record is not None:
+            self._worker.submit(record)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
         """Learn evaluation prefixes / dataset names from the metrics."""
@@ -348,8 +314,10 @@ class TrackerLogger(SelfRestoringState):
                 spill_path=self.spill_path, is_transient=self._is_transient,
                 max_memory_records=self.max_memory_records,
                 backoff_initial=self.backoff[0], backoff_max=self.backoff[1],
+                run_id=lambda: self.run_id,
+                send_other=self._send_to_run if self.can_write_other_runs else None,
             )
-            _LIVE.add(self)
+            LIVE.add(self)
 
     def _start_in_worker(self) -> None:
         resume = self.run_id is not None
@@ -378,43 +346,20 @@ class TrackerLogger(SelfRestoringState):
         """Worker thread: send records in order, skipping steps already logged."""
         with self._steps_lock:
             seen = dict(self._last_steps)
-        logs: list[dict[str, Any]] = []
-
-        def send_logs() -> None:
-            if logs:
-                self._log_records(logs)
-                logs.clear()
+        for kind, payload in plan_batch(batch, seen, self._sanitize, self.summary_as_curves):
+            if kind == "logs":
+                self._log_records(payload)
                 with self._steps_lock:  # commit what was delivered, so a retry skips it
                     for key, step in seen.items():
                         if step > self._last_steps.get(key, -1):
                             self._last_steps[key] = step
-
-        for record in batch:
-            kind = record.get("kind")
-            if kind == "log":
-                step = record["step"]
-                metrics = {}
-                values = record["metrics"]
-                summary_in = record["summary"]
-                if self.summary_as_curves:  # e.g. MLflow: totals are metrics at the last step
-                    values = {**values, **{k: v for k, v in summary_in.items() if not isinstance(v, str)}}
-                    summary_in = {k: v for k, v in summary_in.items() if isinstance(v, str)}
-                for name, value in values.items():
-                    clean = self._sanitize(name)
-                    if seen.get(clean, -1) >= step:
-                        continue  # already logged (resumed run or re-evaluation at one step)
-                    seen[clean] = step
-                    metrics[clean] = value
-                summary = {self._sanitize(name): value for name, value in summary_in.items()}
-                if metrics or summary:
-                    logs.append({**record, "metrics": metrics, "summary": summary})
-                continue
-            send_logs()
-            if kind == "params":
-                items = list(record["params"].items())
-                size = self.max_params_per_batch or len(items) or 1
-                for index in range(0, len(items), size):
-                    self._log_params(dict(items[index:index + size]))
+            elif kind == "params":
+                self._send_params(payload, self._log_params)
             elif kind == "tags":
-                self._set_tags(record["tags"])
-        send_logs()
+                self._set_tags(payload)
+
+    def _send_params(self, params: dict[str, str], log_params: Any) -> None:
+        items = list(params.items())
+        size = self.max_params_per_batch or len(items) or 1
+        for index in range(0, len(items), size):
+            log_params(dict(items[index:index + size]))

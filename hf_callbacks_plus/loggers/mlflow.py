@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 from .._compat import require
 from .base import TrackerLogger
+from .records import plan_batch
 
 __all__ = ["KNOWN_TRACKING_SCHEMES", "MLflowLogger", "validate_tracking_uri"]
 
@@ -40,6 +41,8 @@ _PERMANENT_ERROR_CODES = {
     "PERMISSION_DENIED", "INVALID_STATE", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND",
 }
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
+#: Tag of a run created for spilled records whose own run never opened.
+RECOVERED_TAG = "hf_callbacks_plus.recovered"
 
 
 def _plugin_schemes() -> set[str]:
@@ -141,6 +144,7 @@ class MLflowLogger(TrackerLogger):
     max_tag_length = 8000
     max_metrics_per_batch = 1000
     summary_as_curves = True
+    can_write_other_runs = True
 
     def __init__(
         self,
@@ -258,13 +262,14 @@ class MLflowLogger(TrackerLogger):
                                 tags=tags)
         return run.info.run_id
 
-    def _logged_steps(self) -> dict[str, int]:
-        run = self._client.get_run(self.run_id)
+    def _logged_steps(self, run_id: Optional[str] = None) -> dict[str, int]:
+        run = self._client.get_run(run_id or self.run_id)
         return {metric.key: int(metric.step) for metric in getattr(run.data, "_metric_objs", [])}
 
-    def _log_records(self, records: list[dict[str, Any]]) -> None:
+    def _log_records(self, records: list[dict[str, Any]], run_id: Optional[str] = None) -> None:
         from mlflow.entities import Metric, RunTag
 
+        run_id = run_id or self.run_id
         metrics = []
         tags = []
         for record in records:
@@ -276,10 +281,10 @@ class MLflowLogger(TrackerLogger):
                 else:
                     metrics.append(Metric(key, value, record["timestamp"], record["step"]))
         for start in range(0, len(tags), 100):
-            self._client.log_batch(self.run_id, tags=tags[start:start + 100], synchronous=True)
+            self._client.log_batch(run_id, tags=tags[start:start + 100], synchronous=True)
         for start in range(0, len(metrics), self.max_metrics_per_batch):
             chunk = metrics[start:start + self.max_metrics_per_batch]
-            self._client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+            self._client.log_batch(run_id, metrics=chunk, synchronous=True)
 
     def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
         import time
@@ -293,23 +298,47 @@ class MLflowLogger(TrackerLogger):
         self._log_records([{"step": 0, "timestamp": int(time.time() * 1000), "metrics": {},
                             "summary": values}])
 
-    def _log_params(self, params: dict[str, str]) -> None:
+    def _log_params(self, params: dict[str, str], run_id: Optional[str] = None) -> None:
         from mlflow.entities import Param
 
         items = [(self.clean_name(key)[: self.max_name_length], value) for key, value in params.items()]
-        if self.max_log_params is not None:
+        if run_id is not None and self.max_log_params is not None:  # another run: cap, no count
+            items = items[: self.max_log_params]
+        elif self.max_log_params is not None:
             logged = getattr(self, "_params_sent", 0)
             items = items[: max(0, self.max_log_params - logged)]
             self._params_sent = logged + len(items)
         if items:
-            self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in items], synchronous=True)
+            params_list = [Param(k, v) for k, v in items]
+            self._client.log_batch(run_id or self.run_id, params=params_list, synchronous=True)
 
-    def _set_tags(self, tags: dict[str, str]) -> None:
+    def _set_tags(self, tags: dict[str, str], run_id: Optional[str] = None) -> None:
         from mlflow.entities import RunTag
 
         items = [RunTag(str(k), str(v)[: self.max_tag_length]) for k, v in tags.items()]
         for start in range(0, len(items), 100):
-            self._client.log_batch(self.run_id, tags=items[start:start + 100], synchronous=True)
+            self._client.log_batch(run_id or self.run_id, tags=items[start:start + 100], synchronous=True)
+
+    def _send_to_run(self, run_id: Optional[str], records: list[dict[str, Any]]) -> None:
+        """Log records an earlier run left in the spill file to that run (the client writes to any id).
+
+        Steps that run already holds are skipped. Records of a run that never opened (the server
+        was down from its start) get a new run of their own, tagged ``hf_callbacks_plus.recovered``.
+        """
+        created = run_id is None
+        if run_id is None:
+            run = self._client.create_run(self._experiment_id(self._client), run_name=self.run_name or
+                                          self._args_run_name, tags={**self.tags, RECOVERED_TAG: "true"})
+            run_id = run.info.run_id
+        for kind, payload in plan_batch(records, self._logged_steps(run_id), self._sanitize, True):
+            if kind == "logs":
+                self._log_records(payload, run_id=run_id)
+            elif kind == "params" and self.max_log_params != 0:
+                self._send_params(payload, lambda chunk: self._log_params(chunk, run_id=run_id))
+            elif kind == "tags":
+                self._set_tags(payload, run_id=run_id)
+        if created:
+            self._client.set_terminated(run_id, status="FINISHED")
 
     def _finish(self, status: str) -> None:
         self._client.set_terminated(self.run_id, status=status)

@@ -6,21 +6,25 @@ fails with a *transient* error, the worker keeps the records in memory (up to
 ``max_memory_records``), then appends the overflow to a JSONL spill file, and retries with
 exponential backoff; when the backend answers again it replays memory, then the file, in
 order. Records still unsent when the worker is closed are written to the spill file, which
-the next run writing to the same spill path replays first. One warning when the backend
+the next run writing to the same spill path replays first. Each spilled record carries its
+run id (see :mod:`~hf_callbacks_plus.loggers.spill`): records of another run go to that run
+(``send_other``, e.g. MLflow, which can write to any run) or, for backends that write only
+to their open run, stay in the held file, with one warning. One warning when the backend
 becomes unreachable and one when it is back, never one per step.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from .spill import SpillFile
 
 __all__ = ["BackgroundWorker"]
 
@@ -45,6 +49,11 @@ class BackgroundWorker:
         batch_size: Most records handed to ``send`` at once. Defaults to 64.
         backoff_initial: First retry delay in seconds, doubled after each failure. Defaults to 0.5.
         backoff_max: Longest retry delay in seconds. Defaults to 30.
+        run_id: Returns the id of the run being logged to (None before it is open); spilled
+            records carry it. Defaults to "no id".
+        send_other: Sends records left by an earlier worker to *their* run (given its id, or
+            None when that run never opened); None when the backend can only write to its
+            open run: such records are then held. Defaults to None.
     """
 
     def __init__(
@@ -58,6 +67,8 @@ class BackgroundWorker:
         batch_size: int = 64,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
+        run_id: Callable[[], Optional[str]] = lambda: None,
+        send_other: Optional[Callable[[Optional[str], list[dict[str, Any]]], None]] = None,
     ) -> None:
         if max_memory_records < 1:
             raise ValueError(f"max_memory_records must be >= 1, got {max_memory_records!r}")
@@ -71,13 +82,16 @@ class BackgroundWorker:
         self._send = send
         self._is_transient = is_transient
         self.spill_path = Path(spill_path)
+        self._spill = SpillFile(self.spill_path, name)
+        self._run_id = run_id
+        self._send_other = send_other
+        self._session = uuid.uuid4().hex
         self._max_memory = max_memory_records
         self._batch_size = batch_size
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: deque[dict[str, Any]] = deque()
-        self._spill_offset = 0
         self._started = False
         self._deadline: Optional[float] = None  # set by close(): give up retrying after it
         self._condition = threading.Condition()
@@ -92,11 +106,10 @@ class BackgroundWorker:
         self.sent = 0
         self.dropped = 0
         self.failures = 0
-        if self.spill_path.exists():
-            with open(self.spill_path, encoding="utf-8") as handle:
-                leftover = sum(1 for line in handle if line.strip())
+        leftover = self._spill.leftover()
+        if leftover:
             self._submitted += leftover
-            logger.warning("%s: replaying %d record(s) left in %s by a previous run.",
+            logger.warning("%s: replaying %d record(s) left in %s by a previous run, each into its own run.",
                            name, leftover, self.spill_path)
         self._thread = threading.Thread(target=self._run, name=f"hf-callbacks-plus-{name}", daemon=True)
         self._thread.start()
@@ -141,7 +154,7 @@ class BackgroundWorker:
         self._deadline = time.monotonic() + max(0.0, timeout)
         self._queue.put(_STOP)
         self._thread.join(timeout + 5.0)
-        return not self._thread.is_alive() and self._finish_ok and not self.spill_path.exists()
+        return not self._thread.is_alive() and self._finish_ok and not self._spill.exists()
 
     @property
     def healthy(self) -> bool:
@@ -173,6 +186,7 @@ class BackgroundWorker:
                 if outcome == "ok":
                     self._started = True
                     backoff = self._backoff_initial
+                    self._replay_other_runs()
                     continue
                 if outcome == "fatal":
                     break
@@ -268,35 +282,53 @@ class BackgroundWorker:
 
     # -- spill file --------------------------------------------------------------------
     def _file_unread(self) -> bool:
-        return self.spill_path.exists()
+        return self._spill.exists()
+
+    def _stamp(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record with the run it belongs to (this worker's records without an id get it)."""
+        if record.get("session", self._session) != self._session:
+            return record
+        return {**record, "session": self._session, "run_id": record.get("run_id") or self._run_id()}
 
     def _append_to_file(self, records: list[dict[str, Any]]) -> None:
-        self.spill_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.spill_path, "a", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record, allow_nan=True) + "\n")
+        self._spill.append([self._stamp(record) for record in records])
         self._spilled_total += len(records)
 
     def _load_from_file(self) -> None:
-        if not self.spill_path.exists():
-            return
-        with open(self.spill_path, encoding="utf-8") as handle:
-            handle.seek(self._spill_offset)
-            while len(self._pending) < self._max_memory:
-                line = handle.readline()
-                if not line:
-                    break
-                self._spill_offset = handle.tell()
-                if line.strip():
-                    try:
-                        self._pending.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        logger.warning("%s: skipping a corrupt line in %s", self.name, self.spill_path)
-                        self._settle(1)
-            at_end = not handle.readline()
-        if at_end:
-            self.spill_path.unlink()
-            self._spill_offset = 0
+        self._spill.load(self._pending, self._max_memory, lambda: self._settle(1))
+
+    def _replay_other_runs(self) -> None:
+        """Once the run is open: send records of other runs to their run, or hold them."""
+        current = self._run_id()
+
+        def is_own(record: dict[str, Any]) -> bool:
+            session = record.get("session")  # None: written before run ids were recorded
+            return current is None or session is None or session == self._session or (
+                record.get("run_id") == current)
+
+        held: list[dict[str, Any]] = []
+        for run_id, records in self._spill.partition(is_own).items():
+            if self._send_other is not None:
+                try:
+                    self._send_other(run_id, records)
+                    self.sent += len(records)
+                    self._settle(len(records))
+                    continue
+                except Exception as error:  # keep them for a later run
+                    logger.warning("%s: could not replay %d record(s) of run %s (%s: %s); kept in %s.",
+                                   self.name, len(records), run_id, type(error).__name__,
+                                   str(error)[:300], self._spill.held_path)
+            held.extend(records)
+            self._settle(len(records))
+        self._spill.hold(held)
+        if held and self._send_other is None:
+            runs = sorted({str(record.get("run_id")) for record in held})
+            logger.warning(
+                "%s: %d record(s) in the spill file belong to other run(s) (%s), and this backend can only "
+                "write to the open run %s; they are kept in %s and replayed when their run is resumed "
+                "(delete the file to discard them).",
+                self.name, len(held), ", ".join(runs), current, self._spill.held_path,
+            )
 
     def _shutdown(self) -> None:
         unsent = list(self._pending)
@@ -308,24 +340,13 @@ class BackgroundWorker:
                     unsent.append(item)
         except queue.Empty:
             pass
-        if unsent or (self.spill_path.exists() and self._spill_offset):
-            rest: list[str] = []
-            if self.spill_path.exists():
-                with open(self.spill_path, encoding="utf-8") as handle:
-                    handle.seek(self._spill_offset)
-                    rest = handle.readlines()
-            tmp = self.spill_path.with_suffix(".tmp")
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as handle:
-                for record in unsent:
-                    handle.write(json.dumps(record, allow_nan=True) + "\n")
-                handle.writelines(rest)
-            os.replace(tmp, self.spill_path)
+        if unsent or self._spill.exists():
+            kept = self._spill.rewrite([self._stamp(record) for record in unsent], self._stamp)
             self._spilled_total += len(unsent)
             logger.warning(
                 "%s: the backend did not come back in time; %d record(s) are kept in %s and will be "
                 "replayed by the next run that uses this output directory.",
-                self.name, len(unsent) + len(rest), self.spill_path,
+                self.name, kept, self.spill_path,
             )
         with self._condition:  # what is left is kept for the next run: nothing to wait for
             self._settled = max(self._settled, self._submitted)

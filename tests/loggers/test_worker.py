@@ -134,3 +134,44 @@ def test_start_is_retried_until_the_backend_answers(tmp_path):
     assert worker.flush(10)
     assert sink.starts == 1 and sink.received == [0]
     worker.close(5)
+
+
+def test_records_of_another_run_are_held_when_the_backend_writes_only_to_its_open_run(tmp_path, caplog):
+    sink = FailingSink(down=True)
+    worker = make_worker(sink, tmp_path, run_id=lambda: "run-a")
+    for i in range(5):
+        worker.submit({"i": i})
+    assert not worker.close(0.2)
+    assert {json.loads(line)["run_id"] for line in (tmp_path / "spill.jsonl").read_text().splitlines()} == {
+        "run-a"}
+
+    sink.down.clear()  # a fresh run (W&B: no send_other) must not receive run-a's records
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        worker = make_worker(sink, tmp_path, run_id=lambda: "run-b")
+        for i in range(10, 13):
+            worker.submit({"i": i})
+        assert worker.flush(10)
+        assert worker.close(5)
+    assert sink.received == [10, 11, 12]
+    assert len([r for r in caplog.records if "belong to other run(s) (run-a)" in r.message]) == 1
+    assert (tmp_path / "spill.held.jsonl").exists() and not (tmp_path / "spill.jsonl").exists()
+
+    worker = make_worker(sink, tmp_path, run_id=lambda: "run-a")  # run-a resumed: replayed there
+    assert worker.flush(10)
+    assert worker.close(5)
+    assert sink.received == [10, 11, 12, 0, 1, 2, 3, 4]
+    assert not (tmp_path / "spill.held.jsonl").exists()
+
+
+def test_send_other_receives_each_runs_records(tmp_path):
+    sink = FailingSink(down=True)
+    worker = make_worker(sink, tmp_path, run_id=lambda: "run-a")
+    worker.submit({"i": 0})
+    assert not worker.close(0.2)
+    sink.down.clear()
+    other: list = []
+    worker = make_worker(sink, tmp_path, run_id=lambda: "run-b",
+                         send_other=lambda run_id, records: other.append((run_id, [r["i"] for r in records])))
+    worker.submit({"i": 1})
+    assert worker.flush(10) and worker.close(5)
+    assert other == [("run-a", [0])] and sink.received == [1]
