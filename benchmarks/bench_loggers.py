@@ -5,9 +5,9 @@ measured in one run:
 
 * ``MLflowLogger`` vs ``transformers.integrations.MLflowCallback`` on a sqlite store;
 * the same against a real ``mlflow server`` on 127.0.0.1 (started by this script);
-* W&B rows: :func:`bench_wandb` (offline mode), filled in by the W&B logger.
+* ``WandbLogger`` vs ``transformers.integrations.WandbCallback`` on a W&B offline run.
 
-Run: ``.venv/bin/python benchmarks/bench_loggers.py [--calls 300] [--no-server]``.
+Run: ``.venv/bin/python benchmarks/bench_loggers.py [--calls 300] [--no-server] [--no-wandb] [--no-mlflow]``.
 Not a test: it prints a table (median and p95 per call, ratio transformers / ours).
 """
 
@@ -97,13 +97,42 @@ def bench_mlflow(store_uri: str, label: str, logs: list[dict[str, Any]]) -> list
     return rows
 
 
-def bench_wandb(logs: list[dict[str, Any]]) -> list[Row]:
-    """WandbLogger vs transformers' WandbCallback in offline mode.
+def bench_wandb(logs: list[dict[str, Any]], root: Path) -> list[Row]:
+    """WandbLogger vs transformers' WandbCallback, both writing a W&B offline run under ``root``.
 
-    Placeholder for the W&B logger: return rows ``("wandb offline", "<implementation>", timings)``
-    built with :func:`time_on_log`, like :func:`bench_mlflow`.
+    The run is opened before the timed calls and closed after; ``WandbLogger``'s background
+    delivery time after the last call is printed separately (it does not block training).
     """
-    return []
+    os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(root))
+    import wandb
+    from transformers.integrations import WandbCallback
+
+    from hf_callbacks_plus.loggers.wandb import WandbLogger
+
+    settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_machine_info=True,
+                              x_save_requirements=False, disable_git=True)
+    stock = WandbCallback()
+    wandb.setup(settings=settings)
+    rows = [("wandb offline", "transformers WandbCallback", time_on_log(
+        stock, logs,
+        begin=lambda a, s, c: stock.on_train_begin(a, s, c, model=None),
+        end=lambda a, s, c: wandb.finish(),
+    ))]
+    ours = WandbLogger(project="bench", settings=settings)
+    drain: list[float] = []
+
+    def end(args: Any, state: Any, control: Any) -> None:
+        start = time.perf_counter()
+        delivered = ours.flush(300)
+        drain.append(time.perf_counter() - start)
+        ours.on_train_end(args, state, control)
+        print(f"WandbLogger background delivery after the last call: {drain[0]:.3f} s "
+              f"({'complete' if delivered else 'NOT complete'})")
+
+    rows.append(("wandb offline", "hf_callbacks_plus WandbLogger", time_on_log(
+        ours, logs, begin=lambda a, s, c: (ours.on_train_begin(a, s, c), ours.flush(120)), end=end,
+    )))
+    return rows
 
 
 class Server:
@@ -156,17 +185,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="on_log calls per row (default 300)")
     parser.add_argument("--no-server", action="store_true", help="skip the mlflow server rows")
+    parser.add_argument("--no-wandb", action="store_true", help="skip the W&B offline rows")
+    parser.add_argument("--no-mlflow", action="store_true", help="skip the MLflow rows (sqlite and server)")
     options = parser.parse_args()
     logs = make_logs(options.calls)
     root = Path(tempfile.mkdtemp(prefix="bench_loggers_"))
-    rows = bench_mlflow(f"sqlite:///{root / 'store.db'}", "mlflow sqlite", logs)
-    if not options.no_server:
+    rows: list[Row] = []
+    if not options.no_mlflow:
+        rows += bench_mlflow(f"sqlite:///{root / 'store.db'}", "mlflow sqlite", logs)
+    if not options.no_mlflow and not options.no_server:
         server = Server(root)
         try:
             rows += bench_mlflow(server.uri, "mlflow server", logs)
         finally:
             server.stop()
-    rows += bench_wandb(logs)
+    if not options.no_wandb:
+        rows += bench_wandb(logs, root)
     print(f"time on the training thread per on_log call ({options.calls} calls per row); "
           "ratio = transformers median / ours")
     summarize(rows)
