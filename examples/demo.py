@@ -191,7 +191,8 @@ def summarize(trainer: Any, callbacks: dict[str, Any], output_dir: Path, seconds
             lines.append(f"  {label:>10} step {record['step']:>4}: train {train:.3f}  "
                          f"eval {record['eval_accuracy']:.3f}  gap {gap:+.3f}")
     for tracker, grouped in tracker_sections(callbacks).items():
-        parts = ", ".join(f"{section}/ [{', '.join(names)}]" for section, names in grouped.items())
+        parts = "; ".join(f"{section + '/' if section != '(summary)' else 'run summary:'} {', '.join(names)}"
+                          for section, names in grouped.items())
         lines.append(f"{tracker} metrics by section: {parts}")
     lines.append("Files:")
     lines.append(f"  checkpoints, trainer_state.json: {output_dir}")
