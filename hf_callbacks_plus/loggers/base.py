@@ -30,6 +30,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -278,16 +279,19 @@ class TrackerLogger(SelfRestoringState):
             self._queue_config(args, model)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
-        """Render and normalize ``logs`` and queue them; returns immediately."""
+        """Copy ``logs`` and queue them; the worker renders and sends them. Returns at once."""
         if not logs or not is_main_process(state):
             return
         if self._worker is None:  # e.g. trainer.evaluate() after training: reopen the run
             self._output_dir = self._output_dir or getattr(args, "output_dir", None)
             self._open()
-        record = make_log_record(logs, state.global_step, self.grammar, self.nonfinite, self._warn,
-                                 type(self).__name__)
-        if record is not None:
-            self._worker.submit(record)
+        self._worker.submit_raw((dict(logs), state.global_step, int(time.time() * 1000)))
+
+    def _prepare_log(self, payload: tuple[dict[str, Any], int, int]) -> Optional[dict[str, Any]]:
+        """Worker thread: turn ``on_log`` data into a record (see :func:`make_log_record`)."""
+        logs, step, timestamp_ms = payload
+        return make_log_record(logs, step, self.grammar, self.nonfinite, self._warn, type(self).__name__,
+                               timestamp_ms)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
         """Learn evaluation prefixes / dataset names from the metrics."""
@@ -316,6 +320,7 @@ class TrackerLogger(SelfRestoringState):
                 backoff_initial=self.backoff[0], backoff_max=self.backoff[1],
                 run_id=lambda: self.run_id,
                 send_other=self._send_to_run if self.can_write_other_runs else None,
+                prepare=self._prepare_log,
             )
             LIVE.add(self)
 

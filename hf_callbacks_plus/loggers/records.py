@@ -1,12 +1,12 @@
 """The records a tracker logger queues, and how a batch of them is planned for a backend.
 
-Training thread: :func:`make_log_record` renders one ``logs`` dict with the key grammar and
-normalizes its values into a ``{"kind": "log", ...}`` record (curves vs. summary).
-
-Worker thread: :func:`plan_batch` turns a batch of queued records (``log``, ``params``,
-``tags``) into backend calls, in order: consecutive log records are grouped, names are
-sanitized, and every metric point at a step the run already holds is skipped (resumed run,
-re-evaluation at one step), so nothing is logged twice.
+Worker thread: :func:`make_log_record` renders one ``logs`` dict (copied on the training
+thread by ``on_log``) with the key grammar and normalizes its values into a
+``{"kind": "log", ...}`` record (curves vs. summary); :func:`plan_batch` turns a batch of
+queued records (``log``, ``params``, ``tags``) into backend calls, in order: consecutive
+log records are grouped, names are sanitized, and every metric point at a step the run
+already holds is skipped (resumed run, re-evaluation at one step), so nothing is logged
+twice.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["make_log_record", "plan_batch"]
 
 
 def make_log_record(logs: dict[str, Any], step: int, grammar: KeyGrammar, nonfinite: str, warn: WarnOnce,
-                    owner: str) -> Optional[dict[str, Any]]:
+                    owner: str, timestamp_ms: Optional[int] = None) -> Optional[dict[str, Any]]:
     """Render and normalize one ``on_log`` dict; None when nothing is left to log.
 
     Args:
@@ -33,6 +33,7 @@ def make_log_record(logs: dict[str, Any], step: int, grammar: KeyGrammar, nonfin
         nonfinite: ``"keep"`` or ``"drop"`` NaN/Inf values (one warning per key).
         warn: Warns once per key about dropped values.
         owner: The logger's class name, shown in warnings.
+        timestamp_ms: When the values were logged. Defaults to now.
 
     Returns:
         ``{"kind": "log", "step", "timestamp" (ms), "metrics", "summary"}`` or None.
@@ -57,7 +58,9 @@ def make_log_record(logs: dict[str, Any], step: int, grammar: KeyGrammar, nonfin
                      "it is not logged.", owner, name, type(value).__name__)
     if not metrics and not texts:
         return None
-    return {"kind": "log", "step": int(step), "timestamp": int(time.time() * 1000), "metrics": metrics,
+    if timestamp_ms is None:
+        timestamp_ms = int(time.time() * 1000)
+    return {"kind": "log", "step": int(step), "timestamp": timestamp_ms, "metrics": metrics,
             "summary": texts}
 
 

@@ -69,6 +69,7 @@ class BackgroundWorker:
         backoff_max: float = 30.0,
         run_id: Callable[[], Optional[str]] = lambda: None,
         send_other: Optional[Callable[[Optional[str], list[dict[str, Any]]], None]] = None,
+        prepare: Optional[Callable[[tuple[Any, ...]], Optional[dict[str, Any]]]] = None,
     ) -> None:
         if max_memory_records < 1:
             raise ValueError(f"max_memory_records must be >= 1, got {max_memory_records!r}")
@@ -85,6 +86,7 @@ class BackgroundWorker:
         self._spill = SpillFile(self.spill_path, name)
         self._run_id = run_id
         self._send_other = send_other
+        self._prepare = prepare
         self._session = uuid.uuid4().hex
         self._max_memory = max_memory_records
         self._batch_size = batch_size
@@ -119,6 +121,15 @@ class BackgroundWorker:
         """Queue one record; never blocks and never raises."""
         self._submitted += 1
         self._queue.put(record)
+
+    def submit_raw(self, payload: tuple[Any, ...]) -> None:
+        """Queue raw data that the worker turns into a record with ``prepare``.
+
+        Keeps rendering and normalization off the training thread: the caller only copies
+        what it hands over. Never blocks and never raises.
+        """
+        self._submitted += 1
+        self._queue.put(payload)
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until every record submitted so far is sent (or dropped).
@@ -269,7 +280,11 @@ class BackgroundWorker:
         except queue.Empty:
             return False
         while True:
-            if item is _STOP:
+            if type(item) is tuple:  # raw data from submit_raw(): build the record here
+                item = self._prepare_raw(item)
+            if item is None:
+                pass
+            elif item is _STOP:
                 stop = True
             elif self._file_unread() or len(self._pending) >= self._max_memory:
                 self._append_to_file([item])
@@ -279,6 +294,18 @@ class BackgroundWorker:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return stop
+
+    def _prepare_raw(self, payload: tuple[Any, ...]) -> Optional[dict[str, Any]]:
+        """Build a record from ``submit_raw`` data; None (and settled) when nothing is left."""
+        record = None
+        if self._prepare is not None:
+            try:
+                record = self._prepare(payload)
+            except Exception:  # a bad value must never kill the worker
+                logger.exception("%s: could not prepare a log record; it is dropped.", self.name)
+        if record is None:
+            self._settle(1)
+        return record
 
     # -- spill file --------------------------------------------------------------------
     def _file_unread(self) -> bool:

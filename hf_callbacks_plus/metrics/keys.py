@@ -32,6 +32,7 @@ training loss and the loss measured on the train subset never share a name.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -125,6 +126,11 @@ class KeyGrammar:
         self._datasets: list[str] = []
         self._sections: list[str] = list(BUILTIN_SECTIONS)
         self._cache: dict[tuple[str, bool], MetricKey] = {}
+        # Loggers render on a worker thread while the trainer declares prefixes on its own:
+        # declarations replace the lists (never sort in place) and bump the generation under
+        # this lock, and a parse result is cached only if no declaration happened meanwhile.
+        self._lock = threading.Lock()
+        self._generation = 0
         self._warned_collisions: set[tuple[str, str]] = set()
         for name in eval_datasets:
             self.declare_dataset(name)
@@ -165,10 +171,10 @@ class KeyGrammar:
         """Register an eval dataset name (keys ``eval_<name>_<metric>``)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"declare_dataset: name must be a non-empty string, got {name!r}")
-        if name not in self._datasets:
-            self._datasets.append(name)
-            self._datasets.sort(key=len, reverse=True)  # longest match first
-            self._cache.clear()
+        with self._lock:
+            if name not in self._datasets:
+                self._datasets = sorted([*self._datasets, name], key=len, reverse=True)  # longest first
+                self._reset_cache()
 
     def declare_prefix(self, prefix: str) -> None:
         """Register a custom section prefix (keys ``<prefix>_<metric>``)."""
@@ -180,9 +186,15 @@ class KeyGrammar:
             self.declare_dataset(prefix[len("eval_"):])
             return
         if prefix not in self._sections:
-            self._sections.append(prefix)
-            self._sections.sort(key=len, reverse=True)
-            self._cache.clear()
+            with self._lock:
+                if prefix not in self._sections:
+                    self._sections = sorted([*self._sections, prefix], key=len, reverse=True)
+                    self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        """Drop cached parses (caller holds the lock)."""
+        self._generation += 1
+        self._cache = {}
 
     def learn_from_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Learn the prefix of an evaluation from its metrics (``<prefix>_runtime``...)."""
@@ -207,9 +219,11 @@ class KeyGrammar:
         key = key if isinstance(key, str) else str(key)
         cached = self._cache.get((key, summary))
         if cached is None:
+            generation = self._generation
             cached = self._parse(key, summary)
-            if len(self._cache) < 100_000:
-                self._cache[(key, summary)] = cached
+            with self._lock:
+                if generation == self._generation and len(self._cache) < 100_000:
+                    self._cache[(key, summary)] = cached
         return cached
 
     def _parse(self, key: str, summary: bool) -> MetricKey:
