@@ -115,16 +115,7 @@ class EvaluationMixin:
             for name, dataset in data.items():
                 metrics.update(self.evaluate(dataset, metric_key_prefix=f"{metric_key_prefix}_{name}"))
             return metrics
-        start_time = time.time()
-        metrics, num_samples, _ = self._evaluation_loop(data, metric_key_prefix, "evaluate")
-        metrics.update(
-            speed_metrics(
-                metric_key_prefix,
-                start_time,
-                num_samples=num_samples,
-                num_steps=math.ceil(num_samples / self.args.eval_batch_size),
-            )
-        )
+        metrics, _ = self._timed_evaluation_loop(data, metric_key_prefix, "evaluate")
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -139,18 +130,17 @@ class EvaluationMixin:
         Returns:
             ``PredictionOutput(predictions=[eval_step outputs], label_ids=None, metrics=...)``.
         """
-        start_time = time.time()
-        metrics, num_samples, outputs = self._evaluation_loop(test_data, metric_key_prefix, "predict")
-        metrics.update(
-            speed_metrics(
-                metric_key_prefix,
-                start_time,
-                num_samples=num_samples,
-                num_steps=math.ceil(num_samples / self.args.eval_batch_size),
-            )
-        )
+        metrics, outputs = self._timed_evaluation_loop(test_data, metric_key_prefix, "predict")
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics)
         return PredictionOutput(predictions=outputs, label_ids=None, metrics=metrics)
+
+    def _timed_evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], list]:
+        """:meth:`_evaluation_loop` plus ``<prefix>_runtime`` / samples / steps per second."""
+        start_time = time.time()
+        metrics, num_samples, outputs = self._evaluation_loop(data, prefix, caller)
+        num_steps = math.ceil(num_samples / self.args.eval_batch_size)
+        metrics.update(speed_metrics(prefix, start_time, num_samples=num_samples, num_steps=num_steps))
+        return metrics, outputs
 
     def _evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], int, list]:
         if self.eval_fn is not None and (data is None or self.eval_step is None):
