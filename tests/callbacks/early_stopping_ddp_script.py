@@ -2,8 +2,8 @@
 
 The scripted metric differs between ranks on purpose (rank 1 sees no improvement after the
 first evaluation), as if metrics were not perfectly synchronized: with ``sync_decision`` every
-rank must still follow rank 0 and stop at the same step, without a hang. Each rank prints one
-JSON line with its outcome.
+rank must still follow rank 0 and stop at the same step, without a hang. Each rank writes its
+outcome to ``<output_dir>/outcome-rank<N>.json`` (printing would interleave the ranks' lines).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     trainer.train()
     outcome = {"rank": rank, "global_step": trainer.state.global_step, "stopped_step": stopper.stopped_step,
                "best_step": stopper.best_step, "best_value": stopper.best_value}
-    print(json.dumps(outcome), flush=True)
+    Path(sys.argv[1], f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
 
 
 if __name__ == "__main__":
