@@ -195,6 +195,9 @@ class TrainSubsetEvaluation(TrainerCallback):
         subset = self.subset()
         control = getattr(trainer, "control", None)
         saved = dict(vars(control)) if control is not None and hasattr(control, "__dict__") else None
+        handler = getattr(trainer, "callback_handler", None)
+        saved_eval_dataloader = getattr(handler, "eval_dataloader", None)
+        _close_prediction_bars(handler)  # the subset gets its own progress bar, sized to it
         self._running = True
         try:
             if hasattr(trainer, "evaluation_loop"):
@@ -209,6 +212,8 @@ class TrainSubsetEvaluation(TrainerCallback):
             self._running = False
             if saved is not None and getattr(trainer, "control", None) is not None:
                 vars(trainer.control).update(saved)  # on_prediction_step must not change the flags
+            if handler is not None and hasattr(handler, "eval_dataloader"):
+                handler.eval_dataloader = saved_eval_dataloader
         return {key: value for key, value in metrics.items() if not _is_speed_metric(key, self.prefix)}
 
     def _trigger_prefix(self) -> str:
@@ -271,6 +276,15 @@ class TrainSubsetEvaluation(TrainerCallback):
         metrics = self.compute()
         trainer.log(metrics)
         return None
+
+
+def _close_prediction_bars(handler: Any) -> None:
+    """Close the evaluation progress bar of ``ProgressCallback`` (transformers' or ours)."""
+    for callback in getattr(handler, "callbacks", ()):
+        bar = getattr(callback, "prediction_bar", None)
+        if bar is not None and hasattr(bar, "close"):
+            bar.close()
+            callback.prediction_bar = None
 
 
 def _is_number(value: Any) -> bool:

@@ -212,3 +212,37 @@ def test_stratified_allocation_keeps_proportions():
 def test_argument_validation(kwargs, error, match):
     with pytest.raises(error, match=match):
         TrainSubsetEvaluation(**kwargs)
+
+
+@pytest.mark.transformers
+def test_subset_gets_its_own_progress_bar_and_eval_dataloader_is_restored(tmp_path):
+    from transformers import ProgressCallback
+
+    class BarRecorder(ProgressCallback):
+        """transformers' ProgressCallback that remembers every evaluation bar it opened."""
+
+        def __init__(self):
+            super().__init__()
+            self.bars = []
+
+        def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+            super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
+            if not self.bars or self.bars[-1] is not self.prediction_bar:
+                self.bars.append(self.prediction_bar)
+
+    class DataloaderRecorder(TrainerCallback):
+        def __init__(self):
+            self.sizes = []
+
+        def on_evaluate(self, args, state, control, eval_dataloader=None, **kwargs):
+            self.sizes.append(len(eval_dataloader.dataset))
+
+    bars, loaders = BarRecorder(), DataloaderRecorder()
+    # eval set: 16 samples = 2 batches of 8; train subset: 24 samples = 3 batches
+    trainer = make_trainer(tmp_path, callbacks=[TrainSubsetEvaluation(size=24, seed=0), loaders],
+                           trainer_class=TrainerPlus, disable_tqdm=False, **EVAL_EVERY)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(bars)
+    trainer.train()
+    assert [(bar.total, bar.n) for bar in bars.bars] == [(2, 2), (3, 3)] * 2
+    assert loaders.sizes == [16, 16]  # on_evaluate still sees the eval dataloader, not the subset's
