@@ -63,6 +63,11 @@ class Decision:
         )
 
 
+def _shown(value: Any) -> str:
+    """A value as a person reads it: floats with 6 significant digits, the rest as repr."""
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
 def stop_message(reason: StopReason, name: Optional[str], value: float, step: int, *,
                  best_value: Optional[float], best_step: Optional[int], wait: int,
                  options: dict[str, Any]) -> str:
@@ -81,18 +86,18 @@ def stop_message(reason: StopReason, name: Optional[str], value: float, step: in
     Returns:
         One sentence starting with "EarlyStopping stopped training at step ...".
     """
-    best = f"{best_value!r} at step {best_step}"
+    best = f"{_shown(best_value)} at step {best_step}"
     patience = options["patience"]
     texts = {
-        StopReason.PATIENCE: f"{name}={value!r} did not improve on the best {best} by more than "
+        StopReason.PATIENCE: f"{name}={_shown(value)} did not improve on the best {best} by more than "
                              f"{options['min_delta']} ({options['min_delta_mode']}) for {wait} "
                              f"evaluation(s) (patience={patience})",
         StopReason.BASELINE_NOT_REACHED: f"{name} did not beat baseline={options['baseline']!r} within "
                                          f"{wait} evaluation(s) (patience={patience})",
-        StopReason.STOPPING_THRESHOLD: f"{name}={value!r} reached stopping_threshold="
+        StopReason.STOPPING_THRESHOLD: f"{name}={_shown(value)} reached stopping_threshold="
                                        f"{options['stopping_threshold']!r}",
-        StopReason.DIVERGENCE_THRESHOLD: f"{name}={value!r} is worse than divergence_threshold="
+        StopReason.DIVERGENCE_THRESHOLD: f"{name}={_shown(value)} is worse than divergence_threshold="
                                          f"{options['divergence_threshold']!r}",
-        StopReason.NON_FINITE: f"{name} is {value!r} (check_finite=True)",
+        StopReason.NON_FINITE: f"{name} is {_shown(value)} (check_finite=True)",
     }
     return f"EarlyStopping stopped training at step {step}: {texts[reason]}. Best: {best}."
