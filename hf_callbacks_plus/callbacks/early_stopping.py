@@ -67,8 +67,8 @@ class EarlyStopping(SelfRestoringState):
             ``state_dict``, kept until a checkpoint safe from rotation holds the same
             weights). Defaults to False.
         reset_on_resume: When resuming from a checkpoint written after this callback
-            stopped training, forget the stop and the patience counter (keep the best) and
-            train on. Defaults to False: the resumed run stops again at once.
+            stopped training, forget the stop and the counter (keep the best) and train on.
+            Defaults to False: stop again (no step in TrainerPlus/LightweightTrainer, one in a Trainer).
         sync_decision: Under ``torch.distributed``, broadcast rank 0's decision so every
             rank stops at the same step. Defaults to True.
         report: Add ``early_stopping/...`` keys (best value, best step, wait, stopped step,
@@ -298,18 +298,41 @@ class EarlyStopping(SelfRestoringState):
                 self._fail(RuntimeError, problem)
 
     # -- events --------------------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Resolve the monitor from ``args``, validate, restore the state when resuming."""
-        self.reset()
-        monitor, mode = self.monitor, self.mode
-        if monitor is None:
-            monitor, mode = monitor_from_args(args, mode)
+    def _resolve_monitor(self, args: Any) -> str:
+        """Build the monitor (from ``args.metric_for_best_model`` when ``monitor=None``); its name."""
+        if self.monitor is None:
+            monitor, mode = monitor_from_args(args, self.mode)
             self._monitor = self._build_monitor(monitor, mode)
             check_thresholds(self._monitor.mode, self.baseline, self.stopping_threshold,
                              self.divergence_threshold)
         if self._monitor is None:
             raise RuntimeError("EarlyStopping: monitor could not be resolved.")
-        name = self._monitor.monitor
+        return self._monitor.monitor
+
+    def on_resume_check(self, args: Any, state: Any, control: Any, reasons: Any = None,
+                        **kwargs: Any) -> None:
+        """(TrainerPlus / LightweightTrainer) before a resumed run trains: veto it if it already stopped.
+
+        ``state`` is the checkpoint's. Unless ``reset_on_resume``, a saved stop sets
+        ``control.should_training_stop`` (the trainer then runs no step at all), restores the
+        saved state into this instance and appends the reason to ``reasons``.
+        """
+        self._resolve_monitor(args)
+        saved = self.find_saved_state(state)
+        if not saved or not saved.get("stopped") or self.reset_on_resume:
+            return
+        self.reset()
+        self.restore_from_trainer_state(state)
+        control.should_training_stop = True
+        if isinstance(reasons, list):
+            said = self.message or (f"{self.state_key} stopped at step {self.stopped_step} "
+                                    f"({self.reason.value}).")
+            reasons.append(f"{said} Pass EarlyStopping(..., reset_on_resume=True) to continue training.")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Resolve the monitor from ``args``, validate, restore the state when resuming."""
+        self.reset()
+        name = self._resolve_monitor(args)
         problem = check_against_args(name, expected_prefix(name, self.grammar), args)
         if problem is not None:
             if self.strict:
@@ -323,7 +346,7 @@ class EarlyStopping(SelfRestoringState):
                             self.reason.value)
                 self.stopped, self.stopped_step, self.wait = False, None, 0
                 self.reason, self.message = StopReason.NOT_STOPPED, ""
-            else:
+            else:  # a stock Trainer (no on_resume_check) still runs one step before it stops
                 logger.warning(
                     "EarlyStopping[%s]: this run already stopped early at step %s (%s); stopping again at "
                     "once. Pass EarlyStopping(..., reset_on_resume=True) to continue training.",

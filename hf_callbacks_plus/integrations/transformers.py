@@ -10,6 +10,8 @@ trl's trainers, your own): put it first in the bases. It
   the report_to integrations (nested metric dicts are flattened first);
 * fires ``on_training_loss`` with the raw per-micro-batch loss (only when a callback
   listens) and ``on_exception`` when ``train()`` raises (then re-raises);
+* fires ``on_resume_check`` before resuming (only when a callback listens): a callback can
+  veto the run, which then ends at the checkpoint's step without any training step;
 * records custom ``metric_key_prefix`` values and eval dataset names in
   ``trainer.key_grammar``;
 * overrides ``_maybe_log_save_evaluate``, ``log`` and ``training_step`` with
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from .._compat import require
 from ..loop.callback import CallbackHandler
+from ..loop.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import KeyGrammar, flatten_metrics, grammar_for
 from .ordering import bind_trainer, is_integration_callback, run_before_integrations
 
@@ -207,12 +211,49 @@ class TrainerPlusMixin:
         return loss
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """``Trainer.train``; on an exception, fire ``on_exception`` then re-raise it."""
+        """``Trainer.train``; on an exception, fire ``on_exception`` then re-raise it.
+
+        When resuming, ``on_resume_check`` fires first (see
+        ``hf_callbacks_plus.loop.resume_check``); if a callback vetoes the run, the
+        checkpoint's weights and state are loaded, no training event fires and the
+        ``TrainOutput`` metrics hold ``train_skipped=1.0``.
+        """
         try:
+            skipped = self._resume_check(args[0] if args else kwargs.get("resume_from_checkpoint"))
+            if skipped is not None:
+                return skipped
             return super().train(*args, **kwargs)
         except (Exception, KeyboardInterrupt) as error:
             self.callback_handler.on_exception(self.args, self.state, self.control, exception=error)
             raise
+
+    def _resume_check(self, resume_from_checkpoint: Any) -> Any:
+        """The vetoed run's ``TrainOutput``, or None to train (also when nothing listens)."""
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return None
+        if not self.callback_handler.has_handlers(RESUME_CHECK_EVENT):
+            return None
+        from transformers.trainer_utils import TrainOutput, get_last_checkpoint
+        from transformers.utils import is_sagemaker_mp_enabled
+
+        if resume_from_checkpoint is True:  # same resolution as Trainer.train (which raises if None)
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                return None
+        checkpoint = os.fspath(resume_from_checkpoint)
+        state = run_resume_check(
+            self.callback_handler, self.args, checkpoint, trainer_name=type(self).__name__,
+            state_class=transformers.TrainerState, control_class=transformers.TrainerControl,
+        )
+        if state is None:
+            return None
+        # Trainer.train loads the weights here too; DeepSpeed/FSDP/SageMaker-MP load them only
+        # once the model is prepared for training, which a vetoed run never is.
+        if not (is_sagemaker_mp_enabled() or getattr(self, "is_deepspeed_enabled", False)
+                or getattr(self, "is_fsdp_enabled", False)):
+            self._load_from_checkpoint(checkpoint)
+        self.state = state
+        return TrainOutput(state.global_step, 0.0, skipped_metrics(state))
 
 
 _SIGNATURES: dict[tuple[type, str], inspect.Signature] = {}

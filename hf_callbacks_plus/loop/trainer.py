@@ -25,6 +25,7 @@ from .evaluation import EvaluationMixin
 from .flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from .logs import LoggingMixin
 from .plan import TrainOutput, plan_training
+from .resume_check import run_resume_check, skipped_metrics
 from .state import TrainerControl, TrainerState
 from .steps import StepsMixin
 
@@ -167,6 +168,10 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
             resume_from_checkpoint: A ``checkpoint-N`` folder, True for the newest one in
                 ``args.output_dir``, or None. Defaults to None.
 
+        Before resuming, the custom event ``on_resume_check`` lets a callback veto the run
+        (see ``hf_callbacks_plus.loop.resume_check``): then no training event fires,
+        ``self.state`` is the checkpoint's and the metrics hold ``train_skipped=1.0``.
+
         Returns:
             ``TrainOutput(global_step, training_loss, metrics)``.
 
@@ -182,6 +187,11 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
             checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
             if checkpoint is not None:
                 self._load_model(checkpoint)
+            vetoed = run_resume_check(self.callback_handler, self.args, checkpoint,
+                                      trainer_name=type(self).__name__)
+            if vetoed is not None:  # a callback's on_resume_check: do not train at all
+                self.state = vetoed
+                return TrainOutput(vetoed.global_step, 0.0, skipped_metrics(vetoed))
             return self._inner_training_loop(checkpoint)
         except BaseException as error:
             self.callback_handler.on_exception(self.args, self.state, self.control, exception=error)
