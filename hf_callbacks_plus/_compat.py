@@ -21,6 +21,7 @@ __all__ = [
     "ExportableStateBase",
     "TrainerCallbackBase",
     "is_available",
+    "trainer_saves_callback_states_per_checkpoint",
     "require",
     "transformers_callback_module",
     "transformers_version",
@@ -119,6 +120,19 @@ def transformers_version() -> Optional[tuple[int, ...]]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def trainer_saves_callback_states_per_checkpoint(args: Any) -> bool:
+    """Whether the trainer owning ``args`` writes callback states into every checkpoint.
+
+    transformers < 4.45 computes ``state.stateful_callbacks`` once at train begin, so every
+    ``checkpoint-N/trainer_state.json`` holds the callbacks' states of the start of the run.
+    Our own loop and transformers >= 4.45 save the current states at each checkpoint.
+    """
+    if not type(args).__module__.startswith("transformers"):
+        return True
+    version = transformers_version()
+    return version is None or version >= (4, 45)
 
 
 # Our base classes derive from transformers' own when it is importable, so a stock

@@ -370,6 +370,7 @@ class EarlyStopping(SelfRestoringState):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Remember the checkpoint of the best step; drop the memory copy once it is safe."""
+        super().on_save(args, state, control, **kwargs)
         if self.best_step is None or state.global_step != self.best_step:
             return
         path = BestWeights.checkpoint_for(self.best_step, args, state, None)

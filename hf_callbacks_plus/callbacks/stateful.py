@@ -12,9 +12,12 @@ it in place.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from typing import Any, Optional
 
+from .._compat import trainer_saves_callback_states_per_checkpoint
 from ..loop.callback import TrainerCallback
 from ..loop.state import ExportableState
 
@@ -110,6 +113,51 @@ class SelfRestoringState(TrainerCallback, ExportableState):
         logger.info(
             "%s restored its state from the checkpoint (key %r).", type(self).__name__, self.state_key
         )
+        return True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """On transformers < 4.45, write this instance's current state into the new checkpoint.
+
+        Those releases save callback states only at train begin; subclasses that override
+        ``on_save`` must call ``super().on_save(...)``.
+        """
+        if trainer_saves_callback_states_per_checkpoint(args):
+            return
+        if not getattr(state, "is_world_process_zero", True):
+            return
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self.write_state_into_checkpoint(folder)
+
+    def write_state_into_checkpoint(self, folder: str) -> bool:
+        """Replace this instance's entry in ``<folder>/trainer_state.json`` by its current state.
+
+        Returns:
+            False when the folder has no ``trainer_state.json`` (e.g. a custom run directory).
+        """
+        path = os.path.join(folder, "trainer_state.json")
+        if not os.path.isfile(path):
+            logger.debug("%s: no %s to write its state into.", type(self).__name__, path)
+            return False
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        saved = data.get("stateful_callbacks") or {}
+        name, current = type(self).__name__, self.state()
+        entries = saved.get(name)
+        if isinstance(entries, list):
+            keys = [entry.get("attributes", {}).get(self.STATE_KEY_FIELD) for entry in entries]
+            if self.state_key in keys:
+                entries[len(keys) - 1 - keys[::-1].index(self.state_key)] = current
+            else:
+                entries.append(current)
+        elif isinstance(entries, dict) and entries.get("attributes", {}).get(self.STATE_KEY_FIELD) not in (
+            None, self.state_key
+        ):
+            saved[name] = [entries, current]
+        else:
+            saved[name] = current
+        data["stateful_callbacks"] = saved
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
         return True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -182,6 +182,7 @@ class WandbLogger(TrackerLogger):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """With ``log_model="checkpoint"``, queue the checkpoint folder as a model artifact."""
+        super().on_save(args, state, control, **kwargs)
         if self.disabled or self.log_model != "checkpoint" or self._worker is None:
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"

@@ -12,7 +12,6 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 from transformers.trainer_utils import TrainOutput  # noqa: E402
 
-from hf_callbacks_plus._compat import transformers_version  # noqa: E402
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
 from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
@@ -84,11 +83,9 @@ def test_early_stopping_vetoes_the_resume_of_a_stopped_run(tmp_path):
     trainer, stopper = build(tmp_path)
     trainer.train()
     assert stopper.stopped_step == 4 == trainer.state.global_step
-    if transformers_version() < (4, 46):
-        # 4.41 writes callback states into trainer_state.json only at train begin, not at each
-        # save: the checkpoint does not know the run stopped, so there is nothing to veto.
-        assert saved_state(tmp_path / "checkpoint-4", stopper.state_key)["stopped"] is False
-        return
+    # transformers < 4.45 writes callback states only at train begin; SelfRestoringState.on_save
+    # writes the current one into each checkpoint, so every supported version knows it stopped.
+    assert saved_state(tmp_path / "checkpoint-4", stopper.state_key)["stopped"] is True
     resumed, again = build(tmp_path)
     output = resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     assert resumed.state.global_step == 4 and output.metrics["train_skipped"] == 1.0 and again.stopped
