@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from types import ModuleType
 from typing import Any, Optional
 
@@ -129,8 +130,9 @@ def trainer_saves_callback_states_per_checkpoint(args: Any) -> bool:
     ``checkpoint-N/trainer_state.json`` holds the callbacks' states of the start of the run.
     Our own loop and transformers >= 4.45 save the current states at each checkpoint.
     """
-    if not type(args).__module__.startswith("transformers"):
-        return True
+    transformers_module = sys.modules.get("transformers")
+    if transformers_module is None or not isinstance(args, transformers_module.TrainingArguments):
+        return True  # our LoopArguments (or no transformers at all)
     version = transformers_version()
     return version is None or version >= (4, 45)
 
