@@ -18,6 +18,7 @@ from .early_stopping_checks import (
     check_against_args,
     check_arguments,
     check_thresholds,
+    check_unique_state_key,
     expected_prefix,
     missing_metric_problem,
     monitor_from_args,
@@ -149,18 +150,18 @@ class EarlyStopping(SelfRestoringState):
     @property
     def resolved_mode(self) -> Optional[str]:
         """``"min"`` or ``"max"`` once known."""
-        return self._monitor.mode if self._monitor is not None else None
+        return None if self._monitor is None else self._monitor.mode
 
     @property
     def state_key(self) -> str:
-        """``EarlyStopping[<monitor>,<mode>]``: separates instances watching other metrics."""
+        """``EarlyStopping[<monitor>,<mode>(,<log_name>)]``: tells instances apart on resume."""
         monitor = self.monitor_name or "metric_for_best_model"
-        return f"EarlyStopping[{monitor},{self.resolved_mode or self.mode}]"
+        suffix = "" if self.log_name is None else f",{self.log_name}"
+        return f"EarlyStopping[{monitor},{self.resolved_mode or self.mode}{suffix}]"
 
     @state_key.setter
     def state_key(self, value: str) -> None:
-        """Ignored: the key derives from monitor and mode. transformers'
-        ``restore_callback_states_from_checkpoint=True`` sets every saved attribute, this one too."""
+        """Ignored (derived); transformers' restore flag sets every saved attribute, this one too."""
 
     def state_args(self) -> dict[str, Any]:
         return dict(self._options)
@@ -185,9 +186,7 @@ class EarlyStopping(SelfRestoringState):
 
     # -- the decision (pure) ---------------------------------------------------------------
     def _in_warmup(self, step: int, epoch: float) -> bool:
-        return (self.start_from_step > 0 and step <= self.start_from_step) or (
-            self.start_from_epoch > 0 and epoch <= self.start_from_epoch
-        )
+        return (0 < self.start_from_step >= step) or (0 < self.start_from_epoch >= epoch)
 
     def decide(self, value: float, step: int, epoch: float) -> Decision:
         """What one observation means, given the current state; changes nothing.
@@ -325,8 +324,7 @@ class EarlyStopping(SelfRestoringState):
         self.restore_from_trainer_state(state)
         control.should_training_stop = True
         if isinstance(reasons, list):
-            said = self.message or (f"{self.state_key} stopped at step {self.stopped_step} "
-                                    f"({self.reason.value}).")
+            said = self.message or f"{self.state_key} stopped at step {self.stopped_step}."
             reasons.append(f"{said} Pass EarlyStopping(..., reset_on_resume=True) to continue training.")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -338,6 +336,7 @@ class EarlyStopping(SelfRestoringState):
             if self.strict:
                 raise ValueError(problem)
             logger.warning("%s (strict=False: continuing.)", problem)
+        check_unique_state_key(state, type(self).__name__, self.state_key)
         super().on_train_begin(args, state, control, **kwargs)
         if self.stopped:
             if self.reset_on_resume:

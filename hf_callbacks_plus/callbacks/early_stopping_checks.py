@@ -9,6 +9,7 @@ from ..metrics.keys import TRAINING_LOOP_KEYS, KeyGrammar
 from ..metrics.monitor import MIN_DELTA_MODES, MODES, Monitor
 
 __all__ = [
+    "check_unique_state_key",
     "check_against_args", "check_arguments", "check_thresholds", "expected_prefix", "missing_metric_problem",
     "monitor_from_args",
 ]
@@ -98,6 +99,30 @@ def check_thresholds(mode: str, baseline: Optional[float], stopping: Optional[fl
         raise ValueError(
             f"EarlyStopping: divergence_threshold={divergence!r} must be {worse} "
             f"stopping_threshold={stopping!r} in mode={mode!r}."
+        )
+
+
+def check_unique_state_key(state: Any, class_name: str, key: str) -> None:
+    """Refuse two instances with one ``state_key`` in a fresh run: their states would mix on resume.
+
+    At train begin of a fresh run (``global_step == 0``) ``state.stateful_callbacks`` holds one
+    entry per stateful callback instance, so a key seen twice means two such instances.
+
+    Raises:
+        ValueError: Two instances share ``key``; the message says how to tell them apart.
+    """
+    if getattr(state, "global_step", 0) != 0:
+        return  # a resumed state holds an entry per checkpoint save, duplicates are normal
+    entries = (getattr(state, "stateful_callbacks", None) or {}).get(class_name)
+    if not isinstance(entries, list):
+        return
+    keys = [entry.get("attributes", {}).get("state_key") for entry in entries if isinstance(entry, dict)]
+    if keys.count(key) > 1:
+        raise ValueError(
+            f"{class_name}: {keys.count(key)} instances share state_key={key!r} (same monitor and mode), so "
+            "their states would mix on resume and their reports would overwrite each other. Give each "
+            "a distinct log_name, e.g. EarlyStopping(..., log_name='patient') and "
+            "EarlyStopping(..., log_name='strict')."
         )
 
 
