@@ -43,7 +43,9 @@ def subset_metrics_directly(trainer, indices):
 @pytest.mark.parametrize("how", ["stock", "plus"])
 @pytest.mark.transformers
 @pytest.mark.compat
-def test_subset_metrics_in_the_eval_record(tmp_path, how, caplog):
+def test_subset_metrics_in_the_eval_record(tmp_path, how, caplog, monkeypatch):
+    # transformers' loggers reach caplog only when they propagate (off unless CI is set)
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
     callback = TrainSubsetEvaluation(size=16, seed=3, gap_metrics=True)
     recorder = EvaluateRecorder()
     early = EarlyStoppingCallback(early_stopping_patience=5)

@@ -74,7 +74,11 @@ def test_custom_callback_example_fails_when_the_callback_is_broken(tmp_path):
 
 def test_lightweight_loop_example(tmp_path):
     out = run_example(tmp_path, "lightweight_loop.py", str(tmp_path)).stdout
-    assert "loss" in out
+    assert out.count("optimizer steps") == 2  # StepTimer: two epochs of 10 steps each
+    assert "'model/w'" in out  # AddWeights edited the record through on_pre_log
+    assert "[StopWhenGoodEnough] eval_mae=" in out and "trained 20 steps" in out
+    w, b = (float(part.split("=")[1]) for part in out.split("model: ")[1].split("(")[0].split())
+    assert abs(w - 2) < 0.2 and abs(b - 3) < 0.2  # the fit converged
 
 
 @pytest.mark.transformers

@@ -75,3 +75,63 @@ def test_revision_moves_on_every_change_of_the_callback_list():
     revisions.append(handler.revision)
     assert revisions == sorted(set(revisions))
     assert handler.has_handlers("on_step_end") and not handler.has_handlers("on_log")
+
+
+class First(TrainerCallback):
+    pass
+
+
+class Second(TrainerCallback):
+    pass
+
+
+def names(handler: CallbackHandler) -> list[str]:
+    return [type(cb).__name__ for cb in handler.callbacks]
+
+
+def test_order_first_before_after_by_class_or_instance():
+    second = Second()
+    handler = CallbackHandler([First, second])
+    handler.add_callback(Plain, first=True)
+    handler.add_callback(KwargsSeen(), before=Second)
+    handler.add_callback(PlainSubclass(), after=second)
+    assert names(handler) == ["Plain", "First", "KwargsSeen", "Second", "PlainSubclass"]
+
+
+def test_order_errors_name_the_argument_and_the_choices():
+    import pytest
+
+    handler = CallbackHandler([First()])
+    with pytest.raises(ValueError, match=r"at most one of first=True, before=\.\.\., after=\.\.\."):
+        handler.add_callback(Second(), first=True, before=First)
+    with pytest.raises(ValueError, match=r"before=.*Second.* is not among the callbacks.*\['First'\]"):
+        handler.add_callback(Plain(), before=Second)
+
+
+def test_duplicate_class_warns_and_pop_remove_by_class_or_instance(caplog):
+    first = First()
+    handler = CallbackHandler([first, Second()])
+    with caplog.at_level("WARNING", logger="hf_callbacks_plus"):
+        handler.add_callback(First)
+    assert "already one" in caplog.text and "First" in caplog.text
+    assert handler.pop_callback(first) is first
+    popped = handler.pop_callback(First)
+    assert isinstance(popped, First) and popped is not first
+    handler.remove_callback(Second)
+    assert handler.callbacks == [] and handler.pop_callback(First) is None
+
+
+def test_custom_events_skip_callbacks_without_the_method():
+    class Custom(TrainerCallback):
+        def __init__(self):
+            self.calls = []
+
+        def on_anything(self, args, state, control, value=None, **kwargs):
+            self.calls.append(value)
+            control.should_log = True
+
+    custom = Custom()
+    handler = CallbackHandler([First(), custom, Second()])
+    control = handler.call_event("on_anything", None, TrainerState(), TrainerControl(), value=7)
+    assert custom.calls == [7] and control.should_log
+    assert handler.has_handlers("on_anything") and not handler.has_handlers("on_nothing")
