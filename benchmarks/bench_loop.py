@@ -11,6 +11,9 @@ process (the machine may be shared: the best run is the least disturbed one). Py
 is frozen after setup in both cases (accelerate calls ``gc.collect()`` at each ``train()``,
 which would otherwise dominate the Trainer's run).
 
+It then runs ``bench_callback_dispatch.py`` in the same process, so one command prints both
+figures of issue 2 (steps/s ratio, and µs per dispatched event).
+
 Run: .venv/bin/python benchmarks/bench_loop.py
 """
 
@@ -134,6 +137,10 @@ def main() -> None:
     print(f"{'LightweightTrainer':<32}{ours:>12.0f}{1e6 / ours:>10.2f}")
     print(f"{'transformers.Trainer':<32}{theirs:>12.1f}{1e6 / theirs:>10.1f}")
     print(f"ratio: x{ours / theirs:.0f} (target >= 300)")
+    print()
+    import bench_callback_dispatch  # benchmarks/ is on sys.path when this script runs
+
+    bench_callback_dispatch.main()
 
 
 if __name__ == "__main__":
