@@ -51,7 +51,7 @@ def test_patience_counts_evaluations_and_reports(tmp_path, loop):
         assert record["early_stopping/best_step"] == 6 and record["early_stopping/stopped_step"] == 10
 
 
-@pytest.mark.parametrize("loop", ["lightweight", "transformers"])
+@pytest.mark.parametrize("loop", sorted(LOOPS))
 def test_relative_min_delta(tmp_path, loop):
     # 100 -> 95 is a 5% gain: not enough with min_delta=0.1 relative; 85 is.
     stopper = EarlyStopping("eval_score", mode="min", patience=2, min_delta=0.1, min_delta_mode="relative")
@@ -59,9 +59,10 @@ def test_relative_min_delta(tmp_path, loop):
     assert (stopper.best_value, stopper.best_step, stopper.stopped_step) == (85.0, 6, 10)
 
 
-def test_max_mode_from_name_and_baseline_not_reached(tmp_path):
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_max_mode_from_name_and_baseline_not_reached(tmp_path, loop):
     stopper = EarlyStopping("eval_accuracy", patience=3, baseline=0.5)
-    run(tmp_path, "transformers", by_eval(0.3, 0.4, 0.45, 0.9), stopper, name="accuracy")
+    run(tmp_path, loop, by_eval(0.3, 0.4, 0.45, 0.9), stopper, name="accuracy")
     assert stopper.resolved_mode == "max"
     assert stopper.reason is StopReason.BASELINE_NOT_REACHED and stopper.stopped_step == 6
     assert stopper.best_value is None and stopper.best_step is None
@@ -76,27 +77,30 @@ def test_max_mode_from_name_and_baseline_not_reached(tmp_path):
         ({}, (5, math.inf, 1), StopReason.NON_FINITE, 4),
     ],
 )
-def test_thresholds_and_non_finite(tmp_path, kwargs, values, reason, step):
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_thresholds_and_non_finite(tmp_path, kwargs, values, reason, step, loop):
     stopper = EarlyStopping("eval_score", mode="min", patience=5, **kwargs)
-    trainer = run(tmp_path, "transformers", by_eval(*values), stopper)
+    trainer = run(tmp_path, loop, by_eval(*values), stopper)
     assert stopper.reason is reason and stopper.stopped_step == step == trainer.state.global_step
     assert math.isfinite(stopper.best_value)
 
 
-def test_non_finite_is_never_best_when_not_stopping(tmp_path):
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_non_finite_is_never_best_when_not_stopping(tmp_path, loop):
     stopper = EarlyStopping("eval_score", mode="min", patience=2, check_finite=False)
-    run(tmp_path, "transformers", by_eval(5, math.nan, -math.inf, 6), stopper)
+    run(tmp_path, loop, by_eval(5, math.nan, -math.inf, 6), stopper)
     assert (stopper.best_value, stopper.best_step) == (5.0, 2)
     assert stopper.reason is StopReason.PATIENCE and stopper.stopped_step == 6
 
 
-def test_warm_up_ignores_early_evaluations(tmp_path):
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_warm_up_ignores_early_evaluations(tmp_path, loop):
     # without warm-up the flat start would stop at step 6; with it, counting starts after step 6
     stopper = EarlyStopping("eval_score", mode="min", patience=2, start_from_step=6)
-    run(tmp_path, "transformers", by_eval(5, 5, 5, 4, 4, 4, 4), stopper)
+    run(tmp_path, loop, by_eval(5, 5, 5, 4, 4, 4, 4), stopper)
     assert (stopper.best_value, stopper.best_step, stopper.stopped_step) == (4.0, 8, 12)
     epochs = EarlyStopping("eval_score", mode="min", patience=1, start_from_epoch=1)  # 8 steps per epoch
-    run(tmp_path / "epochs", "transformers", by_eval(5, 5, 5, 5, 5, 5), epochs)
+    run(tmp_path / "epochs", loop, by_eval(5, 5, 5, 5, 5, 5), epochs)
     assert (epochs.best_step, epochs.stopped_step) == (10, 12)
 
 

@@ -248,3 +248,26 @@ def test_subset_gets_its_own_progress_bar_and_eval_dataloader_is_restored(tmp_pa
     trainer.train()
     assert [(bar.total, bar.n) for bar in bars.bars] == [(2, 2), (3, 3)] * 2
     assert loaders.sizes == [16, 16]  # on_evaluate still sees the eval dataloader, not the subset's
+
+
+@pytest.mark.parametrize("how", ["stock", "plus"])
+@pytest.mark.transformers
+def test_early_stopping_monitors_train_subset_and_gap_metrics(tmp_path, how):
+    from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
+
+    subset = TrainSubsetEvaluation(size=16, seed=3, gap_metrics=True)
+    # nothing beats the first value by 1e9: each stops at the 2nd evaluation it sees
+    on_train = EarlyStopping("train_mse", patience=1, min_delta=1e9, log_name="train")
+    on_gap = EarlyStopping("gap_mse", mode="max", patience=2, min_delta=1e9, log_name="gap")
+    args = dict(eval_strategy="steps", eval_steps=2, logging_steps=2, max_steps=12)
+    if how == "stock":
+        trainer = make_trainer(tmp_path, **args)
+        run_before_integrations(trainer, subset, on_train, on_gap)
+    else:
+        callbacks = [subset, on_train, on_gap]
+        trainer = make_trainer(tmp_path, callbacks=callbacks, trainer_class=TrainerPlus, **args)
+    trainer.train()
+    assert (on_train.best_step, on_train.stopped_step, trainer.state.global_step) == (2, 4, 4)
+    first = eval_records(trainer)[0]
+    assert on_train.best_value == pytest.approx(first["train_mse"])
+    assert on_gap.best_value == pytest.approx(first["train_mse"] - first["eval_mse"]) and not on_gap.stopped
