@@ -53,3 +53,22 @@ def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path):
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = {key for line in lines if line["event"] == "log" for key in line["curves"]}
     assert {"eval/loss", "train/accuracy", "gap/accuracy", "early_stopping/wait"} <= logged
+
+
+@pytest.mark.slow
+def test_demo_at_default_settings_overfits_visibly_and_stops_on_its_own(tmp_path):
+    # what `make demo` shows, asserted: nothing forced (default sizes, patience and min_delta);
+    # only the trackers are reduced to the embedded JSONL one to keep the test short.
+    result = run_example(tmp_path, "demo.py", "--runs-dir", str(tmp_path), "--no-progress", "--no-plot",
+                         "--trackers", "jsonl", timeout=400)
+    state = json.loads((tmp_path / "demo" / "trainer_state.json").read_text())
+    evals = [r for r in state["log_history"] if "eval_loss" in r]
+    stop = evals[-1]
+    assert stop["early_stopping/reason"] == "patience", stop
+    assert stop["early_stopping/best_step"] < stop["early_stopping/stopped_step"] == state["global_step"]
+    assert state["global_step"] < state["max_steps"]  # stopped early, not at the end of the budget
+    # the train-subset curve pulls away from the eval curve: the gap grows and ends clearly positive
+    first_gap, last_gap = evals[0]["gap_accuracy"], stop["gap_accuracy"]
+    assert last_gap > first_gap + 0.05 and last_gap > 0.1, (first_gap, last_gap)
+    assert stop["train_accuracy"] > stop["eval_accuracy"]
+    assert "Early stopping (PATIENCE)" in result.stdout
