@@ -8,8 +8,10 @@ What the base class does, once for every backend (W&B, MLflow, JSONL):
 * hands each record to a :class:`~hf_callbacks_plus.loggers.worker.BackgroundWorker`, so
   ``on_log`` returns in microseconds, and backend errors never reach the training loop;
 * keeps one step axis (``global_step``): the run id and the last logged step of every metric
-  are part of the checkpointed state, so a resumed training continues the same run and never
-  logs a step twice;
+  are part of the checkpointed state, so a resumed training continues the same run and does
+  not log again the steps the earlier process sent (the *resume boundary*, fixed when the
+  training starts); every point produced in the current session is delivered, including a
+  second value at one step (``trainer.evaluate()`` after training);
 * logs the ``TrainingArguments`` and the model config once, flattened, cut to the backend's
   limits, secrets redacted;
 * logs only on the main process (``state.is_world_process_zero`` and ``RANK``, checked at
@@ -31,6 +33,7 @@ import os
 import tempfile
 import threading
 import time
+import uuid
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -115,6 +118,12 @@ class TrackerLogger(SelfRestoringState):
         self.training = False
         self._params_logged = False
         self._last_steps: dict[str, int] = {}
+        #: The resume boundary: last step per metric the run held before this session.
+        self._held: dict[str, int] = {}
+        self._replayed: dict[str, int] = {}
+        self._last_points: dict[str, tuple[int, float]] = {}
+        self._boundary_ready = False
+        self._session = uuid.uuid4().hex
         self._steps_lock = threading.Lock()
         self._worker: Optional[BackgroundWorker] = None
         self._trainer_ref: Optional[weakref.ref[Any]] = None
@@ -269,8 +278,10 @@ class TrackerLogger(SelfRestoringState):
             self.close(FAILED)
         self.run_id = self.explicit_run_id
         self._params_logged = False
+        self._session = uuid.uuid4().hex
+        self._boundary_ready = False
         with self._steps_lock:
-            self._last_steps = {}
+            self._last_steps, self._held, self._replayed, self._last_points = {}, {}, {}, {}
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         self.training = True
@@ -320,18 +331,21 @@ class TrackerLogger(SelfRestoringState):
                 backoff_initial=self.backoff[0], backoff_max=self.backoff[1],
                 run_id=lambda: self.run_id,
                 send_other=self._send_to_run if self.can_write_other_runs else None,
-                prepare=self._prepare_log,
+                prepare=self._prepare_log, session=self._session,
             )
             LIVE.add(self)
 
     def _start_in_worker(self) -> None:
         resume = self.run_id is not None
         self.run_id = self._start(self.run_id, resume)
-        if resume:
-            logged = self._logged_steps()
-            with self._steps_lock:
-                for key, step in logged.items():
-                    self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
+        if self._boundary_ready:  # reopened in this session (evaluate() after train()): keep it
+            return
+        logged = self._logged_steps() if resume else {}
+        with self._steps_lock:
+            for key, step in logged.items():
+                self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
+            self._held = dict(self._last_steps)
+        self._boundary_ready = True
 
     def _queue_config(self, args: Any, model: Any) -> None:
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
@@ -348,16 +362,20 @@ class TrackerLogger(SelfRestoringState):
             self._params_logged = True
 
     def _send(self, batch: list[dict[str, Any]]) -> None:
-        """Worker thread: send records in order, skipping steps already logged."""
+        """Worker thread: send records in order, skipping steps held before this session."""
         with self._steps_lock:
-            seen = dict(self._last_steps)
-        for kind, payload in plan_batch(batch, seen, self._sanitize, self.summary_as_curves):
+            held = dict(self._held)
+        planned = dict(self._last_points)
+        for kind, payload in plan_batch(batch, held, self._sanitize, self.summary_as_curves,
+                                        self._session, self._replayed, planned):
             if kind == "logs":
                 self._log_records(payload)
-                with self._steps_lock:  # commit what was delivered, so a retry skips it
-                    for key, step in seen.items():
-                        if step > self._last_steps.get(key, -1):
-                            self._last_steps[key] = step
+                with self._steps_lock:  # mark what was delivered, so a retry does not resend it
+                    for record in payload:
+                        record["source"]["sent"] = True
+                        for key, value in record["metrics"].items():
+                            self._last_steps[key] = max(record["step"], self._last_steps.get(key, -1))
+                            self._last_points[key] = (record["step"], value)
             elif kind == "params":
                 self._send_params(payload, self._log_params)
             elif kind == "tags":

@@ -4,9 +4,18 @@ Worker thread: :func:`make_log_record` renders one ``logs`` dict (copied on the 
 thread by ``on_log``) with the key grammar and normalizes its values into a
 ``{"kind": "log", ...}`` record (curves vs. summary); :func:`plan_batch` turns a batch of
 queued records (``log``, ``params``, ``tags``) into backend calls, in order: consecutive
-log records are grouped, names are sanitized, and every metric point at a step the run
-already holds is skipped (resumed run, re-evaluation at one step), so nothing is logged
-twice.
+log records are grouped and names are sanitized.
+
+What is skipped, and only that: a metric point at a step the run already held from a
+*previous* session (the resume boundary: the checkpointed / queried last step per metric when
+the training started), so a resumed run does not log twice the steps the earlier process
+already sent; a point equal to the last one delivered for its metric (same step, same
+value: the ``epoch`` of the end-of-training record repeats the last step's); and records
+already delivered (``"sent"``, set after a successful send, so a
+batch retried after a partial failure is not sent twice). Every point produced in the current
+session is delivered, including a second value at one step (``trainer.evaluate()`` on other
+data at the step of the last evaluation): MLflow and JSONL keep both, W&B keeps the first in
+its history row and puts the later one in the run summary, with one warning per key.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ..metrics.keys import KeyGrammar
-from .values import WarnOnce, normalize_value
+from .values import REDACTED, WarnOnce, looks_like_secret, normalize_value
 
 __all__ = ["make_log_record", "plan_batch"]
 
@@ -52,7 +61,7 @@ def make_log_record(logs: dict[str, Any], step: int, grammar: KeyGrammar, nonfin
                     continue
                 target[name] = number
             elif kind == "text":
-                texts[name] = number
+                texts[name] = REDACTED if looks_like_secret(name, number) else number
             else:
                 warn(("drop", name), "%s: %r has a value of type %s that is neither a number nor a string; "
                      "it is not logged.", owner, name, type(value).__name__)
@@ -64,26 +73,42 @@ def make_log_record(logs: dict[str, Any], step: int, grammar: KeyGrammar, nonfin
             "summary": texts}
 
 
-def plan_batch(batch: list[dict[str, Any]], seen: dict[str, int], sanitize: Callable[[str], str],
-               summary_as_curves: bool) -> Iterator[tuple[str, Any]]:
+def plan_batch(batch: list[dict[str, Any]], held: dict[str, int], sanitize: Callable[[str], str],
+               summary_as_curves: bool, session: Optional[str] = None,
+               replayed: Optional[dict[str, int]] = None,
+               last_points: Optional[dict[str, tuple[int, float]]] = None) -> Iterator[tuple[str, Any]]:
     """Backend calls for ``batch``, in order: ``("logs", [records])``, ``("params", {})``, ``("tags", {})``.
 
     Args:
-        batch: Queued records.
-        seen: Last step logged per (sanitized) metric name; updated as points are planned, so
-            when a ``"logs"`` item is yielded, ``seen`` covers exactly the points planned so far.
+        batch: Queued records. A log record whose ``"session"`` differs from ``session`` was
+            produced by an earlier process (replayed from the spill file).
+        held: The resume boundary: last step per (sanitized) metric name that the run held
+            from previous sessions when this one started. Points at or below it are skipped.
         sanitize: Turns a rendered name into one the backend accepts.
         summary_as_curves: Send numeric summary values as points at the record's step
             (backends without a run summary, such as MLflow).
+        session: The current session id. Defaults to None (every record is current).
+        replayed: Last step per metric delivered from records of earlier sessions in this
+            session (updated here); current points at or below it are skipped too, since the
+            earlier process logged those steps. Defaults to a new dict.
+        last_points: ``(step, value)`` of the last point per metric; updated as points are
+            planned. A point equal to it is not sent again. Defaults to a new dict.
 
     Yields:
-        ``(kind, payload)`` pairs; other record kinds are skipped (a backend handles them).
+        ``(kind, payload)`` pairs; a planned log record has a ``"source"`` key: the queued
+        record, to be marked ``"sent"`` once delivered. Other record kinds are skipped (a
+        backend handles them).
     """
+    replayed = {} if replayed is None else replayed
+    last_points = {} if last_points is None else last_points
     logs: list[dict[str, Any]] = []
     for record in batch:
         kind = record.get("kind")
         if kind == "log":
+            if record.get("sent"):
+                continue  # delivered before a later part of its batch failed
             step = record["step"]
+            earlier = record.get("session", session) != session
             values, summary_in = record["metrics"], record["summary"]
             if summary_as_curves:  # e.g. MLflow: totals are metrics at the last step
                 values = {**values, **{k: v for k, v in summary_in.items() if not isinstance(v, str)}}
@@ -91,14 +116,19 @@ def plan_batch(batch: list[dict[str, Any]], seen: dict[str, int], sanitize: Call
             metrics = {}
             for name, value in values.items():
                 clean = sanitize(name)
-                if seen.get(clean, -1) >= step:
-                    continue  # already logged (resumed run or re-evaluation at one step)
-                seen[clean] = step
+                limit = held.get(clean, -1)
+                if not earlier:
+                    limit = max(limit, replayed.get(clean, -1))
+                if step <= limit or last_points.get(clean) == (step, value):
+                    continue  # the run held this step before this session started, or a repeat
+                last_points[clean] = (step, value)
+                if earlier:
+                    replayed[clean] = max(step, replayed.get(clean, -1))
                 metrics[clean] = value
             summary = {sanitize(name): value for name, value in summary_in.items()}
             if metrics or summary:
                 logs.append({"kind": "log", "step": step, "timestamp": record["timestamp"],
-                             "metrics": metrics, "summary": summary})
+                             "metrics": metrics, "summary": summary, "source": record})
             continue
         if logs:
             yield "logs", logs

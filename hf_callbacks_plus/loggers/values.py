@@ -26,7 +26,9 @@ __all__ = [
     "REDACTED",
     "NameSanitizer",
     "flatten_config",
+    "command_line_has_secret",
     "is_secret_key",
+    "looks_like_secret",
     "normalize_value",
     "redact_config",
     "truncate",
@@ -118,6 +120,39 @@ def is_secret_key(key: str) -> bool:
     if last.endswith(_NOT_SECRET_SUFFIXES):
         return False
     return bool(_SECRET_WORDS.search(last))
+
+
+def looks_like_secret(key: str, value: Any) -> bool:
+    """True when a string ``value`` must not reach a backend: its key names a secret
+    (:func:`is_secret_key`) or the value looks like an access token (``hf_...``, 40 hex digits).
+
+    Example:
+        >>> looks_like_secret("train/hub_token", "hf_x"), looks_like_secret("train/note", "hello")
+        (True, False)
+    """
+    if not isinstance(value, str) or value == "":
+        return False
+    return is_secret_key(key) or bool(_SECRET_VALUE.match(value.strip()))
+
+
+def command_line_has_secret(argv: list[str]) -> bool:
+    """True when a command line passes a secret: ``--hub_token X``, ``--api-key=X``, or a value
+    that looks like an access token.
+
+    Example:
+        >>> command_line_has_secret(["--hub_token", "hf_x"]), command_line_has_secret(["--lr", "0.1"])
+        (True, False)
+    """
+    for index, arg in enumerate(argv):
+        if _SECRET_VALUE.match(arg.strip()):
+            return True
+        if arg.startswith("-"):
+            flag, _, inline = arg.lstrip("-").partition("=")
+            if is_secret_key(flag.replace("-", "_")):
+                value = inline if inline else (argv[index + 1] if index + 1 < len(argv) else "")
+                if value and not value.startswith("-"):
+                    return True
+    return False
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str = ".") -> dict[str, Any]:

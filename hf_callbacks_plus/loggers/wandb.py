@@ -7,6 +7,14 @@ spill, key grammar, value normalization, redacted config, rank zero, checkpointe
   ``train/global_step``, and ``define_metric("*", step_metric="train/global_step")`` makes
   every section (``train/``, ``eval/``, ``eval/<dataset>/``, ``test/``, custom) plot against it;
 * end-of-training totals (``train_runtime``...) and text values go to ``run.summary``;
+* W&B keeps one value per key and step: a later value of a key already in the current step's
+  row (``trainer.evaluate()`` on other data right after an evaluation at that step), or a value
+  at a step the run is already past, goes to ``run.summary`` (under the same key), with one
+  warning per key; the history row keeps the first value. Nothing is dropped silently;
+* W&B records the program's command line in its run metadata: when the command line passes a
+  secret (``--hub_token hf_...``, any flag naming a token, secret, password or api key, or a
+  value that looks like an access token), the logger turns W&B's metadata collection off
+  (``x_disable_meta=True``, unless your ``settings`` set it), with one warning;
 * the run id is known from ``on_train_begin`` on (generated up front), saved in every
   checkpoint, and a ``resume_from_checkpoint`` training reattaches to the same run
   (``wandb.init(id=..., resume="allow")``). Steps the run already holds are not logged again:
@@ -29,6 +37,7 @@ import atexit
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -44,6 +53,7 @@ from .wandb_options import (
     STEP_KEY,
     WATCH_CHOICES,
     choice,
+    settings_hiding_secret_args,
     typed,
     version_of,
     wandb_disabled_reason,
@@ -79,7 +89,8 @@ class WandbLogger(TrackerLogger):
             does not exist). Defaults to "allow".
         dir: Directory W&B writes its files to. Defaults to W&B's (``WANDB_DIR``, else the
             working directory).
-        settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None.
+        settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None. When the
+            command line holds a secret, ``x_disable_meta=True`` is added unless you set it.
         **kwargs: Options of :class:`~hf_callbacks_plus.loggers.base.TrackerLogger`
             (``log_config``, ``nonfinite``, ``flush_timeout``, ``spill_dir``...).
 
@@ -140,6 +151,9 @@ class WandbLogger(TrackerLogger):
         self._owns_run = True
         self._exit_hook_registered = False
         self._min_step = 0
+        self._row_step = -1  # step of the last history row written in this session
+        self._row_keys: set[str] = set()
+        self._row_open = False  # the row at _row_step was written by the open run
         self._model: Any = None
         self._run_name_from_args: Optional[str] = None
         if self.disabled_reason is not None:
@@ -173,6 +187,7 @@ class WandbLogger(TrackerLogger):
         run_name = getattr(args, "run_name", None)
         from_args = run_name and run_name != getattr(args, "output_dir", None)
         self._run_name_from_args = run_name if from_args else None
+        self._row_step, self._row_keys, self._row_open = -1, set(), False
         super().on_train_begin(args, state, control, model=model, **kwargs)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
@@ -231,8 +246,9 @@ class WandbLogger(TrackerLogger):
                 "tags": self.tags, "mode": self.mode, "dir": self.dir, "id": run_id,
                 "resume": self.resume if run_id else None,
             }
-            if self.settings is not None:
-                init["settings"] = self.settings
+            settings = self._safe_settings()
+            if settings is not None:
+                init["settings"] = settings
             if version_of(wandb) >= (0, 19):
                 init["reinit"] = "create_new"
             self._run = wandb.init(**{key: value for key, value in init.items() if value is not None})
@@ -244,10 +260,15 @@ class WandbLogger(TrackerLogger):
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         self._min_step = int(getattr(run, "starting_step", 0) or 0)
+        self._row_step, self._row_keys, self._row_open = max(self._row_step, self._min_step - 1), set(), False
         if self.watch != "false" and self._model is not None:
             watch = getattr(run, "watch", None) or wandb.watch  # Run.watch since wandb 0.18
             watch(self._model, log=self.watch, log_freq=100)
         return str(run.id)
+
+    def _safe_settings(self) -> Any:
+        """The user's settings, plus ``x_disable_meta=True`` when the command line holds a secret."""
+        return settings_hiding_secret_args(self.settings, self._wandb, sys.argv[1:], self._warn)
 
     def _close_at_exit(self) -> None:
         try:
@@ -300,11 +321,23 @@ class WandbLogger(TrackerLogger):
 
     # -- sending (worker thread) --------------------------------------------------------------
     def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        if step < self._min_step:
-            self._warn(("below-start", self.run_id), "WandbLogger: run %s already holds steps up to %d; "
-                       "records of earlier steps are not logged again.", self.run_id, self._min_step - 1)
-            return
-        self._run.log({**metrics, STEP_KEY: step}, step=step)
+        if self._row_open and step == self._row_step:  # more values for the current row
+            fresh = {key: value for key, value in metrics.items() if key not in self._row_keys}
+        elif step > self._row_step:  # a new row
+            self._row_step, self._row_keys, self._row_open = step, set(), True
+            fresh = dict(metrics)
+        else:  # the run is past this step: W&B would reject it in the history
+            fresh = {}
+        if fresh:
+            self._run.log({**fresh, STEP_KEY: step}, step=step)
+            self._row_keys.update(fresh)
+        late = {key: value for key, value in metrics.items() if key not in fresh}
+        if late:
+            self._run.summary.update(late)
+            for key in late:
+                self._warn(("late", key), "WandbLogger: %r already has a value at step %d (or the run is "
+                           "past that step); W&B keeps one value per key and step, so its history keeps "
+                           "the first value and this later one goes to the run summary.", key, step)
 
     def _log_summary(self, values: dict[str, Any]) -> None:
         self._run.summary.update(values)

@@ -7,11 +7,13 @@ with the same meaning as in transformers' ``WandbCallback``.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+from .values import command_line_has_secret
 
 __all__ = [
     "LOG_MODEL_CHOICES", "MAX_TAG_LENGTH", "MODE_CHOICES", "RESUME_CHOICES", "STEP_KEY", "WATCH_CHOICES",
-    "choice", "typed", "version_of", "wandb_disabled_reason",
+    "choice", "settings_hiding_secret_args", "typed", "version_of", "wandb_disabled_reason",
 ]
 
 #: Values of ``log_model`` / ``WANDB_LOG_MODEL`` ("true" is transformers' legacy spelling of "end").
@@ -84,3 +86,37 @@ def version_of(module: Any) -> tuple[int, ...]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:
+    """``settings`` plus ``x_disable_meta=True`` when ``argv`` passes a secret.
+
+    W&B writes the command line (``sys.argv``) into the run metadata, which lands in the run
+    files; ``x_disable_meta`` is the wandb setting that stops collecting it (with the rest of the
+    system metadata). A value you set for ``x_disable_meta`` yourself is kept.
+
+    Args:
+        settings: The user's ``wandb.Settings``, a dict of settings, or None.
+        wandb: The ``wandb`` module.
+        argv: The command-line arguments (``sys.argv[1:]``).
+        warn: A :class:`~hf_callbacks_plus.loggers.values.WarnOnce`.
+
+    Returns:
+        The settings to give ``wandb.init`` (None when there is nothing to set).
+    """
+    if not command_line_has_secret(argv):
+        return settings
+    if isinstance(settings, dict):
+        if "x_disable_meta" in settings:
+            return settings
+        settings = {**settings, "x_disable_meta": True}
+    elif settings is None:
+        settings = wandb.Settings(x_disable_meta=True)
+    elif "x_disable_meta" in getattr(settings, "model_fields_set", ()):
+        return settings
+    else:
+        settings = settings.model_copy(update={"x_disable_meta": True})
+    warn(("argv-secret",), "WandbLogger: the command line passes a secret (a token, password or api key); "
+         "W&B's system metadata, which records the command line, is not collected for this run "
+         "(x_disable_meta=True). Pass secrets through environment variables to keep the metadata.")
+    return settings

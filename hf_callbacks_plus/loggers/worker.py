@@ -54,6 +54,9 @@ class BackgroundWorker:
         send_other: Sends records left by an earlier worker to *their* run (given its id, or
             None when that run never opened); None when the backend can only write to its
             open run: such records are then held. Defaults to None.
+        prepare: Turns ``submit_raw`` data into a record (worker thread). Defaults to None.
+        session: Id of the logging session; spilled records carry it, so a later process
+            tells its own records from those of earlier ones. Defaults to a new id.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class BackgroundWorker:
         run_id: Callable[[], Optional[str]] = lambda: None,
         send_other: Optional[Callable[[Optional[str], list[dict[str, Any]]], None]] = None,
         prepare: Optional[Callable[[tuple[Any, ...]], Optional[dict[str, Any]]]] = None,
+        session: Optional[str] = None,
     ) -> None:
         if max_memory_records < 1:
             raise ValueError(f"max_memory_records must be >= 1, got {max_memory_records!r}")
@@ -87,7 +91,7 @@ class BackgroundWorker:
         self._run_id = run_id
         self._send_other = send_other
         self._prepare = prepare
-        self._session = uuid.uuid4().hex
+        self._session = session or uuid.uuid4().hex
         self._max_memory = max_memory_records
         self._batch_size = batch_size
         self._backoff_initial = backoff_initial

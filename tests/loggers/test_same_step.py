@@ -1,0 +1,77 @@
+"""Never lose a metric: a second value at one step (``trainer.evaluate()`` on other data right
+after training, at the step of the last evaluation) reaches every backend.
+
+Only steps the run held from a *previous* session are skipped (the resume boundary); the resume
+tests in test_mlflow.py / test_jsonl.py / test_wandb.py check that boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+from tests.tiny_models import RegressionDataset, make_trainer
+
+pytestmark = pytest.mark.transformers
+
+
+def train_then_evaluate_other_data(tmp_path, logger):
+    """Train 8 steps (evaluation at 4 and 8), then evaluate other data at step 8."""
+    trainer = make_trainer(tmp_path, callbacks=[logger], logging_steps=4, eval_strategy="steps",
+                           eval_steps=4, max_steps=8)
+    trainer.train()
+    in_training = trainer.state.log_history[-2]["eval_loss"]
+    other = trainer.evaluate(RegressionDataset(16, seed=9))["eval_loss"]
+    assert trainer.state.global_step == 8 and other != in_training
+    assert logger.close()
+    return in_training, other
+
+
+@pytest.mark.mlflow
+def test_mlflow_keeps_both_values_at_one_step(tmp_path, sqlite_uri, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    in_training, other = train_then_evaluate_other_data(tmp_path, logger)
+    client = MlflowClient(sqlite_uri)
+    points = [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "eval/loss")]
+    assert sorted(value for step, value in points if step == 8) == sorted([in_training, other])
+    assert [step for step, _ in points].count(4) == 1 and len(points) == 3
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+
+
+def test_jsonl_writes_every_record(tmp_path):
+    logger = JsonlLogger()
+    in_training, other = train_then_evaluate_other_data(tmp_path, logger)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    values = [(line["step"], line["curves"]["eval/loss"]) for line in lines
+              if line["event"] == "log" and "eval/loss" in line["curves"]]
+    assert values == [(4, values[0][1]), (8, in_training), (8, other)]
+
+
+@pytest.mark.wandb
+def test_wandb_later_value_goes_to_the_summary_with_one_warning(tmp_path, monkeypatch, caplog):
+    pytest.importorskip("wandb")
+    from tests.loggers.wandb_helpers import fast_logger, offline_env, runs
+
+    root = offline_env(monkeypatch, tmp_path / "wb")
+    logger = fast_logger(project="same-step")
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        in_training, other = train_then_evaluate_other_data(tmp_path / "out", logger)
+    trained, reopened = runs(root)
+    assert trained.run_id == reopened.run_id == logger.run_id
+    assert [(row["_step"], row["eval/loss"]) for row in trained.history if "eval/loss" in row][1:] == [
+        (8, in_training)]
+    assert trained.steps("eval/loss") == [4, 8]
+    # W&B keeps one value per key and step: the later value is in the summary, not dropped
+    assert reopened.summary["eval/loss"] == pytest.approx(other)
+    assert not any("eval/loss" in row for row in reopened.history)
+    warnings = [r.getMessage() for r in caplog.records if "'eval/loss' already has a value" in r.getMessage()]
+    assert len(warnings) == 1, warnings
