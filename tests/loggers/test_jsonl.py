@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 
 import pytest
 
 from hf_callbacks_plus.loggers.jsonl import JsonlLogger
 from hf_callbacks_plus.loop.arguments import LoopArguments
+from hf_callbacks_plus.loop.callback import TrainerCallback
 from hf_callbacks_plus.loop.trainer import LightweightTrainer
 from tests.tiny_models import make_trainer
 
@@ -91,3 +93,47 @@ def test_bad_configuration_errors():
         JsonlLogger(nonfinite="zero")
     with pytest.raises(TypeError, match="path"):
         JsonlLogger(path=3)
+
+
+class FakeBadValues(TrainerCallback):
+    """Placed before the logger: adds a list value and makes the loss NaN in every log."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if "loss" in logs:
+            logs["histogram"] = [1, 2, 3]
+            logs["loss"] = float("nan")
+
+
+def test_dropped_value_warning_once_per_key_not_per_step(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        make_trainer(tmp_path, callbacks=[FakeBadValues(), JsonlLogger(nonfinite="drop")], logging_steps=1,
+                     max_steps=5).train()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len([m for m in messages if "'train/histogram'" in m]) == 1, messages
+    assert len([m for m in messages if "non-finite" in m and "'train/loss'" in m]) == 1, messages
+    lines = read(tmp_path / "metrics.jsonl")
+    logged = [line for line in lines if line["event"] == "log" and "train/grad_norm" in line["curves"]]
+    assert len(logged) == 5
+    assert not any({"train/loss", "train/histogram"} & set(line["curves"]) for line in logged)
+
+
+def test_trainer_plus(tmp_path):
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
+
+    class AddOnPreLog(TrainerCallback):
+        """A custom event TrainerPlus fires before on_log: the logger sees the added key."""
+
+        def on_pre_log(self, args, state, control, logs=None, **kwargs):
+            logs["custom/extra"] = float(state.global_step)
+
+    trainer = make_trainer(tmp_path, callbacks=[AddOnPreLog(), JsonlLogger()], trainer_class=TrainerPlus,
+                           logging_steps=2, eval_strategy="steps", eval_steps=4, max_steps=8)
+    trainer.train()
+    lines = read(tmp_path / "metrics.jsonl")
+    logs = [line for line in lines if line["event"] == "log"]
+    assert [line["step"] for line in logs if "train/loss" in line["curves"]] == [2, 4, 6, 8]
+    assert [line["step"] for line in logs if "eval/mse" in line["curves"]] == [4, 8]
+    extra = [(line["step"], line["curves"]["custom/extra"]) for line in logs
+             if "custom/extra" in line["curves"]]
+    assert extra == [(step, float(step)) for step in (2, 4, 6, 8)]  # a repeat is not written twice
+    assert lines[-1]["status"] == "FINISHED"

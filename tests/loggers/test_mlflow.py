@@ -205,3 +205,39 @@ def test_only_rank_zero_logs(tmp_path, sqlite_uri, monkeypatch):
     make_trainer(tmp_path, callbacks=[logger], max_steps=2, logging_steps=1).train()
     assert logger.run_id is None and logger.worker is None
     assert not MlflowClient(sqlite_uri).search_runs(["0"])
+
+
+def test_experiment_from_env_then_explicit_run_id_continues_the_run(tmp_path, sqlite_uri, monkeypatch):
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    first = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    make_trainer(tmp_path / "a", callbacks=[first], logging_steps=2, max_steps=4).train()
+    client = MlflowClient(sqlite_uri)
+    experiment = client.get_experiment_by_name("from-env")
+    assert experiment is not None
+    assert client.get_run(first.run_id).info.experiment_id == experiment.experiment_id
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
+    second = MLflowLogger(tracking_uri=sqlite_uri, run_id=first.run_id, log_params=False)
+    make_trainer(tmp_path / "b", callbacks=[second], logging_steps=2, max_steps=6).train()
+    assert second.run_id == first.run_id
+    assert len(client.search_runs([experiment.experiment_id, "0"])) == 1
+    # a new training (not a resume) into the given run: steps 2 and 4 are already held, 6 is new
+    assert [m.step for m in client.get_metric_history(first.run_id, "train/loss")] == [2, 4, 6]
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+
+
+def test_lightweight_trainer(tmp_path, sqlite_uri):
+    from hf_callbacks_plus.loop.arguments import LoopArguments
+    from hf_callbacks_plus.loop.trainer import LightweightTrainer
+
+    logger = MLflowLogger(tracking_uri=sqlite_uri)
+    args = LoopArguments(output_dir=str(tmp_path), max_steps=6, logging_steps=2, eval_strategy="steps",
+                         eval_steps=3, disable_tqdm=True)
+    LightweightTrainer(args, train_step=lambda batch: {"loss": 0.5}, train_data=[[1.0]] * 6,
+                       eval_data=[[1.0]], eval_fn=lambda data: {"score": 0.25}, callbacks=[logger],
+                       learning_rate_fn=lambda: 0.1).train()
+    client = MlflowClient(sqlite_uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["max_steps"] == "6"
+    got = histories(client, logger.run_id)
+    assert [step for step, _ in got["train/loss"]] == [2, 4, 6]
+    assert got["eval/score"] == [(3, 0.25), (6, 0.25)]

@@ -6,6 +6,7 @@ sqlite file): training finishes and every step of every metric is in MLflow exac
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -52,25 +53,35 @@ class KillAndRestart(TrainerCallback):
         time.sleep(0.02)  # let the worker try (and fail) while the server is down
 
 
-def test_server_killed_mid_training_every_step_exactly_once(tmp_path, mlflow_server):
+EVERY_STEP = ("train/loss", "train/grad_norm", "train/learning_rate", "train/epoch")
+EVAL = ("eval/loss", "eval/mse", "eval/mae", "eval/runtime", "eval/samples_per_second",
+        "eval/steps_per_second")
+TOTALS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+
+def test_server_killed_mid_training_every_step_exactly_once(tmp_path, mlflow_server, caplog):
     logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="outage", flush_timeout=120,
                           backoff=(0.2, 2.0), log_params=False)
     chaos = KillAndRestart(mlflow_server, kill_at=10, restart_at=25)
     trainer = make_trainer(tmp_path, callbacks=[chaos, logger], logging_steps=1, eval_strategy="steps",
                            eval_steps=5, max_steps=40, n_train=320)
     start = time.monotonic()
-    trainer.train()  # never raises, whatever the server does
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        trainer.train()  # never raises, whatever the server does
     chaos.thread.join(120)
     assert mlflow_server.healthy()
     assert logger.worker is None and logger.run_id
     client = MlflowClient(mlflow_server.uri)
     run = client.get_run(logger.run_id)
     assert run.info.status == "FINISHED", time.monotonic() - start
-    expected = {"train/loss": list(range(1, 41)), "eval/mse": list(range(5, 41, 5))}
-    for key, steps in expected.items():
+    expected = {**{key: list(range(1, 41)) for key in EVERY_STEP},
+                **{key: list(range(5, 41, 5)) for key in EVAL}, **{key: [40] for key in TOTALS}}
+    assert sorted(run.data.metrics) == sorted(expected)
+    for key, steps in expected.items():  # every step of every metric, exactly once
         got = [m.step for m in client.get_metric_history(logger.run_id, key)]
         assert sorted(got) == steps, key
-    for key in run.data.metrics:
-        counts = Counter(m.step for m in client.get_metric_history(logger.run_id, key))
-        assert max(counts.values()) == 1, key
+        assert max(Counter(got).values()) == 1, key
     assert not logger.spill_path.exists()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len([m for m in messages if "unreachable" in m]) == 1, messages  # one warning, not one per step
+    assert len([m for m in messages if "reachable again" in m]) == 1, messages

@@ -42,3 +42,31 @@ def test_keeps_stock_callback_when_asked_and_rejects_bad_choices(tmp_path, sqlit
         replace_report_to_callbacks(trainer, mlflow="yes")
     with pytest.raises(TypeError, match="callback_handler"):
         replace_report_to_callbacks(object())
+
+
+@pytest.mark.wandb
+def test_swaps_the_stock_wandb_callback(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import wandb
+    from transformers.integrations.integration_utils import WandbCallback
+
+    from hf_callbacks_plus.loggers.wandb import WandbLogger
+    from tests.loggers.wandb_helpers import FAST_SETTINGS, offline_env, runs
+
+    root = offline_env(monkeypatch, tmp_path / "wb")
+    monkeypatch.setenv("WANDB_PROJECT", "swapped")
+    trainer = make_trainer(tmp_path / "out", report_to="wandb", logging_steps=2, max_steps=4)
+    before = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
+    index = before.index("WandbCallback")
+    swapped = replace_report_to_callbacks(trainer)
+    after = trainer.callback_handler.callbacks
+    assert len(swapped) == 1 and isinstance(swapped[0][0], WandbCallback)
+    logger = after[index]
+    assert isinstance(logger, WandbLogger) and len(after) == len(before)
+    assert not any(isinstance(cb, WandbCallback) for cb in after)
+    # W&B reads WANDB_DIR once per process: point this test's logger at its own directory
+    logger.dir, logger.settings = str(root), wandb.Settings(**FAST_SETTINGS)
+    trainer.train()
+    (run,) = runs(root)
+    assert run.run_id == logger.run_id and run.project == "swapped" and run.exit_code == 0
+    assert run.steps("train/loss") == [2, 4]

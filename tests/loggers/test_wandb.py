@@ -221,3 +221,18 @@ def test_stock_trainer_crash_then_resume_same_run_no_duplicate_steps(
     for key, steps in per_key.items():
         assert len(steps) == len(set(steps)) and steps == sorted(steps), (key, steps)
     assert resumed.summary["train_runtime"] > 0
+
+
+def test_explicit_run_id_continues_the_given_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.tiny_models import make_trainer
+
+    root = offline_env(monkeypatch, tmp_path / "wb")
+    first = fast_logger(project="given", run_id="given001")
+    make_trainer(tmp_path / "a", callbacks=[first], max_steps=4, logging_steps=2).train()
+    second = fast_logger(project="given", run_id="given001")
+    make_trainer(tmp_path / "b", callbacks=[second], max_steps=6, logging_steps=2).train()
+    earlier, continued = runs(root)
+    assert earlier.run_id == continued.run_id == first.run_id == second.run_id == "given001"
+    # a new training into the given run: steps 2 and 4 are already held, 6 is new
+    assert earlier.steps("train/loss") == [2, 4] and continued.steps("train/loss") == [6]
+    assert continued.exit_code == 0
