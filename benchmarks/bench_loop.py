@@ -80,6 +80,17 @@ def callbacks():
     return [StepCounter(), LogKeeper(), Silent()]
 
 
+def steps_per_second(trainer) -> float:
+    """Time one ``train()`` of ``STEPS`` steps with Python's GC frozen (see the module docstring)."""
+    gc.collect()
+    gc.freeze()
+    start = time.perf_counter()
+    trainer.train()
+    elapsed = time.perf_counter() - start
+    gc.unfreeze()
+    return STEPS / elapsed
+
+
 def steps_per_second_transformers(directory: str) -> float:
     args = TrainingArguments(
         output_dir=os.path.join(directory, "hf"),
@@ -94,13 +105,7 @@ def steps_per_second_transformers(directory: str) -> float:
     )
     trainer = Trainer(model=Linear(), args=args, train_dataset=Data(8 * STEPS), callbacks=callbacks())
     trainer.remove_callback(PrinterCallback)
-    gc.collect()
-    gc.freeze()
-    start = time.perf_counter()
-    trainer.train()
-    elapsed = time.perf_counter() - start
-    gc.unfreeze()
-    return STEPS / elapsed
+    return steps_per_second(trainer)
 
 
 def steps_per_second_lightweight(directory: str) -> float:
@@ -115,13 +120,7 @@ def steps_per_second_lightweight(directory: str) -> float:
         args, train_step=lambda batch: 1.0, train_data=[[1.0] * 8] * STEPS, callbacks=callbacks()
     )
     trainer.remove_callback(LoopPrinterCallback)
-    gc.collect()
-    gc.freeze()
-    start = time.perf_counter()
-    trainer.train()
-    elapsed = time.perf_counter() - start
-    gc.unfreeze()
-    return STEPS / elapsed
+    return steps_per_second(trainer)
 
 
 def main() -> None:
