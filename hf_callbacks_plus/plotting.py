@@ -1,7 +1,7 @@
 """Learning curves from a ``log_history`` or a ``trainer_state.json``.
 
 One panel per metric: the eval curve (one per eval dataset), the train-subset curve
-(:class:`~hf_callbacks_plus.callbacks.train_subset.TrainSubsetEvaluation`), curves of custom
+(`TrainSubsetEvaluation`), curves of custom
 prefixes (``val``...), the running training loss on the ``loss`` panel, the generalization
 gap (the logged ``gap_<metric>`` on a right-hand axis, else the shaded area between the
 train-subset and eval curves), and vertical markers at the best step and at the

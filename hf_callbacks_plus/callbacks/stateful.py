@@ -3,10 +3,10 @@
 A stock ``transformers.Trainer`` saves every ``ExportableState`` callback's ``state()`` into
 ``checkpoint-N/trainer_state.json`` but restores it only with
 ``restore_callback_states_from_checkpoint=True`` (and then replaces the instances, moving
-them to the end of the callback list). :class:`SelfRestoringState` removes both problems:
+them to the end of the callback list). `SelfRestoringState` removes both problems:
 at ``on_train_begin`` the resumed ``TrainerState`` already holds the saved
 ``stateful_callbacks`` dict, so the callback finds its own entry (matched by
-:attr:`state_key`, so several instances of one class each get their own state) and loads
+`state_key`, so several instances of one class each get their own state) and loads
 it in place.
 """
 
@@ -29,9 +29,9 @@ logger = logging.getLogger("hf_callbacks_plus")
 class SelfRestoringState(TrainerCallback, ExportableState):
     """Base for callbacks whose state survives checkpoint/resume without any flag.
 
-    Subclasses implement :meth:`state_args` (constructor kwargs), :meth:`state_attributes`
-    (mutable state, JSON-serializable) and :meth:`load_state_attributes`, and may override
-    :attr:`state_key` to tell apart several instances of the same class. Subclasses that
+    Subclasses implement `state_args` (constructor kwargs), `state_attributes`
+    (mutable state, JSON-serializable) and `load_state_attributes`, and may override
+    `state_key` to tell apart several instances of the same class. Subclasses that
     override ``on_train_begin`` must call ``super().on_train_begin(...)`` first.
     """
 
@@ -62,7 +62,7 @@ class SelfRestoringState(TrainerCallback, ExportableState):
         return {}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
-        """Load what :meth:`state_attributes` returned (read keys with ``.get``)."""
+        """Load what `state_attributes` returned (read keys with ``.get``)."""
 
     def state(self) -> dict[str, Any]:
         """The ``ExportableState`` payload saved into ``trainer_state.json``."""

@@ -13,7 +13,7 @@ __all__ = ["Decision", "StopReason", "stop_message"]
 
 
 class StopReason(str, Enum):
-    """Why :class:`EarlyStopping` stopped training (``NOT_STOPPED`` while it has not)."""
+    """Why `EarlyStopping` stopped training (``NOT_STOPPED`` while it has not)."""
 
     NOT_STOPPED = "not_stopped"
     PATIENCE = "patience"
@@ -30,7 +30,7 @@ class StopReason(str, Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome of one observation of the monitored value (see :meth:`EarlyStopping.decide`)."""
+    """The outcome of one observation of the monitored value (see `EarlyStopping.decide`)."""
 
     improved: bool
     wait: int
@@ -55,7 +55,7 @@ class Decision:
 
     @classmethod
     def from_floats(cls, values: Sequence[float]) -> Decision:
-        """Rebuild a decision from :meth:`to_floats`."""
+        """Rebuild a decision from `to_floats`."""
         return cls(
             bool(values[0]), int(values[1]), None if math.isnan(values[2]) else values[2],
             None if values[3] < 0 else int(values[3]), None if math.isnan(values[4]) else values[4],

@@ -1,6 +1,6 @@
 """Choosing a fixed, seeded (optionally stratified) subset of a training set.
 
-Used by :class:`~hf_callbacks_plus.callbacks.train_subset.TrainSubsetEvaluation`. Works on a
+Used by `TrainSubsetEvaluation`. Works on a
 ``datasets.Dataset`` (``select``), any map-style dataset (``torch.utils.data.Subset``), a
 ``torch`` DataLoader (a new loader over the subset with the same collate function) and, for
 ``LightweightTrainer``, a sequence of batches.

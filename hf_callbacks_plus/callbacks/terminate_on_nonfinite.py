@@ -41,7 +41,7 @@ class TerminateOnNonFinite(TrainerCallback):
     Args:
         action: ``"stop"`` sets ``control.should_training_stop`` (the trainer then finishes
             normally, saving what it is configured to save); ``"raise"`` raises
-            :class:`NonFiniteError` from the event. Defaults to ``"stop"``.
+            `NonFiniteError` from the event. Defaults to ``"stop"``.
         monitor: Extra metrics to watch (a key or a list of keys, resolved through the key
             grammar, e.g. ``"eval_loss"``), or ``"*"`` for every numeric value logged or
             evaluated. Defaults to None (the training loss only).

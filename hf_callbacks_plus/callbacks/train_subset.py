@@ -3,7 +3,7 @@
 The copied workaround (``trainer.evaluate(train_ds, metric_key_prefix="train")`` in
 ``on_epoch_end``) recurses through ``on_evaluate``, corrupts ``control``, feeds ``train_*``
 metrics to early stopping, logs a second record and evaluates the whole training set.
-:class:`TrainSubsetEvaluation` instead runs the trainer's own evaluation loop
+`TrainSubsetEvaluation` instead runs the trainer's own evaluation loop
 (``get_eval_dataloader`` + ``evaluation_loop``: its collator, ``compute_metrics``, eval batch
 size, device and sharding across ranks) on a subset chosen once, and adds the metrics to
 the evaluation's own log record from ``on_pre_log``, before any integration sees it. The
@@ -12,7 +12,7 @@ one record per evaluation.
 
 How it reaches the trainer (it needs the trainer object to evaluate):
 
-* ``TrainerPlus`` / ``TrainerPlusMixin``: automatic (the trainer calls :meth:`bind`).
+* ``TrainerPlus`` / ``TrainerPlusMixin``: automatic (the trainer calls `bind`).
 * stock ``transformers.Trainer``: ``run_before_integrations(trainer, TrainSubsetEvaluation(...))``
   binds it and makes ``on_pre_log`` fire before the report_to integrations.
 * ``LightweightTrainer``: ``trainer.add_callback(TrainSubsetEvaluation(...).bind(trainer))``.

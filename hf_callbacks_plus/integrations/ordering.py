@@ -2,9 +2,9 @@
 
 A stock Trainer builds its callback list as ``[DefaultFlowCallback, <report_to
 integrations>, <your callbacks>, <progress/printer>]``, so an ``on_log`` of yours runs
-after W&B/TensorBoard/MLflow already sent the record. :func:`run_before_integrations`
+after W&B/TensorBoard/MLflow already sent the record. `run_before_integrations`
 moves (or adds) callbacks just ahead of the first integration and installs a
-:class:`PreLogBridge` there, which fires our ``on_pre_log`` event from ``on_log``: the
+`PreLogBridge` there, which fires our ``on_pre_log`` event from ``on_log``: the
 callbacks may then add or fix keys of the record before any integration reads it, and
 the bridge copies the change into ``state.log_history`` too.
 """
@@ -63,7 +63,7 @@ def _fires_pre_log(trainer: Any) -> bool:
 class PreLogBridge(TrainerCallback):
     """Fires ``on_pre_log`` from ``on_log`` in a trainer that does not fire it itself.
 
-    Installed by :func:`run_before_integrations` just ahead of the integrations. When
+    Installed by `run_before_integrations` just ahead of the integrations. When
     ``on_log`` reaches it, it calls ``on_pre_log`` on every callback of the trainer that
     defines it (in list order), then makes ``state.log_history[-1]`` match the modified
     record. Callbacks must modify ``logs`` in place.
@@ -114,7 +114,7 @@ def run_before_integrations(trainer: Any, *callbacks: Any) -> Any:
     WandbCallback, MLflowCallback, ..., and ``hf_callbacks_plus`` loggers); without any
     integration they go to the end. Callbacks with a ``bind(trainer)`` method receive the
     trainer. In a trainer that does not fire ``on_pre_log`` itself (a stock
-    ``transformers.Trainer``), a :class:`PreLogBridge` is placed first among them so
+    ``transformers.Trainer``), a `PreLogBridge` is placed first among them so
     their ``on_pre_log`` runs before the integrations' ``on_log``.
 
     Args:

@@ -4,9 +4,9 @@
 trl's trainers, your own): put it first in the bases. It
 
 * replaces ``trainer.callback_handler`` with our
-  :class:`~hf_callbacks_plus.loop.callback.CallbackHandler` (same callbacks, same order), so
+  `CallbackHandler` (same callbacks, same order), so
   custom events (``call_event``) work;
-* fires ``on_pre_log`` in :meth:`log` before the record reaches ``state.log_history`` and
+* fires ``on_pre_log`` in `log` before the record reaches ``state.log_history`` and
   the report_to integrations (nested metric dicts are flattened first);
 * fires ``on_training_loss`` with the raw per-micro-batch loss (only when a callback
   listens) and ``on_exception`` when ``train()`` raises (then re-raises);
@@ -107,13 +107,13 @@ class TrainerPlusMixin:
 
     Use it as the first base: ``class MyTrainer(TrainerPlusMixin, Seq2SeqTrainer): ...``.
     Callbacks with a ``bind(trainer)`` method (e.g.
-    :class:`~hf_callbacks_plus.callbacks.train_subset.TrainSubsetEvaluation`) receive the
-    trainer at construction and in :meth:`add_callback`.
+    `TrainSubsetEvaluation`) receive the
+    trainer at construction and in `add_callback`.
 
     Attributes:
-        key_grammar: The :class:`~hf_callbacks_plus.metrics.keys.KeyGrammar` of this
+        key_grammar: The `KeyGrammar` of this
             trainer: eval dataset names (when ``eval_dataset`` is a dict) and every custom
-            ``metric_key_prefix`` passed to :meth:`evaluate`/:meth:`predict`.
+            ``metric_key_prefix`` passed to `evaluate`/`predict`.
         loop_context: Read-only mapping of the arguments of the current
             ``_maybe_log_save_evaluate`` call by name (``tr_loss``, ``grad_norm``,
             ``epoch``, ``start_time``, ``learning_rate``... whichever the installed
@@ -178,7 +178,7 @@ class TrainerPlusMixin:
 
     # -- the training loop ----------------------------------------------------------------
     def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        """Forward every argument unchanged; expose them by name in :attr:`loop_context`."""
+        """Forward every argument unchanged; expose them by name in `loop_context`."""
         self.loop_context = MappingProxyType(self._bind_loop_arguments(args, kwargs))
         try:
             return super()._maybe_log_save_evaluate(*args, **kwargs)

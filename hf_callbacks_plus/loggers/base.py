@@ -2,10 +2,10 @@
 
 What the base class does, once for every backend (W&B, MLflow, JSONL):
 
-* renders every key with the shared :class:`~hf_callbacks_plus.metrics.keys.KeyGrammar`
+* renders every key with the shared `KeyGrammar`
   (curves vs. end-of-training summary), normalizes values (see
-  :mod:`hf_callbacks_plus.loggers.values`) and sanitizes names per backend;
-* hands each record to a :class:`~hf_callbacks_plus.loggers.worker.BackgroundWorker`, so
+  `hf_callbacks_plus.loggers.values`) and sanitizes names per backend;
+* hands each record to a `BackgroundWorker`, so
   ``on_log`` returns in microseconds, and backend errors never reach the training loop;
 * keeps one step axis (``global_step``): the run id and the last logged step of every metric
   are part of the checkpointed state, so a resumed training continues the same run and does
@@ -299,7 +299,7 @@ class TrackerLogger(SelfRestoringState):
         self._worker.submit_raw((dict(logs), state.global_step, int(time.time() * 1000)))
 
     def _prepare_log(self, payload: tuple[dict[str, Any], int, int]) -> Optional[dict[str, Any]]:
-        """Worker thread: turn ``on_log`` data into a record (see :func:`make_log_record`)."""
+        """Worker thread: turn ``on_log`` data into a record (see `make_log_record`)."""
         logs, step, timestamp_ms = payload
         return make_log_record(logs, step, self.grammar, self.nonfinite, self._warn, type(self).__name__,
                                timestamp_ms)

@@ -41,7 +41,7 @@ class JsonlLogger(TrackerLogger):
     Args:
         path: The JSONL file. Defaults to ``<output_dir>/metrics.jsonl`` (``output_dir`` of the
             trainer's arguments).
-        **kwargs: Options of :class:`~hf_callbacks_plus.loggers.base.TrackerLogger`
+        **kwargs: Options of `TrackerLogger`
             (``log_config``, ``nonfinite``, ``flush_timeout``...).
 
     Example:

@@ -1,8 +1,8 @@
 """Process-level concerns of the tracker loggers: which process logs, closing at exit.
 
-* :func:`is_main_process`: only world rank 0 logs (``state.is_world_process_zero`` and the
+* `is_main_process`: only world rank 0 logs (``state.is_world_process_zero`` and the
   ``RANK`` environment variable, checked at call time);
-* every open logger is in :data:`LIVE`; an ``atexit`` hook closes them, FAILED when
+* every open logger is in `LIVE`; an ``atexit`` hook closes them, FAILED when
   training was still running (a stock ``transformers.Trainer`` has no exception event, so
   this is how a crashed run gets its status), else FINISHED.
 """

@@ -127,7 +127,7 @@ class MLflowLogger(TrackerLogger):
             did not set it). Defaults to 10.
         http_max_retries: MLflow's own HTTP retries (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, set only
             when you did not set it). Our worker retries with backoff already. Defaults to 0.
-        **kwargs: Options of :class:`~hf_callbacks_plus.loggers.base.TrackerLogger`.
+        **kwargs: Options of `TrackerLogger`.
 
     Raises:
         ModuleNotFoundError: mlflow is not installed (``pip install 'hf-callbacks-plus[mlflow]'``).

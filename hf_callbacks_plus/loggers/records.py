@@ -1,8 +1,8 @@
 """The records a tracker logger queues, and how a batch of them is planned for a backend.
 
-Worker thread: :func:`make_log_record` renders one ``logs`` dict (copied on the training
+Worker thread: `make_log_record` renders one ``logs`` dict (copied on the training
 thread by ``on_log``) with the key grammar and normalizes its values into a
-``{"kind": "log", ...}`` record (curves vs. summary); :func:`plan_batch` turns a batch of
+``{"kind": "log", ...}`` record (curves vs. summary); `plan_batch` turns a batch of
 queued records (``log``, ``params``, ``tags``) into backend calls, in order: consecutive
 log records are grouped and names are sanitized.
 

@@ -36,8 +36,8 @@ def replace_report_to_callbacks(
     """Replace a Trainer's stock MLflow/W&B callbacks with our loggers, at the same position.
 
     ``TrainingArguments(report_to=["mlflow", "wandb"])`` makes the Trainer add transformers'
-    ``MLflowCallback``/``WandbCallback``. This swaps each for :class:`MLflowLogger` /
-    :class:`WandbLogger` (built from the same environment variables), keeping its place in the
+    ``MLflowCallback``/``WandbCallback``. This swaps each for `MLflowLogger` /
+    `WandbLogger` (built from the same environment variables), keeping its place in the
     callback list, and attaches the trainer to the new logger (eval dataset names, model).
 
     Args:

@@ -124,7 +124,7 @@ def is_secret_key(key: str) -> bool:
 
 def looks_like_secret(key: str, value: Any) -> bool:
     """True when a string ``value`` must not reach a backend: its key names a secret
-    (:func:`is_secret_key`) or the value looks like an access token (``hf_...``, 40 hex digits).
+    (`is_secret_key`) or the value looks like an access token (``hf_...``, 40 hex digits).
 
     Example:
         >>> looks_like_secret("train/hub_token", "hf_x"), looks_like_secret("train/note", "hello")
@@ -170,7 +170,7 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str =
 def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
     """Turn a flat config into strings, replacing every secret with ``<redacted>``.
 
-    A value is redacted when its key names a secret (:func:`is_secret_key`) or when the value
+    A value is redacted when its key names a secret (`is_secret_key`) or when the value
     itself looks like an access token (``hf_...``, 40 hex digits). Nested containers are turned
     into their ``repr``; a secret nested inside a list is caught by the value pattern only, so
     keep secrets in top-level fields.

@@ -1,6 +1,6 @@
 """``WandbLogger``: Weights & Biases logging that never blocks training and reattaches on resume.
 
-On top of :class:`~hf_callbacks_plus.loggers.base.TrackerLogger` (background worker, retry,
+On top of `TrackerLogger` (background worker, retry,
 spill, key grammar, value normalization, redacted config, rank zero, checkpointed run id):
 
 * one step axis: every row is logged with ``step=global_step`` and carries
@@ -20,7 +20,7 @@ spill, key grammar, value normalization, redacted config, rank zero, checkpointe
   (``wandb.init(id=..., resume="allow")``). Steps the run already holds are not logged again:
   W&B would reject steps lower than its current step, so the logger asks the resumed run
   (online: ``run.starting_step`` and its summary keys; offline: the earlier offline run files
-  of the same id, read with :func:`~hf_callbacks_plus.testing.read_wandb_run`);
+  of the same id, read with `read_wandb_run`);
 * ``run.finish(exit_code=0)`` at train end, ``exit_code=1`` when training raised (the
   ``on_exception`` event of ``TrainerPlus``/``LightweightTrainer``, and, in a stock
   ``transformers.Trainer``, an exit hook that runs before W&B's own when ``on_train_end``
@@ -91,7 +91,7 @@ class WandbLogger(TrackerLogger):
             working directory).
         settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None. When the
             command line holds a secret, ``x_disable_meta=True`` is added unless you set it.
-        **kwargs: Options of :class:`~hf_callbacks_plus.loggers.base.TrackerLogger`
+        **kwargs: Options of `TrackerLogger`
             (``log_config``, ``nonfinite``, ``flush_timeout``, ``spill_dir``...).
 
     Raises:

@@ -99,7 +99,7 @@ def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn
         settings: The user's ``wandb.Settings``, a dict of settings, or None.
         wandb: The ``wandb`` module.
         argv: The command-line arguments (``sys.argv[1:]``).
-        warn: A :class:`~hf_callbacks_plus.loggers.values.WarnOnce`.
+        warn: A `WarnOnce`.
 
     Returns:
         The settings to give ``wandb.init`` (None when there is nothing to set).

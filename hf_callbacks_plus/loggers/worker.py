@@ -1,13 +1,13 @@
 """The background worker every tracker logger uses: queue, retry with backoff, spill, replay.
 
-The training thread only calls :meth:`BackgroundWorker.submit` (one ``SimpleQueue.put``).
+The training thread only calls `BackgroundWorker.submit` (one ``SimpleQueue.put``).
 A daemon thread starts the run, then sends records in order, in batches. When the backend
 fails with a *transient* error, the worker keeps the records in memory (up to
 ``max_memory_records``), then appends the overflow to a JSONL spill file, and retries with
 exponential backoff; when the backend answers again it replays memory, then the file, in
 order. Records still unsent when the worker is closed are written to the spill file, which
 the next run writing to the same spill path replays first. Each spilled record carries its
-run id (see :mod:`~hf_callbacks_plus.loggers.spill`): records of another run go to that run
+run id (see `spill`): records of another run go to that run
 (``send_other``, e.g. MLflow, which can write to any run) or, for backends that write only
 to their open run, stay in the held file, with one warning. One warning when the backend
 becomes unreachable and one when it is back, never one per step.

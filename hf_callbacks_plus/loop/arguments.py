@@ -64,7 +64,7 @@ def _check_steps(name: str, value: Any, *, allow_none: bool = False) -> Any:
 
 @dataclass
 class LoopArguments:
-    """Arguments of :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`.
+    """Arguments of `LightweightTrainer`.
 
     A subset of ``transformers.TrainingArguments`` with the same names, defaults and rules;
     strategies are plain strings (transformers' enum members are accepted and converted).

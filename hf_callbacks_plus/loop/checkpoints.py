@@ -112,7 +112,7 @@ def rotate_checkpoints(
 
 
 class CheckpointMixin:
-    """Checkpoint methods of :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`."""
+    """Checkpoint methods of `LightweightTrainer`."""
 
     args: Any
     state: TrainerState

@@ -1,10 +1,10 @@
-"""Building blocks of :class:`~hf_callbacks_plus.loop.callback.CallbackHandler`'s cheap dispatch.
+"""Building blocks of `CallbackHandler`'s cheap dispatch.
 
 * ``_CallbackList``: the callback list, which tells the handler when it changes (so the
   per-event dispatch tables are rebuilt and ``handler.revision`` moves on).
 * The six keyword arguments every event receives (``model``, ``processing_class``, ...),
   kept in one place instead of being gathered at each event.
-* :func:`ignores_event_kwargs`: marks an event method that is called without them.
+* `ignores_event_kwargs`: marks an event method that is called without them.
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ class _CallbackList(list):
     del _name, _mutator
 
 
-#: Marks a method that ignores the event keyword arguments (see :func:`ignores_event_kwargs`).
+#: Marks a method that ignores the event keyword arguments (see `ignores_event_kwargs`).
 _KWARGS_FREE = "_hf_callbacks_plus_ignores_event_kwargs"
 
 
 def ignores_event_kwargs(function: Callable[..., Any]) -> Callable[..., Any]:
     """Mark an event method whose body never reads ``model=``, ``optimizer=``, ``logs=``... .
 
-    :class:`CallbackHandler` then calls it with ``args, state, control`` only, which is
+    `CallbackHandler` then calls it with ``args, state, control`` only, which is
     several times cheaper than passing the keyword arguments. A subclass overriding the
     method gets the keyword arguments again (the mark belongs to this function only).
     """

@@ -20,7 +20,7 @@ __all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics", "to_float"]
 
 
 class PredictionOutput(NamedTuple):
-    """What :meth:`LightweightTrainer.predict` returns (same fields as transformers')."""
+    """What `LightweightTrainer.predict` returns (same fields as transformers')."""
 
     predictions: list[Any]
     label_ids: Optional[Any]
@@ -81,7 +81,7 @@ def _output_loss(output: Any) -> Optional[float]:
 
 
 class EvaluationMixin:
-    """``evaluate``/``predict`` of :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`."""
+    """``evaluate``/``predict`` of `LightweightTrainer`."""
 
     args: Any
     state: TrainerState
@@ -135,7 +135,7 @@ class EvaluationMixin:
         return PredictionOutput(predictions=outputs, label_ids=None, metrics=metrics)
 
     def _timed_evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], list]:
-        """:meth:`_evaluation_loop` plus ``<prefix>_runtime`` / samples / steps per second."""
+        """`_evaluation_loop` plus ``<prefix>_runtime`` / samples / steps per second."""
         start_time = time.time()
         metrics, num_samples, outputs = self._evaluation_loop(data, prefix, caller)
         num_steps = math.ceil(num_samples / self.args.eval_batch_size)

@@ -44,7 +44,7 @@ class TrainerCallback(TrainerCallbackBase):
 
     When transformers is installed this class derives from ``transformers.TrainerCallback``,
     so the same callback runs in a stock ``transformers.Trainer``, in ``TrainerPlus`` and in
-    :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`.
+    `LightweightTrainer`.
     """
 
     def on_init_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):

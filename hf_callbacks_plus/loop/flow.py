@@ -1,7 +1,7 @@
 """DefaultFlowCallback, ProgressCallback and PrinterCallback, as in transformers 5.x.
 
 The behaviour is line for line that of ``transformers.trainer_callback``. Strategies are
-compared with plain strings, which matches both :class:`LoopArguments` (strings) and
+compared with plain strings, which matches both `LoopArguments` (strings) and
 ``transformers.TrainingArguments`` (``IntervalStrategy``/``SaveStrategy`` are str enums).
 """
 
@@ -26,7 +26,7 @@ def _has_length(data: Any) -> bool:
 class DefaultFlowCallback(TrainerCallback):
     """Decides when to log, evaluate, save and stop, from the ``*_strategy``/``*_steps`` args.
 
-    Always installed first by :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`,
+    Always installed first by `LightweightTrainer`,
     like transformers' own.
     """
 

@@ -10,7 +10,7 @@ __all__ = ["TrainOutput", "TrainingPlan", "plan_training"]
 
 
 class TrainOutput(NamedTuple):
-    """What :meth:`LightweightTrainer.train` returns (same fields as transformers')."""
+    """What `LightweightTrainer.train` returns (same fields as transformers')."""
 
     global_step: int
     training_loss: float

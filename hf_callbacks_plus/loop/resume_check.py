@@ -50,12 +50,12 @@ def run_resume_check(
     """Fire ``on_resume_check`` for ``checkpoint``; return its state when a callback vetoes training.
 
     Args:
-        handler: The trainer's :class:`~hf_callbacks_plus.loop.callback.CallbackHandler`.
+        handler: The trainer's `CallbackHandler`.
         args: The trainer's arguments, passed to the event.
         checkpoint: The resolved ``checkpoint-N`` folder, or None (fresh run: nothing to check).
         trainer_name: Named in the WARNING line (``"LightweightTrainer"``, ``"TrainerPlus"``).
         state_class: Class whose ``load_from_json`` reads ``trainer_state.json``. Defaults to
-            our :class:`~hf_callbacks_plus.loop.state.TrainerState`.
+            our `TrainerState`.
         control_class: Class of the fresh control passed to the event. Defaults to ours.
 
     Returns:

@@ -27,7 +27,7 @@ class ExportableState(ExportableStateBase):
     ``transformers.trainer_callback.ExportableState``, so a stock ``Trainer`` saves our
     stateful callbacks into ``trainer_state.json`` exactly like its own.
 
-    Subclasses implement :meth:`state` returning ``{"args": {...}, "attributes": {...}}``.
+    Subclasses implement `state` returning ``{"args": {...}, "attributes": {...}}``.
     """
 
     def state(self) -> dict[str, Any]:
@@ -36,7 +36,7 @@ class ExportableState(ExportableStateBase):
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ExportableState:
-        """Build an instance from the dict returned by :meth:`state`."""
+        """Build an instance from the dict returned by `state`."""
         instance = cls(**state["args"])
         for key, value in state["attributes"].items():
             setattr(instance, key, value)
@@ -113,7 +113,7 @@ class TrainerState:
 
     @classmethod
     def load_from_json(cls, json_path: Union[str, os.PathLike]) -> TrainerState:
-        """Read a state written by :meth:`save_to_json` or by transformers.
+        """Read a state written by `save_to_json` or by transformers.
 
         Keys unknown to this version (written by a newer or older transformers) are ignored.
         """

@@ -20,7 +20,7 @@ __all__ = ["StepsMixin"]
 
 
 class StepsMixin:
-    """The step loops and optimizer hooks of :class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer`."""
+    """The step loops and optimizer hooks of `LightweightTrainer`."""
 
     args: Any
     state: TrainerState

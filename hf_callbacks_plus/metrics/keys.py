@@ -251,7 +251,7 @@ class KeyGrammar:
         return MetricKey(key, "train", None, key, f"train/{key}")
 
     def render(self, key: str, *, summary: bool = False) -> str:
-        """Return the tracker name of ``key`` (see :meth:`parse`)."""
+        """Return the tracker name of ``key`` (see `parse`)."""
         return self.parse(key, summary=summary).rendered
 
     @staticmethod
@@ -344,7 +344,7 @@ def grammar_for(trainer: Any) -> KeyGrammar:
     """Return ``trainer.key_grammar``, creating (and attaching) it when missing.
 
     ``TrainerPlus`` keeps one grammar per trainer and feeds it the prefixes passed to
-    ``evaluate``; for any other trainer this builds one with :meth:`KeyGrammar.from_trainer`
+    ``evaluate``; for any other trainer this builds one with `KeyGrammar.from_trainer`
     and stores it on the trainer, so every callback of that trainer shares it.
 
     Args:

@@ -1,9 +1,9 @@
 """Monitor: metric lookup, mode, ``min_delta`` and finiteness, in one reusable piece.
 
 Every component that watches a metric (``EarlyStopping``, best-model logic, schedulers)
-uses :class:`Monitor`, so "is this value better than that one" has one definition:
+uses `Monitor`, so "is this value better than that one" has one definition:
 
-* lookup goes through :class:`~hf_callbacks_plus.metrics.keys.KeyGrammar` (``"accuracy"``
+* lookup goes through `KeyGrammar` (``"accuracy"``
   finds ``eval_accuracy``; ``"eval/accuracy"`` finds it through rendering);
 * ``mode`` is ``"min"``, ``"max"`` or ``"auto"`` (decided from the metric name, like Keras
   and Composer; a name that says nothing raises an error telling what to pass);
@@ -11,7 +11,7 @@ uses :class:`Monitor`, so "is this value better than that one" has one definitio
   (``min_delta_mode="relative"``);
 * a non-finite value (NaN, +-Inf) is never an improvement, so it never becomes "best".
 
-:meth:`Monitor.is_improvement` is a pure function of its two arguments.
+`Monitor.is_improvement` is a pure function of its two arguments.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def infer_mode(name: str) -> Optional[str]:
     """Guess ``"min"`` or ``"max"`` from a metric name, or None when the name does not tell.
 
     The name is lower-cased and split on non-alphanumeric characters; a token from
-    :data:`MINIMIZE_WORDS` means ``"min"``, one from :data:`MAXIMIZE_WORDS` ``"max"``.
+    `MINIMIZE_WORDS` means ``"min"``, one from `MAXIMIZE_WORDS` ``"max"``.
     Names with tokens of both kinds, or a token such as ``gap`` (whose sign depends on the
     producer), return None.
 
@@ -130,12 +130,12 @@ class Monitor:
             ``metric_for_best_model`` (``"accuracy"`` -> ``eval_accuracy`` when present), or a
             rendered name (``"eval/accuracy"``).
         mode: ``"min"``, ``"max"`` or ``"auto"`` (decided from the name, see
-            :func:`infer_mode`). Defaults to ``"auto"``.
+            `infer_mode`). Defaults to ``"auto"``.
         min_delta: How much a value must beat the best by to count as an improvement; must
             be >= 0. Defaults to 0.0.
         min_delta_mode: ``"absolute"`` (beat the best by ``min_delta``) or ``"relative"``
             (beat it by ``min_delta * abs(best)``). Defaults to ``"absolute"``.
-        grammar: The key grammar used for lookup. Defaults to a new :class:`KeyGrammar`.
+        grammar: The key grammar used for lookup. Defaults to a new `KeyGrammar`.
 
     Raises:
         TypeError: An argument has the wrong type.

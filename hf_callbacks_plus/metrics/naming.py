@@ -1,6 +1,6 @@
 """Metric-dict helpers of the key grammar: flattening, prefixing, "did you mean".
 
-Re-exported by :mod:`hf_callbacks_plus.metrics.keys` (import them from there).
+Re-exported by `hf_callbacks_plus.metrics.keys` (import them from there).
 """
 
 from __future__ import annotations

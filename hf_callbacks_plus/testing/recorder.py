@@ -1,11 +1,11 @@
 """Record the events a trainer fires and compare two recordings.
 
-:class:`EventRecorder` is a callback that writes down every event it receives as a
-:class:`TraceEvent` (name, ``global_step``, ``epoch``, the control flags after the event,
-the sorted keys of ``logs``/``metrics``). :func:`diff_traces` explains the first place two
+`EventRecorder` is a callback that writes down every event it receives as a
+`TraceEvent` (name, ``global_step``, ``epoch``, the control flags after the event,
+the sorted keys of ``logs``/``metrics``). `diff_traces` explains the first place two
 recordings disagree. Together they let you test a callback: run it, record, compare with
 what you expect, or run the same configuration in ``transformers.Trainer`` and in
-:class:`~hf_callbacks_plus.loop.trainer.LightweightTrainer` and compare both traces.
+`LightweightTrainer` and compare both traces.
 
 Example:
     >>> from hf_callbacks_plus.loop import LightweightTrainer, LoopArguments
@@ -38,14 +38,14 @@ _FLAG_LETTERS = {"should_training_stop": "T", "should_epoch_stop": "E", "should_
 
 @dataclass(frozen=True)
 class TraceEvent:
-    """One event as seen by :class:`EventRecorder`.
+    """One event as seen by `EventRecorder`.
 
     Attributes:
         event: The event name, e.g. ``"on_step_end"``.
         global_step: ``state.global_step`` when the event fired.
         epoch: ``state.epoch`` (rounded to 10 decimals), or None.
         flags: The names of the control flags that were True after the event (in the order of
-            :data:`CONTROL_FLAGS`).
+            `CONTROL_FLAGS`).
         keys: Sorted keys of the event's ``logs`` or ``metrics`` (empty when it has none).
         values: A shallow copy of ``logs``/``metrics``; not compared by ``==``.
     """

@@ -12,7 +12,7 @@ A LevelDB-style log of protobuf ``wandb.proto.wandb_internal_pb2.Record`` messag
   padding.
 
 This module implements the format itself (it needs nothing from ``wandb``, not even its
-private internals) and verifies every checksum; :mod:`hf_callbacks_plus.testing.wandb_reader`
+private internals) and verifies every checksum; `hf_callbacks_plus.testing.wandb_reader`
 decodes the records (protobuf ``wandb_internal_pb2.Record``) into a run.
 """
 

@@ -3,8 +3,8 @@
 ``wandb.init(mode="offline")`` writes every record of a run to
 ``<WANDB_DIR>/wandb/offline-run-<time>-<id>/run-<id>.wandb``, a LevelDB-style log of
 protobuf ``wandb.proto.wandb_internal_pb2.Record`` messages whose framing (blocks, chunks,
-checksums) :mod:`hf_callbacks_plus.testing.wandb_log` decodes. This module folds the
-records into a :class:`WandbRun`: history rows, config, summary, run id, project, tags and
+checksums) `hf_callbacks_plus.testing.wandb_log` decodes. This module folds the
+records into a `WandbRun`: history rows, config, summary, run id, project, tags and
 exit code.
 
 Example:
@@ -220,7 +220,7 @@ def _item_path(item: Any) -> list[str]:
 
 
 class _Folder:
-    """Applies records, in order, to a :class:`WandbRun`."""
+    """Applies records, in order, to a `WandbRun`."""
 
     def __init__(self, run: WandbRun, internal_keys: bool) -> None:
         self.run = run
