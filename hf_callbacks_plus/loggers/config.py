@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .values import flatten_config, redact_config
+from .secrets import redact_config
+from .values import flatten_config
 
 __all__ = ["args_to_dict", "collect_config", "model_config_to_dict"]
 

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ..metrics.keys import KeyGrammar
-from .values import REDACTED, WarnOnce, looks_like_secret, normalize_value
+from .secrets import REDACTED, looks_like_secret
+from .values import WarnOnce, normalize_value
 
 __all__ = ["make_log_record", "plan_batch"]
 

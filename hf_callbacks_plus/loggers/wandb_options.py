@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional, Sequence
 
-from .values import command_line_has_secret
+from .secrets import command_line_has_secret
 
 __all__ = [
     "LOG_MODEL_CHOICES", "MAX_TAG_LENGTH", "MODE_CHOICES", "RESUME_CHOICES", "STEP_KEY", "WATCH_CHOICES",

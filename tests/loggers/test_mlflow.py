@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from hf_callbacks_plus.callbacks.stateful import SelfRestoringState  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
-from hf_callbacks_plus.loggers.values import REDACTED  # noqa: E402
+from hf_callbacks_plus.loggers.secrets import REDACTED  # noqa: E402
 from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402
 

@@ -11,14 +11,8 @@ import torch
 
 from hf_callbacks_plus.loggers.config import collect_config
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger
-from hf_callbacks_plus.loggers.values import (
-    REDACTED,
-    NameSanitizer,
-    flatten_config,
-    is_secret_key,
-    normalize_value,
-    redact_config,
-)
+from hf_callbacks_plus.loggers.secrets import REDACTED, is_secret_key, redact_config
+from hf_callbacks_plus.loggers.values import NameSanitizer, flatten_config, normalize_value
 from tests.tiny_models import training_args
 
 
