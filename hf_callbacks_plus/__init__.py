@@ -14,11 +14,11 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     # the lightweight loop
-    "TrainerCallback": "hf_callbacks_plus.loop.callback",
-    "CallbackHandler": "hf_callbacks_plus.loop.callback",
-    "TrainerState": "hf_callbacks_plus.loop.state",
-    "TrainerControl": "hf_callbacks_plus.loop.state",
-    "ExportableState": "hf_callbacks_plus.loop.state",
+    "TrainerCallback": "hf_callbacks_plus.core.callback",
+    "CallbackHandler": "hf_callbacks_plus.core.handler",
+    "TrainerState": "hf_callbacks_plus.core.state",
+    "TrainerControl": "hf_callbacks_plus.core.state",
+    "ExportableState": "hf_callbacks_plus.core.state",
     "LoopArguments": "hf_callbacks_plus.loop.arguments",
     "DefaultFlowCallback": "hf_callbacks_plus.loop.flow",
     "ProgressCallback": "hf_callbacks_plus.loop.flow",

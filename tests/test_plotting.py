@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 
 from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation  # noqa: E402
 from hf_callbacks_plus.cli import main  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
-from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.plotting import collect_curves, load_log_history, plot_learning_curves  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402
 

@@ -10,6 +10,7 @@ import logging
 import math
 from typing import Any, Optional
 
+from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar
 from ..metrics.monitor import Monitor, to_float
 from .best_weights import BestWeights
@@ -23,7 +24,6 @@ from .early_stopping_checks import (
     missing_metric_problem,
     monitor_from_args,
 )
-from .stateful import SelfRestoringState
 from .stop_reason import Decision, StopReason, stop_message
 
 __all__ = ["Decision", "EarlyStopping", "StopReason"]

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
-from ..loop.callback import TrainerCallback
+from ..core.callback import TrainerCallback
 from ..metrics.keys import KeyGrammar
 from ..metrics.monitor import to_float
 

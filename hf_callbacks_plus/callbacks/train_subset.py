@@ -26,7 +26,7 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
-from ..loop.callback import TrainerCallback
+from ..core.callback import TrainerCallback
 from .subset_sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]

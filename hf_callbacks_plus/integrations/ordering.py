@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..loop.callback import TrainerCallback
+from ..core.callback import TrainerCallback
 
 __all__ = ["PreLogBridge", "bind_trainer", "is_integration_callback", "run_before_integrations"]
 

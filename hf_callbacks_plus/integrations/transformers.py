@@ -29,8 +29,8 @@ from types import MappingProxyType
 from typing import Any
 
 from .._compat import require
-from ..loop.callback import CallbackHandler
-from ..loop.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
+from ..core.handler import CallbackHandler
+from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import KeyGrammar, flatten_metrics, grammar_for
 from .ordering import bind_trainer, is_integration_callback, run_before_integrations
 
@@ -214,7 +214,7 @@ class TrainerPlusMixin:
         """``Trainer.train``; on an exception, fire ``on_exception`` then re-raise it.
 
         When resuming, ``on_resume_check`` fires first (see
-        ``hf_callbacks_plus.loop.resume_check``); if a callback vetoes the run, the
+        ``hf_callbacks_plus.core.resume_check``); if a callback vetoes the run, the
         checkpoint's weights and state are loaded, no training event fires and the
         ``TrainOutput`` metrics hold ``train_skipped=1.0``.
         """

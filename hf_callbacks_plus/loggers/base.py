@@ -38,7 +38,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Optional
 
-from ..callbacks.stateful import SelfRestoringState
+from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
 from .config import collect_config
 from .lifecycle import FAILED, FINISHED, LIVE, is_main_process

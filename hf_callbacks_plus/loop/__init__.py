@@ -1,9 +1,10 @@
 """A transformers-free training loop with ``transformers.Trainer``'s exact callback semantics."""
 
+from ..core.callback import EVENTS, TrainerCallback
+from ..core.handler import CallbackHandler
+from ..core.state import ExportableState, TrainerControl, TrainerState
 from .arguments import LoopArguments
-from .callback import EVENTS, CallbackHandler, TrainerCallback
 from .flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
-from .state import ExportableState, TrainerControl, TrainerState
 from .trainer import LightweightTrainer, TrainOutput
 
 __all__ = [

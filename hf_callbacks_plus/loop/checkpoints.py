@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .state import TRAINER_STATE_NAME, TrainerControl, TrainerState, exportable_state_types
+from ..core.state import TRAINER_STATE_NAME, TrainerControl, TrainerState, exportable_state_types
 
 __all__ = [
     "MODEL_STATE_NAME",

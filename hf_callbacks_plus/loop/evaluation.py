@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
+from ..core.state import TrainerControl, TrainerState
 from ..metrics.keys import add_prefix, did_you_mean
-from .state import TrainerControl, TrainerState
 
 __all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics", "to_float"]
 

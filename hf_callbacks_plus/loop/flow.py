@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._compat import require
-from .callback import TrainerCallback, ignores_event_kwargs
-from .state import TrainerControl, TrainerState
+from ..core.callback import TrainerCallback
+from ..core.handler import ignores_event_kwargs
+from ..core.state import TrainerControl, TrainerState
 
 __all__ = ["DefaultFlowCallback", "PrinterCallback", "ProgressCallback"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..core.state import TrainerControl, TrainerState
 from .evaluation import speed_metrics
 from .plan import TrainOutput
-from .state import TrainerControl, TrainerState
 
 __all__ = ["LoggingMixin"]
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Optional
 
+from ..core.state import TrainerControl, TrainerState
 from .evaluation import to_float
-from .state import TrainerControl, TrainerState
 
 __all__ = ["StepsMixin"]
 

@@ -18,15 +18,15 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Optional, Union
 
+from ..core.handler import CallbackHandler, CallbackRef
+from ..core.resume_check import run_resume_check, skipped_metrics
+from ..core.state import TrainerControl, TrainerState
 from .arguments import LoopArguments
-from .callback import CallbackHandler, CallbackRef
 from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin
 from .flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from .logs import LoggingMixin
 from .plan import TrainOutput, plan_training
-from .resume_check import run_resume_check, skipped_metrics
-from .state import TrainerControl, TrainerState
 from .steps import StepsMixin
 
 __all__ = ["LightweightTrainer", "TrainOutput"]
@@ -169,7 +169,7 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
                 ``args.output_dir``, or None. Defaults to None.
 
         Before resuming, the custom event ``on_resume_check`` lets a callback veto the run
-        (see ``hf_callbacks_plus.loop.resume_check``): then no training event fires,
+        (see ``hf_callbacks_plus.core.resume_check``): then no training event fires,
         ``self.state`` is the checkpoint's and the metrics hold ``train_skipped=1.0``.
 
         Returns:

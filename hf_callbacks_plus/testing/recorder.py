@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..loop.callback import EVENTS, TrainerCallback
+from ..core.callback import EVENTS, TrainerCallback
 
 __all__ = ["CONTROL_FLAGS", "EventRecorder", "TraceEvent", "diff_traces"]
 

@@ -3,9 +3,9 @@
 import json
 
 from hf_callbacks_plus._compat import trainer_saves_callback_states_per_checkpoint
-from hf_callbacks_plus.callbacks.stateful import SelfRestoringState
+from hf_callbacks_plus.core.state import TrainerState
+from hf_callbacks_plus.core.stateful import SelfRestoringState
 from hf_callbacks_plus.loop.arguments import LoopArguments
-from hf_callbacks_plus.loop.state import TrainerState
 
 
 class Counter(SelfRestoringState):

@@ -101,7 +101,7 @@ def test_validation(kwargs, error, message):
 
 
 def test_star_watches_every_value():
-    from hf_callbacks_plus.loop.state import TrainerControl, TrainerState
+    from hf_callbacks_plus.core.state import TrainerControl, TrainerState
 
     guard, control = TerminateOnNonFinite(monitor="*"), TrainerControl()
     metrics = {"eval_f1": 0.5, "eval_x": torch.tensor(-math.inf)}

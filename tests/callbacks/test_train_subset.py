@@ -14,9 +14,9 @@ from transformers import EarlyStoppingCallback  # noqa: E402
 
 from hf_callbacks_plus.callbacks.subset_sampling import choose_indices  # noqa: E402
 from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.integrations.ordering import run_before_integrations  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
-from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
 from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
 from tests.tiny_models import RegressionDataset, make_trainer  # noqa: E402
 

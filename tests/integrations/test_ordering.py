@@ -9,13 +9,13 @@ pytest.importorskip("transformers")
 from transformers.integrations import TensorBoardCallback  # noqa: E402
 from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback  # noqa: E402
 
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.integrations.ordering import (  # noqa: E402
     PreLogBridge,
     is_integration_callback,
     run_before_integrations,
 )
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
-from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
 from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402
 

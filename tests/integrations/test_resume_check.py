@@ -13,8 +13,8 @@ import transformers  # noqa: E402
 from transformers.trainer_utils import TrainOutput  # noqa: E402
 
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
-from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.testing import EventRecorder  # noqa: E402
 from tests.callbacks.early_stopping_helpers import saved_state  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402

@@ -11,8 +11,9 @@ pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
 
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from hf_callbacks_plus.core.handler import CallbackHandler  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus, TrainerPlusMixin  # noqa: E402
-from hf_callbacks_plus.loop.callback import CallbackHandler, TrainerCallback  # noqa: E402
 from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
 from tests.tiny_models import RegressionDataset, make_trainer  # noqa: E402
 

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
+from hf_callbacks_plus.core.callback import TrainerCallback
 from hf_callbacks_plus.loggers.jsonl import JsonlLogger
 from hf_callbacks_plus.loop.arguments import LoopArguments
-from hf_callbacks_plus.loop.callback import TrainerCallback
 from hf_callbacks_plus.loop.trainer import LightweightTrainer
 from tests.tiny_models import make_trainer
 

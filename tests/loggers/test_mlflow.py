@@ -12,10 +12,10 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from hf_callbacks_plus.callbacks.stateful import SelfRestoringState  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from hf_callbacks_plus.core.stateful import SelfRestoringState  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loggers.secrets import REDACTED  # noqa: E402
-from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402
 
 pytestmark = [pytest.mark.mlflow, pytest.mark.transformers]
@@ -152,7 +152,7 @@ def test_stock_trainer_exception_marks_the_run_failed_at_exit(tmp_path, sqlite_u
     closes the run FAILED (after flushing what was logged)."""
     script = textwrap.dedent(f"""
         from hf_callbacks_plus.loggers.mlflow import MLflowLogger
-        from hf_callbacks_plus.loop.callback import TrainerCallback
+        from hf_callbacks_plus.core.callback import TrainerCallback
         from tests.tiny_models import make_trainer
 
         class Boom(TrainerCallback):

@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
-from hf_callbacks_plus.loop.callback import TrainerCallback  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402
 
 pytestmark = [pytest.mark.mlflow, pytest.mark.transformers, pytest.mark.slow]

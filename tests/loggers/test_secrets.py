@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hf_callbacks_plus.core.callback import TrainerCallback
 from hf_callbacks_plus.loggers.jsonl import JsonlLogger
 from hf_callbacks_plus.loggers.secrets import REDACTED, command_line_has_secret, looks_like_secret
-from hf_callbacks_plus.loop.callback import TrainerCallback
 from tests.tiny_models import make_trainer
 
 pytestmark = pytest.mark.transformers

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from hf_callbacks_plus.core.handler import ignores_event_kwargs
 from hf_callbacks_plus.loop import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
-from hf_callbacks_plus.loop.callback import ignores_event_kwargs
 
 
 class KwargsSeen(TrainerCallback):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from hf_callbacks_plus.core.resume_check import TRAIN_SKIPPED_METRIC
 from hf_callbacks_plus.loop import LightweightTrainer, LoopArguments, TrainerCallback, TrainerState
-from hf_callbacks_plus.loop.resume_check import TRAIN_SKIPPED_METRIC
 from hf_callbacks_plus.testing import EventRecorder
 
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from hf_callbacks_plus.loop.state import TrainerControl, TrainerState
+from hf_callbacks_plus.core.state import TrainerControl, TrainerState
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.transformers

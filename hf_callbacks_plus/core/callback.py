@@ -1,6 +1,6 @@
 """The callback interface: ``TrainerCallback`` with every event of transformers.Trainer.
 
-Kept apart from the dispatching ``CallbackHandler`` (callback.py): this module is what a
+Kept apart from the dispatching ``CallbackHandler`` (handler.py): this module is what a
 callback author reads.
 """
 

@@ -18,8 +18,8 @@ import os
 from typing import Any, Optional
 
 from .._compat import trainer_saves_callback_states_per_checkpoint
-from ..loop.callback import TrainerCallback
-from ..loop.state import ExportableState
+from .callback import TrainerCallback
+from .state import ExportableState
 
 __all__ = ["SelfRestoringState"]
 

@@ -1,0 +1,22 @@
+"""The callback protocol every other layer builds on.
+
+State and control (``state``), the callback interface (``callback``), the dispatching
+handler (``handler``), the self-restoring stateful-callback base (``stateful``) and the
+resume check shared by both runners (``resume_check``). Nothing here imports a trainer.
+"""
+
+from .callback import EVENTS, TrainerCallback
+from .handler import CallbackHandler, ignores_event_kwargs
+from .state import ExportableState, TrainerControl, TrainerState
+from .stateful import SelfRestoringState
+
+__all__ = [
+    "EVENTS",
+    "CallbackHandler",
+    "ExportableState",
+    "SelfRestoringState",
+    "TrainerCallback",
+    "TrainerControl",
+    "TrainerState",
+    "ignores_event_kwargs",
+]
