@@ -1,5 +1,12 @@
 """Stateful early stopping for ``transformers.Trainer``, ``TrainerPlus`` and ``LightweightTrainer``.
 
+The callback is the I/O part: it finds the metric in what the trainer reports, asks the pure
+`StoppingPolicy` (``early_stopping_policy.py``) what one observation means, stores the
+answer, reports it and tells the user. What counts as an improvement is the `Monitor`'s
+(``metrics/monitor.py``); the checks of the run against the metric are in
+``early_stopping_diagnosis.py``; ``StopReason``/``Decision`` and the stop sentence in
+``stop_reason.py``.
+
 See ``docs/early_stopping.md`` for the feature table against transformers, Lightning and
 Keras, and the migration from ``transformers.EarlyStoppingCallback``.
 """
@@ -7,28 +14,49 @@ Keras, and the migration from ``transformers.EarlyStoppingCallback``.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Optional
 
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar
-from ..metrics.monitor import Monitor, to_float
+from ..metrics.monitor import Monitor, check_mode
+from ..metrics.numbers import to_float
 from .best_weights import BestWeights
 from .distributed import broadcast_from_rank0, distributed_world_size
-from .early_stopping_checks import (
+from .early_stopping_diagnosis import (
     check_against_args,
-    check_arguments,
-    check_thresholds,
     check_unique_state_key,
     expected_prefix,
     missing_metric_problem,
     monitor_from_args,
 )
+from .early_stopping_policy import Progress, StoppingPolicy
 from .stop_reason import Decision, StopReason, stop_message
 
 __all__ = ["Decision", "EarlyStopping", "StopReason"]
 
 logger = logging.getLogger("hf_callbacks_plus")
+
+_ARGUMENTS = (
+    "monitor", "mode", "patience", "min_delta", "min_delta_mode", "baseline", "start_from_step",
+    "start_from_epoch", "stopping_threshold", "divergence_threshold", "check_finite", "strict",
+    "restore_best", "reset_on_resume", "sync_decision", "report", "log_name",
+)
+_FLAGS = ("strict", "restore_best", "reset_on_resume", "sync_decision", "report")
+
+
+def _check_own_arguments(monitor: Any, flags: dict[str, Any], log_name: Any) -> None:
+    """The callback's own arguments (the metric's and the rule's are checked where they live)."""
+    if monitor is not None and (not isinstance(monitor, str) or not monitor):
+        raise TypeError(
+            f"EarlyStopping: monitor must be a non-empty string (e.g. 'eval_loss') or None "
+            f"(use args.metric_for_best_model), got {monitor!r}."
+        )
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"EarlyStopping: {name} must be True or False, got {value!r}.")
+    if log_name is not None and (not isinstance(log_name, str) or not log_name or "/" in log_name):
+        raise ValueError(f"EarlyStopping: log_name must be None or a non-empty string without '/', "
+                         f"got {log_name!r}.")
 
 
 class EarlyStopping(SelfRestoringState):
@@ -89,38 +117,49 @@ class EarlyStopping(SelfRestoringState):
     """
 
     def __init__(
-        self, monitor: Optional[str] = None, mode: str = "auto", patience: int = 3, min_delta: float = 0.0,
-        min_delta_mode: str = "absolute", baseline: Optional[float] = None, start_from_step: int = 0,
-        start_from_epoch: float = 0, stopping_threshold: Optional[float] = None,
-        divergence_threshold: Optional[float] = None, check_finite: bool = True, strict: bool = True,
-        restore_best: bool = False, reset_on_resume: bool = False, sync_decision: bool = True,
-        report: bool = True, log_name: Optional[str] = None,
+        self,
+        monitor: Optional[str] = None,
+        mode: str = "auto",
+        patience: int = 3,
+        min_delta: float = 0.0,
+        min_delta_mode: str = "absolute",
+        baseline: Optional[float] = None,
+        start_from_step: int = 0,
+        start_from_epoch: float = 0,
+        stopping_threshold: Optional[float] = None,
+        divergence_threshold: Optional[float] = None,
+        check_finite: bool = True,
+        strict: bool = True,
+        restore_best: bool = False,
+        reset_on_resume: bool = False,
+        sync_decision: bool = True,
+        report: bool = True,
+        log_name: Optional[str] = None,
     ) -> None:
-        self._options = {
-            "monitor": monitor, "mode": mode, "patience": patience, "min_delta": min_delta,
-            "min_delta_mode": min_delta_mode, "baseline": baseline, "start_from_step": start_from_step,
-            "start_from_epoch": start_from_epoch, "stopping_threshold": stopping_threshold,
-            "divergence_threshold": divergence_threshold, "check_finite": check_finite, "strict": strict,
-            "restore_best": restore_best, "reset_on_resume": reset_on_resume,
-            "sync_decision": sync_decision, "report": report, "log_name": log_name,
-        }
-        check_arguments(self._options)
+        # the constructor arguments, saved with the state (``state_args``): first statement
+        options = dict(locals())
+        self._options: dict[str, Any] = {name: options[name] for name in _ARGUMENTS}
+        _check_own_arguments(monitor, {name: self._options[name] for name in _FLAGS}, log_name)
+        check_mode(mode, min_delta, min_delta_mode, owner="EarlyStopping")
+        self.policy = StoppingPolicy(
+            patience=patience, baseline=baseline, stopping_threshold=stopping_threshold,
+            divergence_threshold=divergence_threshold, start_from_step=start_from_step,
+            start_from_epoch=start_from_epoch, check_finite=check_finite)
         for name, value in self._options.items():
             setattr(self, name, value)
         self.grammar = KeyGrammar()
         self._monitor: Optional[Monitor] = None
         if monitor is not None:
             self._monitor = self._build_monitor(monitor, mode)
-        if self._monitor is not None or mode != "auto":
-            check_thresholds(self._monitor.mode if self._monitor is not None else mode,
-                             baseline, stopping_threshold, divergence_threshold)
+        self.policy.check_for(self._monitor.mode if self._monitor is not None
+                              else None if mode == "auto" else mode)
         self._best_weights = BestWeights()
         self._pending_report: dict[str, Any] = {}
         self.reset()
 
     def _build_monitor(self, monitor: str, mode: str) -> Monitor:
         return Monitor(monitor, mode=mode, min_delta=self.min_delta, min_delta_mode=self.min_delta_mode,
-                       grammar=self.grammar)
+                       grammar=self.grammar, owner="EarlyStopping")
 
     # -- state ---------------------------------------------------------------------------
     def reset(self) -> None:
@@ -184,39 +223,24 @@ class EarlyStopping(SelfRestoringState):
         self.message = attributes.get("message", "")
         self.best_checkpoint = attributes.get("best_checkpoint")
 
-    # -- the decision (pure) ---------------------------------------------------------------
-    def _in_warmup(self, step: int, epoch: float) -> bool:
-        return (0 < self.start_from_step >= step) or (0 < self.start_from_epoch >= epoch)
+    # -- the decision (pure, see StoppingPolicy) ------------------------------------------
+    @property
+    def progress(self) -> Progress:
+        """The counter and best value so far, as the policy reads them."""
+        return Progress(self.wait, self.best_value, self.best_step, self.best_epoch)
 
     def decide(self, value: float, step: int, epoch: float) -> Decision:
         """What one observation means, given the current state; changes nothing.
 
         Order: non-finite check, warm-up, divergence, improvement (against the best, else the
-        baseline), stopping threshold, patience.
+        baseline), stopping threshold, patience (see `StoppingPolicy.decide`).
+
+        Raises:
+            RuntimeError: Called before the monitor is known (``monitor=None`` before train begin).
         """
-        monitor = self._monitor
-        if monitor is None:
+        if self._monitor is None:
             raise RuntimeError("EarlyStopping.decide() needs a resolved monitor (call it after train begin).")
-        best = (self.best_value, self.best_step, self.best_epoch)
-        if self.check_finite and not math.isfinite(value):
-            return Decision(False, self.wait, *best, StopReason.NON_FINITE)
-        if self._in_warmup(step, epoch):
-            return Decision(False, self.wait, *best, StopReason.NOT_STOPPED)
-        if (self.divergence_threshold is not None and not math.isnan(value)
-                and monitor.is_worse_than(value, self.divergence_threshold)):
-            return Decision(False, self.wait + 1, *best, StopReason.DIVERGENCE_THRESHOLD)
-        reference = self.best_value if self.best_value is not None else self.baseline
-        improved = monitor.is_improvement(value, reference)
-        wait = 0 if improved else self.wait + 1
-        if improved:
-            best = (value, step, epoch)
-        reason = StopReason.NOT_STOPPED
-        if self.stopping_threshold is not None and monitor.reaches(value, self.stopping_threshold):
-            reason = StopReason.STOPPING_THRESHOLD
-        elif not improved and wait >= self.patience:
-            no_best = best[0] is None and self.baseline is not None
-            reason = StopReason.BASELINE_NOT_REACHED if no_best else StopReason.PATIENCE
-        return Decision(improved, wait, *best, reason)
+        return self.policy.decide(self._monitor, value, step, epoch, self.progress)
 
     def _synchronized(self, decision: Decision) -> Decision:
         """Rank 0's decision on every rank (unchanged when not distributed)."""
@@ -302,8 +326,7 @@ class EarlyStopping(SelfRestoringState):
         if self.monitor is None:
             monitor, mode = monitor_from_args(args, self.mode)
             self._monitor = self._build_monitor(monitor, mode)
-            check_thresholds(self._monitor.mode, self.baseline, self.stopping_threshold,
-                             self.divergence_threshold)
+            self.policy.check_for(self._monitor.mode)
         if self._monitor is None:
             raise RuntimeError("EarlyStopping: monitor could not be resolved.")
         return self._monitor.monitor

@@ -22,7 +22,7 @@ from typing import Any, Optional, Union
 
 from ..core.callback import TrainerCallback
 from ..metrics.keys import KeyGrammar
-from ..metrics.monitor import to_float
+from ..metrics.numbers import to_float
 
 __all__ = ["NonFiniteError", "TerminateOnNonFinite"]
 

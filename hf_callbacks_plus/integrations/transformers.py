@@ -31,7 +31,7 @@ from typing import Any
 from .._compat import require
 from ..core.handler import CallbackHandler
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
-from ..metrics.keys import KeyGrammar, flatten_metrics, grammar_for
+from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
 from .ordering import bind_trainer, is_integration_callback, run_before_integrations
 
 transformers = require("transformers", "TrainerPlus")
@@ -172,8 +172,7 @@ class TrainerPlusMixin:
         return super().predict(*args, **kwargs)
 
     def _declare_prefix(self, prefix: Any) -> None:
-        builtin = ("eval", "test", "train")
-        if isinstance(prefix, str) and prefix and prefix not in builtin and "/" not in prefix:
+        if isinstance(prefix, str) and prefix and prefix not in BUILTIN_SECTIONS and "/" not in prefix:
             self.key_grammar.declare_prefix(prefix)
 
     # -- the training loop ----------------------------------------------------------------

@@ -15,8 +15,9 @@ from typing import Any, NamedTuple, Optional
 
 from ..core.state import TrainerControl, TrainerState
 from ..metrics.keys import add_prefix, did_you_mean
+from ..metrics.numbers import to_float
 
-__all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics", "to_float"]
+__all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics"]
 
 
 class PredictionOutput(NamedTuple):
@@ -48,14 +49,6 @@ def speed_metrics(
     return result
 
 
-def to_float(value: Any) -> float:
-    """A Python float from a float, an int, or anything with ``.item()`` (tensors, numpy)."""
-    item = getattr(value, "item", None)
-    if callable(item):
-        value = item()
-    return float(value)
-
-
 def batch_length(batch: Any, default: int) -> int:
     """Samples in a batch: ``len(batch)``, the length of a dict batch's first value, or ``default``."""
     if isinstance(batch, Mapping):
@@ -74,9 +67,9 @@ def batch_length(batch: Any, default: int) -> int:
 def _output_loss(output: Any) -> Optional[float]:
     if isinstance(output, Mapping):
         loss = output.get("loss")
-        return None if loss is None else to_float(loss)
+        return None if loss is None else to_float(loss, strict=True, what="the eval loss")
     if isinstance(output, (int, float)) or (hasattr(output, "item") and getattr(output, "ndim", 0) == 0):
-        return to_float(output)
+        return to_float(output, strict=True, what="the eval loss")
     return None
 
 

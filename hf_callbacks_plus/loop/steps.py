@@ -14,7 +14,7 @@ from itertools import islice
 from typing import Any, Optional
 
 from ..core.state import TrainerControl, TrainerState
-from .evaluation import to_float
+from ..metrics.numbers import to_float
 
 __all__ = ["StepsMixin"]
 
@@ -83,7 +83,7 @@ class StepsMixin:
                 if isinstance(output, Mapping):
                     step_grad_norm = output.get("grad_norm")
                     output = output["loss"]
-                output = to_float(output)
+                output = to_float(output, strict=True, what="the loss returned by train_step")
             if fire_loss or handler.revision != revision:
                 control = self.control = handler.call_event(
                     "on_training_loss", args, state, control, loss=output
@@ -95,7 +95,8 @@ class StepsMixin:
             if count_tokens:
                 state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
 
-            grad_norm = None if step_grad_norm is None else to_float(step_grad_norm)
+            grad_norm = (None if step_grad_norm is None
+                         else to_float(step_grad_norm, strict=True, what="grad_norm"))
             if fire_pre or handler.revision != revision:
                 control = self.control = handler.on_pre_optimizer_step(args, state, control)
             if plain_hooks:
@@ -162,7 +163,7 @@ class StepsMixin:
                     if isinstance(output, Mapping):
                         step_grad_norm = output.get("grad_norm")
                         output = output["loss"]
-                    output = to_float(output)
+                    output = to_float(output, strict=True, what="the loss returned by train_step")
                 loss = output / scale
                 if fire_loss or handler.revision != revision:
                     self.control = handler.call_event(
@@ -176,7 +177,8 @@ class StepsMixin:
                     state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
 
                 if (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch:  # sync step
-                    grad_norm = None if step_grad_norm is None else to_float(step_grad_norm)
+                    grad_norm = (None if step_grad_norm is None
+                                 else to_float(step_grad_norm, strict=True, what="grad_norm"))
                     if fire_pre or handler.revision != revision:
                         self.control = handler.on_pre_optimizer_step(args, state, self.control)
                     if plain_hooks:
@@ -226,8 +228,8 @@ class StepsMixin:
 
     def _get_learning_rate(self) -> Optional[float]:
         if self.learning_rate_fn is not None:
-            return to_float(self.learning_rate_fn())
+            return to_float(self.learning_rate_fn(), strict=True, what="learning_rate_fn()")
         get_last_lr = getattr(self.lr_scheduler, "get_last_lr", None)
         if callable(get_last_lr):
-            return to_float(get_last_lr()[0])
+            return to_float(get_last_lr()[0], strict=True, what="lr_scheduler.get_last_lr()[0]")
         return None

@@ -31,16 +31,17 @@ training loss and the loss measured on the train subset never share a name.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .naming import NESTED_SEPARATOR, add_prefix, did_you_mean, flatten_metrics
-
 __all__ = [
+    "BUILTIN_SECTIONS",
     "NESTED_SEPARATOR",
+    "SPEED_SUFFIXES",
     "SUMMARY_KEYS",
     "TRAINING_LOOP_KEYS",
     "KeyGrammar",
@@ -52,6 +53,80 @@ __all__ = [
 ]
 
 logger = logging.getLogger("hf_callbacks_plus")
+
+#: Separator used when flattening nested metric dicts.
+NESTED_SEPARATOR = "."
+
+
+def flatten_metrics(metrics: Mapping[str, Any], separator: str = NESTED_SEPARATOR) -> dict[str, Any]:
+    """Flatten nested dicts returned by ``compute_metrics``.
+
+    Args:
+        metrics: A possibly nested mapping, e.g. ``{"f1": {"macro": 0.5}}``.
+        separator: Joins nested names. Defaults to ``"."``.
+
+    Returns:
+        A flat dict, e.g. ``{"f1.macro": 0.5}``. When two entries flatten to the same name
+        (``{"f1.macro": 1, "f1": {"macro": 2}}``) the later one gets a ``_`` suffix and a
+        warning is logged: no value is dropped silently.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        key = str(key)
+        if isinstance(value, Mapping):
+            for sub_key, sub_value in flatten_metrics(value, separator).items():
+                _put_unique(flat, f"{key}{separator}{sub_key}", sub_value)
+        else:
+            _put_unique(flat, key, value)
+    return flat
+
+
+def _put_unique(flat: dict[str, Any], key: str, value: Any) -> None:
+    if key in flat:
+        unique = key + "_"
+        while unique in flat:
+            unique += "_"
+        logger.warning(
+            "Nested metrics flatten to the same name %r; logging the later one as %r.", key, unique
+        )
+        key = unique
+    flat[key] = value
+
+
+def add_prefix(metrics: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Prefix metric names like ``Trainer.evaluate`` does, never doubling the prefix.
+
+    Args:
+        metrics: Metric names to values (nested dicts are flattened).
+        prefix: ``"eval"``, ``"train"``, ``"eval_squad"``...
+
+    Returns:
+        ``{"<prefix>_<name>": value}``; a name that already starts with ``<prefix>_`` is
+        kept as is, so ``eval_eval_loss`` is never produced.
+    """
+    out: dict[str, Any] = {}
+    flat = flatten_metrics(metrics)
+    for key, value in flat.items():
+        target = key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"
+        if target in out or (target != key and target in flat):
+            logger.warning(
+                "add_prefix: %r and %r both name %r; keeping the value already prefixed.",
+                key, target, target,
+            )
+            continue
+        out[target] = value
+    return out
+
+
+def did_you_mean(wanted: str, available: Iterable[str], limit: int = 3) -> list[str]:
+    """Return up to ``limit`` keys from ``available`` that look like ``wanted``."""
+    available = list(available)
+    matches = difflib.get_close_matches(wanted, available, n=limit, cutoff=0.5)
+    if not matches:
+        tail = wanted.split("_")[-1].split("/")[-1]
+        matches = [key for key in available if key.endswith(tail)][:limit]
+    return matches
+
 
 #: Keys the training loop itself logs without a prefix.
 TRAINING_LOOP_KEYS = frozenset(
@@ -74,7 +149,7 @@ SUMMARY_KEYS = frozenset(
 BUILTIN_SECTIONS = ("eval", "test", "train", "gap")
 
 #: Suffixes every ``Trainer.evaluate``/``predict`` adds after its ``metric_key_prefix``.
-_SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
+SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
 
 
 @dataclass(frozen=True)
@@ -199,7 +274,7 @@ class KeyGrammar:
     def learn_from_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Learn the prefix of an evaluation from its metrics (``<prefix>_runtime``...)."""
         for key in metrics:
-            for suffix in _SPEED_SUFFIXES:
+            for suffix in SPEED_SUFFIXES:
                 if isinstance(key, str) and key.endswith(suffix) and len(key) > len(suffix):
                     prefix = key[: -len(suffix)]
                     if prefix != "train":
@@ -337,7 +412,6 @@ class KeyGrammar:
         suggestions = did_you_mean(monitor, keys + [self.render(k) for k in keys])
         hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
         return f"Metric {monitor!r} was not found. Available keys: {keys}.{hint}"
-
 
 
 def grammar_for(trainer: Any) -> KeyGrammar:

@@ -9,7 +9,10 @@ uses `Monitor`, so "is this value better than that one" has one definition:
   and Composer; a name that says nothing raises an error telling what to pass);
 * ``min_delta`` is an absolute amount or a fraction of the best value
   (``min_delta_mode="relative"``);
-* a non-finite value (NaN, +-Inf) is never an improvement, so it never becomes "best".
+* a non-finite value (NaN, +-Inf) is never an improvement, so it never becomes "best";
+* the settings are validated here and nowhere else: `check_mode` (mode, ``min_delta``,
+  ``min_delta_mode``) and `check_thresholds` (baseline / stopping / divergence thresholds on
+  the right side of each other), with messages naming the argument, the value and the choices.
 
 `Monitor.is_improvement` is a pure function of its two arguments.
 """
@@ -29,8 +32,10 @@ __all__ = [
     "MIN_DELTA_MODES",
     "MODES",
     "Monitor",
+    "check_mode",
+    "check_number",
+    "check_thresholds",
     "infer_mode",
-    "to_float",
 ]
 
 #: Valid values of ``mode``.
@@ -94,32 +99,86 @@ def infer_mode(name: str) -> Optional[str]:
     return "min" if minimize else "max"
 
 
-def to_float(value: Any) -> Optional[float]:
-    """Convert a logged value (python/numpy/torch scalar) to ``float``; None when not numeric."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "ndim", 0) == 0:
-        try:
-            result = item()
-        except (TypeError, ValueError, RuntimeError):
-            return None
-        if isinstance(result, (int, float)) and not isinstance(result, bool):
-            return float(result)
-    return None
+def check_number(name: str, value: Any, *, owner: str = "Monitor", allow_none: bool = False,
+                 minimum: Optional[float] = None) -> Optional[float]:
+    """Validate one numeric setting: a finite int/float (not a bool), optionally >= ``minimum``.
 
-
-def _check_number(name: str, value: Any, *, allow_none: bool = False) -> Optional[float]:
+    Raises:
+        TypeError: ``value`` is not a number (or None when ``allow_none``).
+        ValueError: ``value`` is not finite or below ``minimum``.
+    """
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        expected = "a number or None" if allow_none else "a number"
-        raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__}).")
+        kind = "a number or None" if allow_none else "a number"
+        raise TypeError(f"{owner}: {name} must be {kind}, got {value!r} ({type(value).__name__}).")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+        raise ValueError(f"{owner}: {name} must be finite, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value!r}.")
     return float(value)
+
+
+def check_mode(mode: Any, min_delta: Any, min_delta_mode: Any, *, owner: str = "Monitor") -> float:
+    """Validate ``mode``, ``min_delta`` and ``min_delta_mode``; return ``min_delta`` as a float.
+
+    Raises:
+        TypeError: ``min_delta`` is not a number.
+        ValueError: ``mode``/``min_delta_mode`` is not a valid choice, or ``min_delta`` < 0.
+    """
+    if mode not in MODES:
+        raise ValueError(f"{owner}: mode must be one of {list(MODES)}, got {mode!r}.")
+    if min_delta_mode not in MIN_DELTA_MODES:
+        raise ValueError(
+            f"{owner}: min_delta_mode must be one of {list(MIN_DELTA_MODES)}, got {min_delta_mode!r}."
+        )
+    delta = check_number("min_delta", min_delta, owner=owner)
+    if delta is None or delta < 0:
+        raise ValueError(
+            f"{owner}: min_delta must be >= 0, got {min_delta!r} (the amount a value must beat the best by)."
+        )
+    return delta
+
+
+def check_thresholds(mode: Optional[str], *, baseline: Any = None, stopping_threshold: Any = None,
+                     divergence_threshold: Any = None, owner: str = "Monitor") -> None:
+    """Validate the thresholds: numbers or None, and on the right side of each other for ``mode``.
+
+    In ``"min"`` mode a value that is good enough to stop (``stopping_threshold``) is below or
+    equal to the ``baseline``, which is below the hopeless value (``divergence_threshold``);
+    ``"max"`` mode mirrors it. With ``mode=None`` (not known yet) only the types are checked.
+
+    Raises:
+        TypeError: A threshold is not a number or None.
+        ValueError: A threshold is not finite, or two thresholds are on the wrong side of each
+            other (e.g. in min mode a ``stopping_threshold`` above the ``baseline``).
+    """
+    baseline = check_number("baseline", baseline, owner=owner, allow_none=True)
+    stopping = check_number("stopping_threshold", stopping_threshold, owner=owner, allow_none=True)
+    divergence = check_number("divergence_threshold", divergence_threshold, owner=owner, allow_none=True)
+    if mode not in ("min", "max"):
+        return
+    better = "below" if mode == "min" else "above"
+    worse = "above" if mode == "min" else "below"
+
+    def is_better(a: float, b: float) -> bool:
+        return a < b if mode == "min" else a > b
+
+    if stopping is not None and baseline is not None and is_better(baseline, stopping):
+        raise ValueError(
+            f"{owner}: stopping_threshold={stopping_threshold!r} must be {better} or equal to "
+            f"baseline={baseline!r} in mode={mode!r} (it is the value that is good enough to stop)."
+        )
+    if divergence is not None and baseline is not None and not is_better(baseline, divergence):
+        raise ValueError(
+            f"{owner}: divergence_threshold={divergence_threshold!r} must be {worse} baseline={baseline!r} "
+            f"in mode={mode!r} (it is the value that is hopeless)."
+        )
+    if divergence is not None and stopping is not None and not is_better(stopping, divergence):
+        raise ValueError(
+            f"{owner}: divergence_threshold={divergence_threshold!r} must be {worse} "
+            f"stopping_threshold={stopping_threshold!r} in mode={mode!r}."
+        )
 
 
 class Monitor:
@@ -136,6 +195,8 @@ class Monitor:
         min_delta_mode: ``"absolute"`` (beat the best by ``min_delta``) or ``"relative"``
             (beat it by ``min_delta * abs(best)``). Defaults to ``"absolute"``.
         grammar: The key grammar used for lookup. Defaults to a new `KeyGrammar`.
+        owner: Starts every error message (the component the user configured, e.g.
+            ``"EarlyStopping"``). Defaults to ``"Monitor"``.
 
     Raises:
         TypeError: An argument has the wrong type.
@@ -155,31 +216,23 @@ class Monitor:
         min_delta: float = 0.0,
         min_delta_mode: str = "absolute",
         grammar: Optional[KeyGrammar] = None,
+        *,
+        owner: str = "Monitor",
     ) -> None:
         if not isinstance(monitor, str) or not monitor:
-            raise TypeError(f"monitor must be a non-empty string, got {monitor!r}.")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}.")
-        if min_delta_mode not in MIN_DELTA_MODES:
-            raise ValueError(
-                f"min_delta_mode must be one of {list(MIN_DELTA_MODES)}, got {min_delta_mode!r}."
-            )
-        delta = _check_number("min_delta", min_delta)
-        if delta is None or delta < 0:
-            raise ValueError(
-                f"min_delta must be >= 0 (the amount a value must beat the best by), got {min_delta!r}."
-            )
+            raise TypeError(f"{owner}: monitor must be a non-empty string, got {monitor!r}.")
+        delta = check_mode(mode, min_delta, min_delta_mode, owner=owner)
         if mode == "auto":
             inferred = infer_mode(monitor)
             if inferred is None:
                 raise ValueError(
-                    f"mode='auto' cannot tell whether {monitor!r} should go down or up. "
+                    f"{owner}: mode='auto' cannot tell whether {monitor!r} should go down or up. "
                     f"Pass mode='min' (lower is better, e.g. a loss) or mode='max' (higher is better, "
                     f"e.g. an accuracy)."
                 )
             mode = inferred
         if grammar is not None and not isinstance(grammar, KeyGrammar):
-            raise TypeError(f"grammar must be a KeyGrammar or None, got {type(grammar).__name__}.")
+            raise TypeError(f"{owner}: grammar must be a KeyGrammar or None, got {type(grammar).__name__}.")
         self.monitor = monitor
         self.mode = mode
         self.min_delta = delta
@@ -212,9 +265,12 @@ class Monitor:
         """The value every finite value improves on (``+inf`` for min, ``-inf`` for max)."""
         return math.inf if self.mode == "min" else -math.inf
 
-    def is_better(self, current: float, reference: float) -> bool:
-        """``current`` is strictly better than ``reference`` (no ``min_delta``)."""
-        return current < reference if self.mode == "min" else current > reference
+    def check_thresholds(self, *, baseline: Optional[float] = None,
+                         stopping_threshold: Optional[float] = None,
+                         divergence_threshold: Optional[float] = None, owner: str = "Monitor") -> None:
+        """`check_thresholds` for this monitor's mode."""
+        check_thresholds(self.mode, baseline=baseline, stopping_threshold=stopping_threshold,
+                         divergence_threshold=divergence_threshold, owner=owner)
 
     def reaches(self, current: float, threshold: float) -> bool:
         """``current`` is at least as good as ``threshold`` (``<=`` for min, ``>=`` for max)."""

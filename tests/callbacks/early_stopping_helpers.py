@@ -59,6 +59,28 @@ def saved_state(checkpoint: Any, key: str) -> dict:
     raise KeyError(key)
 
 
+def scripted_loop(output_dir: Any, script: Script, callbacks=(), name: str = "score", *,
+                  batches_per_epoch: int = 8, eval_data: Any = None, **args: Any):
+    """The same run as `scripted_trainer` in ``LightweightTrainer``, in plain Python (no torch,
+    no transformers): 8 steps per epoch, training loss 1.0, ``eval_<name>`` scripted by step."""
+    from hf_callbacks_plus.loop import LightweightTrainer, LoopArguments
+
+    arguments: dict[str, Any] = {"output_dir": str(output_dir), "eval_strategy": "steps", "eval_steps": 2,
+                                 "max_steps": 24, "logging_steps": 2, "save_strategy": "no",
+                                 "disable_tqdm": True}
+    arguments.update(args)
+    holder: dict[str, Any] = {}
+
+    def eval_fn(_data: Any) -> dict[str, float]:
+        return {name: value_at(script, holder["trainer"].state.global_step), "loss": 1.0}
+
+    trainer = LightweightTrainer(LoopArguments(**arguments), train_step=lambda batch: 1.0,
+                                 train_data=list(range(batches_per_epoch)), eval_data=eval_data,
+                                 eval_fn=eval_fn, callbacks=list(callbacks))
+    holder["trainer"] = trainer
+    return trainer
+
+
 def scripted_lightweight(output_dir: Any, script: Script, callbacks=(), name: str = "score", **args: Any):
     """The same run as :func:`scripted_trainer` in ``LightweightTrainer``, on the real tiny model."""
     import torch

@@ -1,4 +1,6 @@
-"""EarlyStopping decision rules in a real transformers.Trainer and in LightweightTrainer.
+"""EarlyStopping decision rules, end to end in ``LightweightTrainer`` (plain Python, no
+transformers); the patience rule also in a real ``transformers.Trainer`` and ``TrainerPlus``.
+The rule itself is table-tested in test_early_stopping_policy.py.
 
 Metrics are scripted by step (evaluation every 2 steps), so each stop is known in advance.
 """
@@ -10,10 +12,7 @@ import math
 import pytest
 
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping, StopReason
-from tests.callbacks.early_stopping_helpers import scripted_lightweight, scripted_trainer
-
-pytestmark = pytest.mark.transformers
-
+from tests.callbacks.early_stopping_helpers import scripted_loop, scripted_trainer
 
 
 def scripted_trainer_plus(output_dir, script, **kwargs):
@@ -22,8 +21,10 @@ def scripted_trainer_plus(output_dir, script, **kwargs):
     return scripted_trainer(output_dir, script, trainer_class=TrainerPlus, **kwargs)
 
 
-LOOPS = {"transformers": scripted_trainer, "lightweight": scripted_lightweight,
-         "trainerplus": scripted_trainer_plus}
+LOOPS = {"transformers": scripted_trainer, "lightweight": scripted_loop, "trainerplus": scripted_trainer_plus}
+#: every loop: the lightweight loop always, the real Trainer and TrainerPlus when transformers is there
+ALL_LOOPS = ["lightweight", pytest.param("transformers", marks=pytest.mark.transformers),
+             pytest.param("trainerplus", marks=pytest.mark.transformers)]
 
 
 def by_eval(*values: float):
@@ -37,10 +38,10 @@ def run(tmp_path, loop: str, script, stopper: EarlyStopping, **args):
     return trainer
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("loop", ALL_LOOPS)
 def test_patience_counts_evaluations_and_reports(tmp_path, loop):
     stopper = EarlyStopping("eval_score", mode="min", patience=2)
-    trainer = run(tmp_path, loop, by_eval(5, 4, 3, 3.5, 3.2, 1.0), stopper)
+    trainer = run(tmp_path, "lightweight", by_eval(5, 4, 3, 3.5, 3.2, 1.0), stopper)
     assert trainer.state.global_step == 10  # evaluations at 2,4,6 improve; 8 and 10 do not
     assert (stopper.best_value, stopper.best_step, stopper.stopped_step) == (3.0, 6, 10)
     assert stopper.reason is StopReason.PATIENCE and stopper.stopped
@@ -51,18 +52,16 @@ def test_patience_counts_evaluations_and_reports(tmp_path, loop):
         assert record["early_stopping/best_step"] == 6 and record["early_stopping/stopped_step"] == 10
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_relative_min_delta(tmp_path, loop):
+def test_relative_min_delta(tmp_path):
     # 100 -> 95 is a 5% gain: not enough with min_delta=0.1 relative; 85 is.
     stopper = EarlyStopping("eval_score", mode="min", patience=2, min_delta=0.1, min_delta_mode="relative")
-    run(tmp_path, loop, by_eval(100, 95, 85, 80, 79), stopper)
+    run(tmp_path, "lightweight", by_eval(100, 95, 85, 80, 79), stopper)
     assert (stopper.best_value, stopper.best_step, stopper.stopped_step) == (85.0, 6, 10)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_max_mode_from_name_and_baseline_not_reached(tmp_path, loop):
+def test_max_mode_from_name_and_baseline_not_reached(tmp_path):
     stopper = EarlyStopping("eval_accuracy", patience=3, baseline=0.5)
-    run(tmp_path, loop, by_eval(0.3, 0.4, 0.45, 0.9), stopper, name="accuracy")
+    run(tmp_path, "lightweight", by_eval(0.3, 0.4, 0.45, 0.9), stopper, name="accuracy")
     assert stopper.resolved_mode == "max"
     assert stopper.reason is StopReason.BASELINE_NOT_REACHED and stopper.stopped_step == 6
     assert stopper.best_value is None and stopper.best_step is None
@@ -77,33 +76,31 @@ def test_max_mode_from_name_and_baseline_not_reached(tmp_path, loop):
         ({}, (5, math.inf, 1), StopReason.NON_FINITE, 4),
     ],
 )
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_thresholds_and_non_finite(tmp_path, kwargs, values, reason, step, loop):
+def test_thresholds_and_non_finite(tmp_path, kwargs, values, reason, step):
     stopper = EarlyStopping("eval_score", mode="min", patience=5, **kwargs)
-    trainer = run(tmp_path, loop, by_eval(*values), stopper)
+    trainer = run(tmp_path, "lightweight", by_eval(*values), stopper)
     assert stopper.reason is reason and stopper.stopped_step == step == trainer.state.global_step
     assert math.isfinite(stopper.best_value)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_non_finite_is_never_best_when_not_stopping(tmp_path, loop):
+def test_non_finite_is_never_best_when_not_stopping(tmp_path):
     stopper = EarlyStopping("eval_score", mode="min", patience=2, check_finite=False)
-    run(tmp_path, loop, by_eval(5, math.nan, -math.inf, 6), stopper)
+    run(tmp_path, "lightweight", by_eval(5, math.nan, -math.inf, 6), stopper)
     assert (stopper.best_value, stopper.best_step) == (5.0, 2)
     assert stopper.reason is StopReason.PATIENCE and stopper.stopped_step == 6
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_warm_up_ignores_early_evaluations(tmp_path, loop):
+def test_warm_up_ignores_early_evaluations(tmp_path):
     # without warm-up the flat start would stop at step 6; with it, counting starts after step 6
     stopper = EarlyStopping("eval_score", mode="min", patience=2, start_from_step=6)
-    run(tmp_path, loop, by_eval(5, 5, 5, 4, 4, 4, 4), stopper)
+    run(tmp_path, "lightweight", by_eval(5, 5, 5, 4, 4, 4, 4), stopper)
     assert (stopper.best_value, stopper.best_step, stopper.stopped_step) == (4.0, 8, 12)
     epochs = EarlyStopping("eval_score", mode="min", patience=1, start_from_epoch=1)  # 8 steps per epoch
-    run(tmp_path / "epochs", loop, by_eval(5, 5, 5, 5, 5, 5), epochs)
+    run(tmp_path / "epochs", "lightweight", by_eval(5, 5, 5, 5, 5, 5), epochs)
     assert (epochs.best_step, epochs.stopped_step) == (10, 12)
 
 
+@pytest.mark.transformers
 def test_best_moves_only_on_qualifying_improvement_unlike_transformers(tmp_path):
     """transformers compares to state.best_metric, which follows every small gain.
 
@@ -129,7 +126,7 @@ def test_best_moves_only_on_qualifying_improvement_unlike_transformers(tmp_path)
 
 def test_default_monitor_is_metric_for_best_model(tmp_path):
     stopper = EarlyStopping(patience=1)
-    run(tmp_path, "transformers", by_eval(0.5, 0.7, 0.6), stopper, metric_for_best_model="score",
+    run(tmp_path, "lightweight", by_eval(0.5, 0.7, 0.6), stopper, metric_for_best_model="score",
         greater_is_better=True)
     assert stopper.monitor_name == "score" and stopper.resolved_mode == "max"
     assert stopper.state_key == "EarlyStopping[score,max]"
@@ -139,8 +136,8 @@ def test_default_monitor_is_metric_for_best_model(tmp_path):
 def test_two_instances_keep_separate_state(tmp_path):
     on_score = EarlyStopping("eval_score", mode="min", patience=2, log_name="score")
     on_loss = EarlyStopping("loss", patience=50, log_name="loss")  # training loss, counted per log
-    trainer = scripted_trainer(tmp_path, by_eval(5, 4, 4, 4), callbacks=[on_score, on_loss],
-                               save_strategy="steps", save_steps=4, logging_steps=1)
+    trainer = scripted_loop(tmp_path, by_eval(5, 4, 4, 4), callbacks=[on_score, on_loss],
+                            save_strategy="steps", save_steps=4, logging_steps=1)
     trainer.train()
     assert on_score.stopped_step == 8 and not on_loss.stopped
     assert on_loss.best_step is not None and on_loss.resolved_mode == "min"
@@ -154,12 +151,36 @@ def test_two_instances_keep_separate_state(tmp_path):
 
 def test_training_loss_monitor_counts_logging_steps(tmp_path):
     stopper = EarlyStopping("train/loss", patience=1, min_delta=1e9)  # nothing beats the first log by 1e9
-    trainer = scripted_trainer(tmp_path, by_eval(1), callbacks=[stopper], logging_steps=3, eval_steps=100)
+    trainer = scripted_loop(tmp_path, by_eval(1), callbacks=[stopper], logging_steps=3, eval_steps=100)
     trainer.train()
     assert (stopper.best_step, stopper.stopped_step, trainer.state.global_step) == (3, 6, 6)
 
 
-def test_several_eval_datasets_and_train_subset_metrics(tmp_path):
+def test_several_eval_datasets_and_an_evaluation_under_another_prefix(tmp_path):
+    stopper = EarlyStopping("eval_b_score", mode="max", patience=1)
+    trainer = scripted_loop(tmp_path, lambda step: float(step <= 4), callbacks=[stopper],
+                            eval_data={"a": [0], "b": [1]})
+    trainer.train()
+    assert (stopper.best_step, stopper.stopped_step) == (2, 4)
+
+    from hf_callbacks_plus import TrainerCallback
+
+    class EvaluateOnTrainingData(TrainerCallback):
+        """Evaluates every 3 steps under the "train" prefix (the stock workaround)."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % 3 == 0:
+                loop.evaluate([0], metric_key_prefix="train")
+
+    on_train = EarlyStopping("train_score", mode="min", patience=2)
+    loop = scripted_loop(tmp_path / "subset", lambda step: 10 - min(step, 6),
+                         callbacks=[on_train, EvaluateOnTrainingData()], eval_strategy="no")
+    loop.train()
+    assert (on_train.best_step, on_train.stopped_step) == (6, 12)
+
+
+@pytest.mark.transformers
+def test_several_eval_datasets_in_a_real_trainer(tmp_path):
     from tests.tiny_models import RegressionDataset
 
     stopper = EarlyStopping("eval_b_score", mode="max", patience=1)
@@ -167,18 +188,3 @@ def test_several_eval_datasets_and_train_subset_metrics(tmp_path):
     trainer.eval_dataset = {"a": RegressionDataset(8, seed=3), "b": RegressionDataset(8, seed=4)}
     trainer.train()
     assert (stopper.best_step, stopper.stopped_step) == (2, 4)
-
-    from transformers import TrainerCallback
-
-    class TrainSubsetEval(TrainerCallback):
-        """Evaluates a train subset every 3 steps under the "train" prefix (like TrainSubsetEvaluation)."""
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step % 3 == 0:
-                subset.evaluate(RegressionDataset(8, seed=1), metric_key_prefix="train")
-
-    on_train = EarlyStopping("train_score", mode="min", patience=2)
-    subset = scripted_trainer(tmp_path / "subset", lambda step: 10 - min(step, 6),
-                              callbacks=[on_train, TrainSubsetEval()], eval_strategy="no")
-    subset.train()
-    assert (on_train.best_step, on_train.stopped_step) == (6, 12)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_callbacks_plus.metrics.keys import KeyGrammar
-from hf_callbacks_plus.metrics.monitor import Monitor, infer_mode, to_float
+from hf_callbacks_plus.metrics.monitor import Monitor, check_thresholds, infer_mode
 
 
 def reference_is_improvement(mode, min_delta, min_delta_mode, current, best):
@@ -110,9 +110,9 @@ def test_auto_mode_error_says_what_to_pass():
     ("kwargs", "error", "message"),
     [
         ({"mode": "minimum"}, ValueError, r"mode must be one of \['min', 'max', 'auto'\], got 'minimum'"),
-        ({"min_delta": -0.1}, ValueError, r"min_delta must be >= 0 .* got -0.1"),
+        ({"min_delta": -0.1}, ValueError, r"min_delta must be >= 0, got -0.1"),
         ({"min_delta": "0.1"}, TypeError, r"min_delta must be a number, got '0.1' \(str\)"),
-        ({"min_delta": float("nan")}, ValueError, r"min_delta must be a finite number, got nan"),
+        ({"min_delta": float("nan")}, ValueError, r"Monitor: min_delta must be finite, got nan"),
         ({"min_delta_mode": "percent"}, ValueError,
          r"min_delta_mode must be one of \['absolute', 'relative'\], got 'percent'"),
         ({"grammar": {}}, TypeError, r"grammar must be a KeyGrammar or None, got dict"),
@@ -140,18 +140,6 @@ def test_lookup_through_the_grammar():
     assert "'eval_f1' was not found" in message and "eval_squad_f1" in message and "Did you mean" in message
 
 
-def test_to_float_accepts_numpy_and_torch_scalars():
-    import numpy as np
-    import torch
-
-    assert to_float(np.float32(0.5)) == 0.5
-    assert to_float(torch.tensor(2.0)) == 2.0
-    assert to_float(3) == 3.0
-    assert to_float(True) is None
-    assert to_float("0.5") is None
-    assert to_float(torch.tensor([1.0, 2.0])) is None
-
-
 def test_thresholds_helpers():
     down = Monitor("eval_loss")
     assert down.reaches(0.1, 0.1) and not down.reaches(0.2, 0.1) and not down.reaches(float("nan"), 1)
@@ -159,3 +147,32 @@ def test_thresholds_helpers():
     assert down.is_worse_than(float("nan"), 4.0)
     up = Monitor("eval_accuracy")
     assert up.reaches(0.9, 0.9) and up.is_worse_than(0.1, 0.2)
+
+
+def test_owner_starts_every_message():
+    with pytest.raises(ValueError, match=r"^EarlyStopping: mode must be one of"):
+        Monitor("eval_loss", mode="down", owner="EarlyStopping")
+
+
+@pytest.mark.parametrize(
+    ("mode", "kwargs", "message"),
+    [
+        ("min", {"baseline": 1.0, "stopping_threshold": 2.0}, r"stopping_threshold=2.0 must be below"),
+        ("max", {"baseline": 0.5, "stopping_threshold": 0.4}, r"stopping_threshold=0.4 must be above"),
+        ("min", {"baseline": 1.0, "divergence_threshold": 0.5}, r"divergence_threshold=0.5 must be above"),
+        ("max", {"stopping_threshold": 0.9, "divergence_threshold": 0.95},
+         r"divergence_threshold=0.95 must be below stopping_threshold=0.9"),
+        (None, {"baseline": "1"}, r"baseline must be a number or None, got '1' \(str\)"),
+        (None, {"divergence_threshold": float("nan")}, r"divergence_threshold must be finite"),
+    ],
+)
+def test_threshold_order_is_checked_once_here(mode, kwargs, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        check_thresholds(mode, **kwargs)
+
+
+def test_thresholds_in_the_right_order_pass_and_unknown_mode_checks_types_only():
+    check_thresholds("min", baseline=1.0, stopping_threshold=0.5, divergence_threshold=2.0)
+    check_thresholds("max", baseline=0.5, stopping_threshold=0.9, divergence_threshold=0.1)
+    check_thresholds(None, baseline=1.0, stopping_threshold=2.0)  # order needs the mode
+    Monitor("eval_loss").check_thresholds(baseline=1.0, stopping_threshold=0.5)

@@ -1,106 +1,23 @@
-"""Argument validation for ``EarlyStopping``: every message names argument, value and choices."""
+"""Can this trainer produce the monitored metric? ``EarlyStopping``'s checks against the run.
+
+At train begin: the metric against ``TrainingArguments`` (an eval metric with
+``eval_strategy="no"``, a ``test_*`` metric, ...) and two instances sharing one state key.
+During training: a record that should hold the metric but does not (the message lists the
+keys present with a "did you mean"). The argument validation lives with what it validates
+(`Monitor`, `StoppingPolicy`, the callback's own flags).
+"""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
-from ..metrics.keys import TRAINING_LOOP_KEYS, KeyGrammar
-from ..metrics.monitor import MIN_DELTA_MODES, MODES, Monitor
+from ..metrics.keys import SPEED_SUFFIXES, TRAINING_LOOP_KEYS, KeyGrammar
+from ..metrics.monitor import Monitor
 
 __all__ = [
-    "check_unique_state_key",
-    "check_against_args", "check_arguments", "check_thresholds", "expected_prefix", "missing_metric_problem",
+    "check_against_args", "check_unique_state_key", "expected_prefix", "missing_metric_problem",
     "monitor_from_args",
 ]
-
-_SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
-
-
-def _number(name: str, value: Any, *, allow_none: bool = True, minimum: Optional[float] = None) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kind = "a number or None" if allow_none else "a number"
-        raise TypeError(f"EarlyStopping: {name} must be {kind}, got {value!r} ({type(value).__name__}).")
-    if not math.isfinite(value):
-        raise ValueError(f"EarlyStopping: {name} must be finite, got {value!r}.")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"EarlyStopping: {name} must be >= {minimum}, got {value!r}.")
-
-
-def _integer(name: str, value: Any, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"EarlyStopping: {name} must be an int >= 0 ({meaning}), got {value!r} "
-                        f"({type(value).__name__}).")
-    if value < 0:
-        raise ValueError(f"EarlyStopping: {name} must be an int >= 0 ({meaning}), got {value!r}.")
-
-
-def check_arguments(options: dict[str, Any]) -> None:
-    """Validate the constructor arguments (types, ranges, choices).
-
-    Raises:
-        TypeError: A value has the wrong type.
-        ValueError: A value is out of range or not one of the valid choices.
-    """
-    monitor = options["monitor"]
-    if monitor is not None and (not isinstance(monitor, str) or not monitor):
-        raise TypeError(
-            f"EarlyStopping: monitor must be a non-empty string (e.g. 'eval_loss') or None "
-            f"(use args.metric_for_best_model), got {monitor!r}."
-        )
-    if options["mode"] not in MODES:
-        raise ValueError(f"EarlyStopping: mode must be one of {list(MODES)}, got {options['mode']!r}.")
-    if options["min_delta_mode"] not in MIN_DELTA_MODES:
-        raise ValueError(
-            f"EarlyStopping: min_delta_mode must be one of {list(MIN_DELTA_MODES)}, "
-            f"got {options['min_delta_mode']!r}."
-        )
-    _number("min_delta", options["min_delta"], allow_none=False, minimum=0)
-    _integer("patience", options["patience"], "evaluations without improvement before stopping")
-    _integer("start_from_step", options["start_from_step"], "warm-up steps")
-    _number("start_from_epoch", options["start_from_epoch"], allow_none=False, minimum=0)
-    for name in ("baseline", "stopping_threshold", "divergence_threshold"):
-        _number(name, options[name])
-    for name in ("check_finite", "strict", "restore_best", "reset_on_resume", "sync_decision", "report"):
-        if not isinstance(options[name], bool):
-            raise TypeError(f"EarlyStopping: {name} must be True or False, got {options[name]!r}.")
-    log_name = options["log_name"]
-    if log_name is not None and (not isinstance(log_name, str) or not log_name or "/" in log_name):
-        raise ValueError(f"EarlyStopping: log_name must be None or a non-empty string without '/', "
-                         f"got {log_name!r}.")
-
-
-def check_thresholds(mode: str, baseline: Optional[float], stopping: Optional[float],
-                     divergence: Optional[float]) -> None:
-    """Check the thresholds lie on the right side of each other for ``mode``.
-
-    Raises:
-        ValueError: e.g. in min mode a ``stopping_threshold`` above the ``baseline``.
-    """
-    better = "below" if mode == "min" else "above"
-    worse = "above" if mode == "min" else "below"
-
-    def is_better(a: float, b: float) -> bool:
-        return a < b if mode == "min" else a > b
-
-    if stopping is not None and baseline is not None and is_better(baseline, stopping):
-        raise ValueError(
-            f"EarlyStopping: stopping_threshold={stopping!r} must be {better} or equal to "
-            f"baseline={baseline!r} in mode={mode!r} (it is the value that is good enough to stop)."
-        )
-    if divergence is not None and baseline is not None and not is_better(baseline, divergence):
-        raise ValueError(
-            f"EarlyStopping: divergence_threshold={divergence!r} must be {worse} baseline={baseline!r} "
-            f"in mode={mode!r} (it is the value that is hopeless)."
-        )
-    if divergence is not None and stopping is not None and not is_better(stopping, divergence):
-        raise ValueError(
-            f"EarlyStopping: divergence_threshold={divergence!r} must be {worse} "
-            f"stopping_threshold={stopping!r} in mode={mode!r}."
-        )
-
 
 def check_unique_state_key(state: Any, class_name: str, key: str) -> None:
     """Refuse two instances with one ``state_key`` in a fresh run: their states would mix on resume.
@@ -203,7 +120,7 @@ def missing_metric_problem(monitor: Monitor, grammar: KeyGrammar, values: dict[s
         return None
     prefixes = {
         key[: -len(suffix)] for key in values if isinstance(key, str)
-        for suffix in _SPEED_SUFFIXES if key.endswith(suffix)
+        for suffix in SPEED_SUFFIXES if key.endswith(suffix)
     }
     if prefix in prefixes:
         explanation = monitor.explain_missing(values)

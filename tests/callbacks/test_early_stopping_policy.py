@@ -1,0 +1,116 @@
+"""The stopping rule, tested directly by a table of cases (no trainer, no transformers, no torch)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+
+from hf_callbacks_plus.callbacks.early_stopping import _ARGUMENTS, EarlyStopping
+from hf_callbacks_plus.callbacks.early_stopping_policy import Progress, StoppingPolicy
+from hf_callbacks_plus.callbacks.stop_reason import Decision, StopReason
+
+NAN, INF = math.nan, math.inf
+R = StopReason
+FRESH = Progress()
+
+
+def best(value, step, wait=0, epoch=None):
+    return Progress(wait, value, step, float(step) / 10 if epoch is None else epoch)
+
+
+# (policy options, monitor mode/min_delta, progress before, value, step, expected decision)
+CASES = {
+    "first value is best": ({}, "min", FRESH, 5.0, 2,
+                            Decision(True, 0, 5.0, 2, 0.2, R.NOT_STOPPED)),
+    "improvement resets wait": ({}, "min", best(5.0, 2, wait=2), 4.0, 8,
+                                Decision(True, 0, 4.0, 8, 0.8, R.NOT_STOPPED)),
+    "no improvement counts": ({"patience": 3}, "min", best(5.0, 2, wait=1), 5.0, 6,
+                              Decision(False, 2, 5.0, 2, 0.2, R.NOT_STOPPED)),
+    "patience reached": ({"patience": 3}, "min", best(5.0, 2, wait=2), 6.0, 8,
+                         Decision(False, 3, 5.0, 2, 0.2, R.PATIENCE)),
+    "patience 0 stops at the first miss": ({"patience": 0}, "min", best(5.0, 2), 5.0, 4,
+                                            Decision(False, 1, 5.0, 2, 0.2, R.PATIENCE)),
+    "max mode": ({}, "max", best(0.5, 2), 0.6, 4, Decision(True, 0, 0.6, 4, 0.4, R.NOT_STOPPED)),
+    "max mode lower is a miss": ({"patience": 1}, "max", best(0.5, 2), 0.4, 4,
+                                 Decision(False, 1, 0.5, 2, 0.2, R.PATIENCE)),
+    "min_delta: not enough": ({}, ("min", 0.1), best(1.0, 2), 0.95, 4,
+                              Decision(False, 1, 1.0, 2, 0.2, R.NOT_STOPPED)),
+    "min_delta: exactly the margin is not enough": ({}, ("min", 0.5), best(1.0, 2), 0.5, 4,
+                                                    Decision(False, 1, 1.0, 2, 0.2, R.NOT_STOPPED)),
+    "min_delta: enough": ({}, ("min", 0.1), best(1.0, 2), 0.8, 4,
+                          Decision(True, 0, 0.8, 4, 0.4, R.NOT_STOPPED)),
+    "baseline not beaten": ({"baseline": 0.5, "patience": 2}, "max", Progress(1), 0.4, 4,
+                            Decision(False, 2, None, None, None, R.BASELINE_NOT_REACHED)),
+    "baseline beaten becomes best": ({"baseline": 0.5}, "max", Progress(1), 0.6, 4,
+                                     Decision(True, 0, 0.6, 4, 0.4, R.NOT_STOPPED)),
+    "stopping threshold reached": ({"stopping_threshold": 2.0}, "min", best(3.0, 2), 2.0, 4,
+                                   Decision(True, 0, 2.0, 4, 0.4, R.STOPPING_THRESHOLD)),
+    "stopping threshold without improvement": ({"stopping_threshold": 2.0}, ("min", 5.0), best(3.0, 2), 1.5,
+                                                4, Decision(False, 1, 3.0, 2, 0.2, R.STOPPING_THRESHOLD)),
+    "divergence": ({"divergence_threshold": 10.0}, "min", best(3.0, 2), 11.0, 4,
+                   Decision(False, 1, 3.0, 2, 0.2, R.DIVERGENCE_THRESHOLD)),
+    "at the divergence threshold is not divergence": (
+        {"divergence_threshold": 10.0}, "min", best(3.0, 2), 10.0, 4,
+        Decision(False, 1, 3.0, 2, 0.2, R.NOT_STOPPED)),
+    "nan stops": ({}, "min", best(3.0, 2), NAN, 4, Decision(False, 0, 3.0, 2, 0.2, R.NON_FINITE)),
+    "inf stops, also in warm-up": ({"start_from_step": 10}, "min", FRESH, INF, 4,
+                                   Decision(False, 0, None, None, None, R.NON_FINITE)),
+    "nan not checked is a miss, never best": ({"check_finite": False, "patience": 1}, "min", best(3.0, 2),
+                                              NAN, 4, Decision(False, 1, 3.0, 2, 0.2, R.PATIENCE)),
+    "-inf not checked is never best": ({"check_finite": False}, "min", best(3.0, 2), -INF, 4,
+                                       Decision(False, 1, 3.0, 2, 0.2, R.NOT_STOPPED)),
+    "warm-up by step ignores": ({"start_from_step": 6}, "min", FRESH, 1.0, 6,
+                                Decision(False, 0, None, None, None, R.NOT_STOPPED)),
+    "after warm-up counts": ({"start_from_step": 6}, "min", FRESH, 1.0, 8,
+                             Decision(True, 0, 1.0, 8, 0.8, R.NOT_STOPPED)),
+    "warm-up by epoch ignores": ({"start_from_epoch": 1}, "min", FRESH, 1.0, 8,  # epoch 8/8 = 1.0
+                                 Decision(False, 0, None, None, None, R.NOT_STOPPED)),
+    "after the warm-up epoch counts": ({"start_from_epoch": 1}, "min", FRESH, 1.0, 9,  # epoch 1.125
+                                       Decision(True, 0, 1.0, 9, 9 / 8, R.NOT_STOPPED)),
+    "warm-up ignores divergence": ({"start_from_step": 6, "divergence_threshold": 2.0}, "min", FRESH, 9.0, 4,
+                                   Decision(False, 0, None, None, None, R.NOT_STOPPED)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_decision_table(case):
+    options, monitor_mode, progress, value, step, expected = CASES[case]
+    mode, min_delta = monitor_mode if isinstance(monitor_mode, tuple) else (monitor_mode, 0.0)
+    from hf_callbacks_plus.metrics.monitor import Monitor
+
+    monitor = Monitor("eval_x", mode=mode, min_delta=min_delta)
+    epoch = float(step) / 10 if options.get("start_from_epoch") is None else step / 8
+    decision = StoppingPolicy(**options).decide(monitor, value, step, epoch, progress)
+    assert decision == expected
+    assert decision.should_stop is (expected.reason is not R.NOT_STOPPED)
+
+
+def test_decide_is_pure():
+    from hf_callbacks_plus.metrics.monitor import Monitor
+
+    policy, monitor, progress = StoppingPolicy(patience=1), Monitor("eval_loss"), best(1.0, 2)
+    first = policy.decide(monitor, 2.0, 4, 0.4, progress)
+    assert first == policy.decide(monitor, 2.0, 4, 0.4, progress) and progress == best(1.0, 2)
+
+
+def test_the_callback_decides_through_the_policy_and_changes_nothing():
+    stopper = EarlyStopping("eval_loss", patience=2)
+    stopper.wait, stopper.best_value, stopper.best_step, stopper.best_epoch = 1, 1.0, 2, 0.2
+    assert stopper.decide(2.0, 4, 0.4) == Decision(False, 2, 1.0, 2, 0.2, R.PATIENCE)
+    assert stopper.progress == Progress(1, 1.0, 2, 0.2) and not stopper.stopped
+    with pytest.raises(RuntimeError, match="needs a resolved monitor"):
+        EarlyStopping().decide(1.0, 1, 0.1)
+
+
+def test_decision_survives_the_broadcast_encoding():
+    for decision in (Decision(True, 0, 0.5, 4, 0.4, R.NOT_STOPPED), Decision(False, 3, None, None, None,
+                                                                               R.BASELINE_NOT_REACHED)):
+        assert Decision.from_floats(decision.to_floats()) == decision
+
+
+def test_saved_arguments_are_the_constructor_signature():
+    names = [name for name in inspect.signature(EarlyStopping.__init__).parameters if name != "self"]
+    assert list(_ARGUMENTS) == names
+    assert EarlyStopping("eval_loss", patience=7).state_args()["patience"] == 7
