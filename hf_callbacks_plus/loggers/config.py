@@ -5,21 +5,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .secrets import redact_config
+from .secrets import is_vocabulary_token, redact_config
 from .values import flatten_config
 
 __all__ = ["args_to_dict", "collect_config", "model_config_to_dict"]
 
 
 def args_to_dict(args: Any) -> dict[str, Any]:
-    """``args.to_dict()`` (TrainingArguments, which already masks ``*_token`` fields), the
-    dataclass fields, or the public attributes of ``args``."""
+    """``args.to_dict()``, the dataclass fields, or the public attributes of ``args``.
+
+    ``TrainingArguments.to_dict()`` replaces every ``*_token`` field by a placeholder
+    (``<HUB_TOKEN>``); unset fields (None) and fields holding vocabulary tokens (trl's
+    ``pad_token``/``eos_token``) get their real value back, the others keep the placeholder
+    (then redacted).
+    """
     if args is None:
         return {}
     to_dict = getattr(args, "to_dict", None)
     if callable(to_dict):
         result = to_dict()
         if isinstance(result, dict):
+            for key, value in result.items():
+                real = getattr(args, key, None) if key.endswith("_token") else None
+                if value == f"<{key.upper()}>" and (real is None or is_vocabulary_token(key, real)):
+                    result[key] = real
             return result
     if dataclasses.is_dataclass(args) and not isinstance(args, type):
         return {field.name: getattr(args, field.name, None) for field in dataclasses.fields(args)}

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 from .._compat import require
 from .base import TrackerLogger
 from .records import plan_batch
+from .secrets import mask_secrets, remember_credentials, unmask_url
 
 __all__ = ["KNOWN_TRACKING_SCHEMES", "MLflowLogger", "validate_tracking_uri"]
 
@@ -104,7 +105,7 @@ def parse_tags_env() -> dict[str, str]:
         ) from error
     if not isinstance(tags, dict):
         raise ValueError(f"MLFLOW_TAGS must be a JSON object (a dict), got {type(tags).__name__}: {raw!r}")
-    return {str(key): str(value) for key, value in tags.items()}
+    return {str(key): mask_secrets(str(value)) for key, value in tags.items()}
 
 
 class MLflowLogger(TrackerLogger):
@@ -162,14 +163,17 @@ class MLflowLogger(TrackerLogger):
     ) -> None:
         self._mlflow = require("mlflow", "MLflowLogger")
         super().__init__(log_config=log_params, **kwargs)
-        self.tracking_uri = validate_tracking_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        uri = unmask_url(tracking_uri, "MLFLOW_TRACKING_URI") or os.environ.get("MLFLOW_TRACKING_URI")
+        self.tracking_uri = validate_tracking_uri(uri)
+        #: The tracking URI with its credentials masked: what checkpoints, file names and logs show.
+        self.safe_tracking_uri = remember_credentials(self.tracking_uri)
         self.experiment_name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or None
         self.explicit_run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or None
         self.run_id = self.explicit_run_id
-        self.run_name = run_name or os.environ.get("MLFLOW_RUN_NAME") or None
+        self.run_name = mask_secrets(run_name or os.environ.get("MLFLOW_RUN_NAME") or None)
         if tags is not None and not isinstance(tags, dict):
             raise TypeError(f"tags must be a dict of str to str, got {type(tags).__name__}: {tags!r}")
-        self.tags = {**parse_tags_env(), **{str(k): str(v) for k, v in (tags or {}).items()}}
+        self.tags = {**parse_tags_env(), **{str(k): mask_secrets(str(v)) for k, v in (tags or {}).items()}}
         env_nested = _env_flag("MLFLOW_NESTED_RUN")
         self.nested = bool(nested if nested is not None else env_nested)
         env_max = os.environ.get("MLFLOW_MAX_LOG_PARAMS")
@@ -189,12 +193,13 @@ class MLflowLogger(TrackerLogger):
 
     @property
     def state_key(self) -> str:
-        """One state entry per (tracking URI, experiment)."""
-        return f"MLflowLogger:{self.tracking_uri or ''}:{self.experiment_name or ''}"
+        """One state entry per (tracking URI, experiment); credentials in the URI are masked."""
+        return f"MLflowLogger:{self.safe_tracking_uri or ''}:{self.experiment_name or ''}"
 
     def state_args(self) -> dict[str, Any]:
-        """Constructor kwargs that rebuild this logger."""
-        return {"tracking_uri": self.tracking_uri, "experiment_name": self.experiment_name}
+        """Constructor kwargs that rebuild this logger (credentials in the URI masked: a logger
+        rebuilt from them in this process gets the real URI back, see ``unmask_url``)."""
+        return {"tracking_uri": self.safe_tracking_uri, "experiment_name": self.experiment_name}
 
     @property
     def spill_path(self):  # noqa: D102 - the state key holds ':' and '/', keep the file name simple
@@ -211,7 +216,7 @@ class MLflowLogger(TrackerLogger):
     # -- events ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Remember ``args.run_name``, and the active fluent run when ``nested``; then start."""
-        self._args_run_name = getattr(args, "run_name", None)
+        self._args_run_name = mask_secrets(getattr(args, "run_name", None))
         if self.nested:
             active = self._mlflow.active_run()
             self._parent_run_id = active.info.run_id if active is not None else None

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from ..metrics.keys import KeyGrammar
-from .secrets import REDACTED, looks_like_secret
+from .secrets import REDACTED, looks_like_secret, mask_secrets
 from .values import WarnOnce, normalize_value
 
 __all__ = ["make_log_record", "plan_batch"]
@@ -62,7 +62,7 @@ def make_log_record(logs: dict[str, Any], step: int, grammar: KeyGrammar, nonfin
                     continue
                 target[name] = number
             elif kind == "text":
-                texts[name] = REDACTED if looks_like_secret(name, number) else number
+                texts[name] = REDACTED if looks_like_secret(name, number) else mask_secrets(number)
             else:
                 warn(("drop", name), "%s: %r has a value of type %s that is neither a number nor a string; "
                      "it is not logged.", owner, name, type(value).__name__)

@@ -1,19 +1,67 @@
-"""Secrets: which config keys, logged strings and command lines carry credentials, and redaction.
+"""Secrets: what must never leave the process, and how it is masked. One module, one policy.
 
-One concern in one module: every logger redacts through these functions before anything
-reaches a backend (config params, text values, W&B metadata).
+Everything the loggers write (params, tags, summary texts, run names, checkpoint state,
+spill file names, console lines) goes through these functions.
+
+What is removed:
+
+* **credentials in URLs**: the password of ``scheme://user:password@host`` becomes ``***``
+  (``user:***@host``), a token used as the user (``https://hf_xxx@host``) too, and so do the
+  values of query parameters naming a secret (``?token=...``, ``?api_key=...``);
+* **access tokens recognizable by their shape**, wherever they appear in a string: Hugging Face
+  (``hf_...``, ``api_org_...``), W&B v1 keys (``wandb_v1_...``), Databricks/MLflow (``dapi...``),
+  GitHub (``ghp_...``, ``github_pat_...``), OpenAI-style ``sk-...``;
+* **the values of secret environment variables** of this process (any variable whose name
+  names a secret: ``WANDB_API_KEY``, ``HF_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``,
+  ``MLFLOW_TRACKING_TOKEN``, ``AWS_SECRET_ACCESS_KEY``...), wherever they appear; this is
+  how a 40-hex W&B key is caught without touching git SHAs;
+* **fields naming a credential** (``hub_token``, ``*_api_key``, ``password``, ``client_secret``,
+  ``credentials``...): the whole value becomes ``<redacted>``.
+
+What is kept (no false positives):
+
+* **vocabulary tokens**: ``pad_token``, ``eos_token``, ``bos_token``... (trl's ``SFTConfig``,
+  tokenizer and processor configs) and any ``*_token`` field whose value has the shape of a
+  vocabulary token (``<pad>``, ``</s>``, ``[PAD]``, ``<|im_end|>``);
+* **hex digests**: a 40-hex git SHA (``commit``, ``revision``) is kept unless it is the value
+  of a secret environment variable or sits in a field naming a credential;
+* ids, counts and lengths of tokens (``pad_token_id``, ``num_tokens``, ``max_length``...).
+
+`SecretMaskingFilter` applies `mask_secrets` to every record of the
+``hf_callbacks_plus`` logger (installed on import), so console lines carry no secret either.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
-__all__ = ["REDACTED", "command_line_has_secret", "is_secret_key", "looks_like_secret", "redact_config"]
+__all__ = [
+    "MASK",
+    "REDACTED",
+    "SecretMaskingFilter",
+    "command_line_has_secret",
+    "install_log_filter",
+    "is_secret_key",
+    "is_vocabulary_token",
+    "known_secret_values",
+    "looks_like_secret",
+    "mask_secrets",
+    "mask_url_credentials",
+    "redact_config",
+    "redact_value",
+    "remember_credentials",
+    "unmask_url",
+    "url_has_credentials",
+]
 
-#: What a secret value is replaced with before it reaches a backend.
+#: What a whole secret value is replaced with before it reaches a backend.
 REDACTED = "<redacted>"
+#: What a password inside a URL (or a token inside a text) is replaced with.
+MASK = "***"
 
 # A key "names a secret" when one of its words (split on "_", "-", "." and camelCase) is one of
 # these; ``*_token_id(s)`` (tokenizer ids) and counters such as ``num_tokens`` are not secrets.
@@ -21,75 +69,304 @@ _SECRET_WORDS = re.compile(
     r"(?:^|_)(token|secret|secrets|password|passwd|pwd|apikey|api_key|access_key|private_key|"
     r"credential|credentials|auth)(?:_|$)"
 )
-_NOT_SECRET_SUFFIXES = ("_id", "_ids", "_type", "_length", "_len")
-# Values that look like secrets whatever their key (Hugging Face and W&B style tokens).
-_SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|[0-9a-f]{40})$")
+_NOT_SECRET_SUFFIXES = ("_id", "_ids", "_type", "_length", "_len", "_index", "_idx")
+# ``<role>_token`` fields of tokenizers, processors and trl configs hold vocabulary tokens.
+_VOCABULARY_ROLES = re.compile(
+    r"(?:^|_)(pad|eos|bos|unk|sep|cls|mask|image|video|audio|boi|eoi|boa|eoa|im_start|im_end|eot|eom|"
+    r"fim_prefix|fim_middle|fim_suffix|think|end_think|decoder_start|sentinel|additional_special|"
+    r"start_of_turn|end_of_turn|start_of_image|end_of_image)_token$"
+)
+# The shape of a vocabulary token: ``<pad>``, ``</s>``, ``[PAD]``, ``<|im_end|>``, ``▁``...
+_VOCABULARY_VALUE = re.compile(r"^(<\|?[^<>\s]{0,40}\|?>|\[[A-Za-z_]{1,20}\]|[^\w\s]{1,4})$")
+# Access tokens recognizable by their shape, matched anywhere in a string.
+_TOKEN_PATTERNS = re.compile(
+    r"(?<![A-Za-z0-9])("
+    r"hf_[A-Za-z0-9]{30,}"
+    r"|api_org_[A-Za-z0-9]{30,}"
+    r"|wandb_v1_[A-Za-z0-9_]{20,}"
+    r"|dapi[0-9a-f]{32}(?:-\d+)?"
+    r"|gh[pousr]_[A-Za-z0-9]{36,}"
+    r"|github_pat_[A-Za-z0-9_]{40,}"
+    r"|sk-(?:proj-)?[A-Za-z0-9_-]{32,}"
+    r")(?![A-Za-z0-9])"
+)
+# ``scheme://userinfo@`` inside any text: the userinfo (``user:password`` or a lone token).
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/@?#'\"<>]+)@")
+# ``?name=value`` / ``&name=value`` query parameters (values masked when the name is a secret).
+_QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s'\"<>]*)")
+# Values that say "not set" (a credential field holding them holds no credential).
+_NOT_SET = frozenset({"", "None", "none", "null", "False", "false", "True", "true"})
+# Secret environment variables shorter than this are not searched for (``1``, ``true``...).
+_MIN_ENV_SECRET = 8
 
 
 def is_secret_key(key: str) -> bool:
-    """Tell whether a config key names a secret (token, secret, password, api key...).
+    """Tell whether a config key names a credential (token, secret, password, api key...).
 
     Args:
         key: A config key, possibly dotted (``"args.hub_token"``); only the last part counts.
 
     Returns:
         True for ``hub_token``, ``api_key``, ``WANDB_API_KEY``, ``db_password``...; False for
-        ``pad_token_id`` or ``include_num_input_tokens_seen``.
+        ``pad_token_id``, ``include_num_input_tokens_seen``, and for the vocabulary-token
+        fields ``pad_token``, ``eos_token``, ``bos_token``... (see `is_vocabulary_token`).
+
+    Example:
+        >>> is_secret_key("hub_token"), is_secret_key("eos_token"), is_secret_key("pad_token_id")
+        (True, False, False)
     """
-    last = re.split(r"[./]", key)[-1]
-    last = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", last).lower().replace("-", "_")
-    if last.endswith(_NOT_SECRET_SUFFIXES):
+    last = _last_word(key)
+    if last.endswith(_NOT_SECRET_SUFFIXES) or _VOCABULARY_ROLES.search(last):
         return False
     return bool(_SECRET_WORDS.search(last))
 
 
-def looks_like_secret(key: str, value: Any) -> bool:
-    """True when a string ``value`` must not reach a backend: its key names a secret
-    (`is_secret_key`) or the value looks like an access token (``hf_...``, 40 hex digits).
+def _last_word(key: Any) -> str:
+    last = re.split(r"[./]", str(key))[-1]
+    return re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", last).lower().replace("-", "_")
+
+
+def is_vocabulary_token(key: str, value: Any) -> bool:
+    """True when ``key``/``value`` is a tokenizer's vocabulary token, not a credential.
+
+    A ``<role>_token`` field (``pad_token``, ``eos_token``, ``image_token``...) always is, unless
+    its value has the shape of an access token; any other ``*_token`` field is when its value
+    has the shape of a vocabulary token (``<pad>``, ``[PAD]``, ``<|im_end|>``).
 
     Example:
-        >>> looks_like_secret("train/hub_token", "hf_x"), looks_like_secret("train/note", "hello")
+        >>> is_vocabulary_token("eos_token", "<|im_end|>"), is_vocabulary_token("hub_token", "hf_x")
         (True, False)
     """
-    if not isinstance(value, str) or value == "":
+    if not isinstance(value, str):
         return False
-    return is_secret_key(key) or bool(_SECRET_VALUE.match(value.strip()))
+    last = _last_word(key)
+    if _TOKEN_PATTERNS.search(value) or value == f"<{last.upper()}>":  # a token, or transformers' mask
+        return False
+    if _VOCABULARY_ROLES.search(last):
+        return True
+    return bool(_VOCABULARY_VALUE.match(value.strip()))
+
+
+def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """The values of this process's secret environment variables, longest first.
+
+    Args:
+        environ: The environment to read. Defaults to ``os.environ`` (read at each call).
+
+    Returns:
+        Values (at least 8 characters) of variables whose name names a secret
+        (`is_secret_key`): ``WANDB_API_KEY``, ``HF_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``...
+    """
+    environ = os.environ if environ is None else environ
+    values = {value for name, value in environ.items()
+              if len(value) >= _MIN_ENV_SECRET and is_secret_key(name)}
+    return sorted(values, key=len, reverse=True)
+
+
+def url_has_credentials(url: Any) -> bool:
+    """True when ``url`` carries a password (``user:password@``), a token as the user, or a
+    query parameter naming a secret."""
+    return isinstance(url, str) and mask_url_credentials(url) != url
+
+
+def _mask_userinfo(match: re.Match) -> str:
+    userinfo = match.group("userinfo")
+    user, colon, password = userinfo.partition(":")
+    if colon:
+        masked = f"{user}:{MASK}" if password else userinfo
+        if _TOKEN_PATTERNS.search(user) or (not password and len(user) >= 20):
+            masked = f"{MASK}:{MASK if password else ''}"
+    elif _TOKEN_PATTERNS.search(user) or len(user) >= 20:  # a lone token used as the user name
+        masked = MASK
+    else:
+        masked = userinfo
+    return f"{match.group('scheme')}{masked}@"
+
+
+def _mask_query(match: re.Match) -> str:
+    if match.group("value") and is_secret_key(match.group("name").replace(".", "_")):
+        return f"{match.group('sep')}{match.group('name')}={MASK}"
+    return match.group(0)
+
+
+def mask_url_credentials(text: Any) -> Any:
+    """Mask the credentials of every URL inside ``text``; other values are returned unchanged.
+
+    ``http://user:PASSWORD@host:5000`` -> ``http://user:***@host:5000``; a lone long user name
+    or token (``https://hf_xxx@host``) -> ``https://***@host``; secret query parameters
+    (``?token=abc``) -> ``?token=***``. The result is stable: masking twice changes nothing.
+
+    Args:
+        text: Any text (a URI, a message, a file name); non-strings are returned as they are.
+
+    Example:
+        >>> mask_url_credentials("http://alice:s3cret@mlflow.example:5000")
+        'http://alice:***@mlflow.example:5000'
+    """
+    if not isinstance(text, str) or ("@" not in text and "=" not in text):
+        return text
+    masked = _URL_USERINFO.sub(_mask_userinfo, text)
+    if "://" in masked or masked.startswith("?"):
+        masked = _QUERY_PARAM.sub(_mask_query, masked)
+    return masked
+
+
+def mask_secrets(text: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
+    """Mask every secret inside ``text``: URL credentials, access tokens, secret env values.
+
+    Unlike `redact_value`, the rest of the text is kept (a run name, a message).
+
+    Args:
+        text: Any text; non-strings are returned as they are.
+        environ: The environment whose secret values are masked. Defaults to ``os.environ``.
+
+    Example:
+        >>> mask_secrets("push to https://u:pw@hub.example with hf_" + "a" * 34, environ={})
+        'push to https://u:***@hub.example with ***'
+    """
+    if not isinstance(text, str) or not text:
+        return text
+    masked = mask_url_credentials(text)
+    masked = _TOKEN_PATTERNS.sub(MASK, masked)
+    for secret in known_secret_values(environ):
+        if secret in masked:
+            masked = masked.replace(secret, MASK)
+    return masked
+
+
+def looks_like_secret(key: str, value: Any) -> bool:
+    """True when a string ``value`` logged under ``key`` must be replaced as a whole: the key
+    names a credential (and the value is not a vocabulary token), or the value *is* an access
+    token (``hf_...``) or the value of a secret environment variable.
+
+    Example:
+        >>> looks_like_secret("train/hub_token", "x"), looks_like_secret("train/note", "hello")
+        (True, False)
+    """
+    if not isinstance(value, str) or value.strip() in _NOT_SET:
+        return False
+    if is_secret_key(key) and not is_vocabulary_token(key, value):
+        return True
+    stripped = value.strip()
+    return bool(_TOKEN_PATTERNS.fullmatch(stripped)) or stripped in known_secret_values()
+
+
+def redact_value(key: str, value: Any) -> str:
+    """The text a backend receives for the config value ``value`` of ``key``.
+
+    ``<redacted>`` for a credential field holding something (anything but None, "", booleans
+    and their text) or a value that is a secret; otherwise ``str(value)`` with the secrets inside it
+    masked (`mask_secrets`).
+
+    Example:
+        >>> redact_value("hub_token", "abc"), redact_value("eos_token", "</s>")
+        ('<redacted>', '</s>')
+    """
+    text = value if isinstance(value, str) else str(value)
+    unset = value is None or isinstance(value, bool) or (isinstance(value, str) and value in _NOT_SET)
+    if unset:
+        return text
+    if is_secret_key(key) and not is_vocabulary_token(key, value):
+        return REDACTED
+    if isinstance(value, str) and looks_like_secret(key, value):
+        return REDACTED
+    return mask_secrets(text)
+
+
+def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
+    """Turn a flat config into strings with every secret removed (`redact_value`).
+
+    Nested containers are turned into their ``repr`` first, so a token inside a list is masked
+    by its shape or as a known environment value.
+    """
+    return {key: redact_value(key, value) for key, value in config.items()}
 
 
 def command_line_has_secret(argv: list[str]) -> bool:
-    """True when a command line passes a secret: ``--hub_token X``, ``--api-key=X``, or a value
-    that looks like an access token.
+    """True when a command line passes a secret: ``--hub_token X``, ``--api-key=X``, a URL with
+    a password, an access token, or the value of a secret environment variable.
 
     Example:
         >>> command_line_has_secret(["--hub_token", "hf_x"]), command_line_has_secret(["--lr", "0.1"])
         (True, False)
     """
+    known = known_secret_values()
     for index, arg in enumerate(argv):
-        if _SECRET_VALUE.match(arg.strip()):
+        if mask_secrets(arg) != arg or arg.strip() in known:
             return True
         if arg.startswith("-"):
             flag, _, inline = arg.lstrip("-").partition("=")
             if is_secret_key(flag.replace("-", "_")):
                 value = inline if inline else (argv[index + 1] if index + 1 < len(argv) else "")
-                if value and not value.startswith("-"):
+                if value and not value.startswith("-") and not is_vocabulary_token(flag, value):
                     return True
     return False
 
 
-def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
-    """Turn a flat config into strings, replacing every secret with ``<redacted>``.
+_MASKED_PART = re.compile(r"://[^\s/@]*\*\*\*[^\s/@]*@|[?&;][A-Za-z0-9_.\-]+=\*\*\*")
+# Masked URI -> the real one, for every URI with credentials a logger was given in this process.
+_UNMASKED: dict[str, str] = {}
 
-    A value is redacted when its key names a secret (`is_secret_key`) or when the value
-    itself looks like an access token (``hf_...``, 40 hex digits). Nested containers are turned
-    into their ``repr``; a secret nested inside a list is caught by the value pattern only, so
-    keep secrets in top-level fields.
+
+def remember_credentials(url: Any) -> Any:
+    """Return ``url`` with its credentials masked, remembering the real one for `unmask_url`.
+
+    Loggers save their tracking URI masked (checkpoint state, spill file names); a logger
+    rebuilt from a checkpoint (transformers' ``restore_callback_states_from_checkpoint``) gets the
+    masked URI back and `unmask_url` returns the real one given in this process.
     """
-    out: dict[str, str] = {}
-    for key, value in config.items():
-        text = value if isinstance(value, str) else str(value)
-        if is_secret_key(key) and value not in (None, "", False):
-            text = REDACTED
-        elif isinstance(value, str) and _SECRET_VALUE.match(value.strip()):
-            text = REDACTED
-        out[key] = text
-    return out
+    masked = mask_url_credentials(url)
+    if masked != url:
+        _UNMASKED[masked] = url
+    return masked
+
+
+def unmask_url(url: Any, env_var: Optional[str] = None) -> Any:
+    """The real URL behind a masked one: given earlier in this process, or ``env_var``'s value.
+
+    Args:
+        url: A URL, possibly masked by `mask_url_credentials`.
+        env_var: An environment variable that may hold the real URL. Defaults to None.
+
+    Returns:
+        ``url`` itself when it holds no masked credentials.
+
+    Raises:
+        ValueError: ``url`` has masked credentials and the real URL is unknown.
+    """
+    if not isinstance(url, str) or not _MASKED_PART.search(url):
+        return url
+    if url in _UNMASKED:
+        return _UNMASKED[url]
+    candidate = os.environ.get(env_var) if env_var else None
+    if candidate and mask_url_credentials(candidate) == url:
+        return candidate
+    raise ValueError(
+        f"The URL {url!r} has masked credentials (checkpoints never hold them) and the real URL is not "
+        f"known in this process; pass it explicitly{f' or set {env_var}' if env_var else ''}."
+    )
+
+
+class SecretMaskingFilter(logging.Filter):
+    """A logging filter that masks secrets (`mask_secrets`) in every message it passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record`` with its secrets masked; never drops it."""
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: let logging report it as usual
+            return True
+        masked = mask_secrets(message)
+        if masked != message:
+            record.msg, record.args = masked, ()
+        return True
+
+
+def install_log_filter(name: str = "hf_callbacks_plus") -> None:
+    """Attach one `SecretMaskingFilter` to the logger ``name`` (idempotent)."""
+    target = logging.getLogger(name)
+    if not any(isinstance(existing, SecretMaskingFilter) for existing in target.filters):
+        target.addFilter(SecretMaskingFilter())
+
+
+install_log_filter()

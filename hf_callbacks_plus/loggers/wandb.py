@@ -45,6 +45,7 @@ from typing import Any, Optional, Sequence
 
 from .._compat import require
 from .base import FAILED, FINISHED, TrackerLogger
+from .secrets import mask_secrets
 from .wandb_options import (
     LOG_MODEL_CHOICES,
     MAX_TAG_LENGTH,
@@ -134,7 +135,7 @@ class WandbLogger(TrackerLogger):
         self.project = project
         self.entity = entity
         self.name = name
-        self.tags = list(tags) if tags is not None else None
+        self.tags = [mask_secrets(tag) for tag in tags] if tags is not None else None
         self.group = group
         self.mode = mode
         self.resume = resume
@@ -242,7 +243,8 @@ class WandbLogger(TrackerLogger):
         else:
             init: dict[str, Any] = {
                 "project": self.project or os.environ.get("WANDB_PROJECT") or "huggingface",
-                "entity": self.entity, "name": self.name or self._run_name_from_args, "group": self.group,
+                "entity": self.entity, "name": mask_secrets(self.name or self._run_name_from_args),
+                "group": mask_secrets(self.group),
                 "tags": self.tags, "mode": self.mode, "dir": self.dir, "id": run_id,
                 "resume": self.resume if run_id else None,
             }
@@ -348,7 +350,7 @@ class WandbLogger(TrackerLogger):
     def _set_tags(self, tags: dict[str, str]) -> None:
         current = list(self._run.tags or ())
         for key, value in tags.items():
-            tag = f"{key}:{value}"[:MAX_TAG_LENGTH]
+            tag = mask_secrets(f"{key}:{value}")[:MAX_TAG_LENGTH]
             if tag not in current:
                 current.append(tag)
         self._run.tags = tuple(current)
