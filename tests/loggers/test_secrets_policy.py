@@ -109,7 +109,8 @@ def test_secret_env_values_are_masked_anywhere_and_git_shas_are_not(monkeypatch)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "mlflow-pass-123")
     assert redact_value("note", WANDB_HEX) == REDACTED
     assert redact_value("commit", GIT_SHA) == GIT_SHA
-    assert mask_secrets(f"key={WANDB_HEX} sha={GIT_SHA} pw=mlflow-pass-123") == f"key={MASK} sha={GIT_SHA} pw={MASK}"
+    text = f"key={WANDB_HEX} sha={GIT_SHA} pw=mlflow-pass-123"
+    assert mask_secrets(text) == f"key={MASK} sha={GIT_SHA} pw={MASK}"
     monkeypatch.delenv("WANDB_API_KEY")
     assert redact_value("note", WANDB_HEX) == WANDB_HEX  # not a known secret: a digest like any other
 
@@ -178,3 +179,17 @@ def test_console_lines_are_masked(caplog):
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         logging.getLogger("hf_callbacks_plus").warning("cannot reach %s", "http://gina:ConsolePW@host:1")
     assert "ConsolePW" not in caplog.text and "http://gina:***@host:1" in caplog.text
+
+
+@pytest.mark.mlflow
+def test_mlflow_logger_keeps_the_uri_password_out_of_state_and_spill_names(tmp_path):
+    pytest.importorskip("mlflow")
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+    real = "http://henry:StatePW@127.0.0.1:9/"
+    logger = MLflowLogger(tracking_uri=real, spill_dir=str(tmp_path))
+    assert logger.tracking_uri == real
+    assert "StatePW" not in logger.state_key and "StatePW" not in str(logger.spill_path)
+    assert "StatePW" not in repr(logger.state())
+    rebuilt = MLflowLogger(**logger.state()["args"])  # what restore_callback_states_from_checkpoint does
+    assert rebuilt.tracking_uri == real and rebuilt.state_key == logger.state_key
