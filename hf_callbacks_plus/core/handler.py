@@ -376,6 +376,13 @@ class CallbackHandler(TrainerCallback):
     def on_prediction_step(self, args, state, control, **kwargs):
         return self.call_event("on_prediction_step", args, state, control, **kwargs)
 
+    def on_pre_log(self, args, state, control, logs, **kwargs):
+        """Fire our ``on_pre_log`` event: callbacks may change ``logs`` in place before the record
+        reaches ``state.log_history`` and ``on_log``. The one implementation of the event, used by
+        ``LightweightTrainer.log``, ``TrainerPlusMixin.log`` and the stock Trainer's ``PreLogBridge``.
+        """
+        return self.call_event("on_pre_log", args, state, control, logs=logs, **kwargs)
+
     def on_push_begin(self, args, state, control, **kwargs):
         return self.call_event("on_push_begin", args, state, control, **kwargs)
 

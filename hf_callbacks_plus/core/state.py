@@ -9,12 +9,13 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from .._compat import ExportableStateBase
 
-__all__ = ["ExportableState", "TrainerControl", "TrainerState", "TRAINER_STATE_NAME"]
+__all__ = ["TRAINER_STATE_NAME", "ExportableState", "TrainerControl", "TrainerState", "callback_states"]
 
 #: File name of the serialized state inside a checkpoint folder (same as transformers).
 TRAINER_STATE_NAME = "trainer_state.json"
@@ -41,6 +42,24 @@ class ExportableState(ExportableStateBase):
         for key, value in state["attributes"].items():
             setattr(instance, key, value)
         return instance
+
+
+def callback_states(callbacks: Iterable[Any]) -> dict[str, Any]:
+    """The ``stateful_callbacks`` entry of ``trainer_state.json`` for these callbacks.
+
+    ``{class name: callback.state()}``; a class with several instances maps to the list of
+    their states, in callback order (transformers' layout).
+    """
+    grouped: dict[str, Any] = {}
+    for callback in callbacks:
+        name = callback.__class__.__name__
+        if name in grouped:
+            if not isinstance(grouped[name], list):
+                grouped[name] = [grouped[name]]
+            grouped[name].append(callback.state())
+        else:
+            grouped[name] = callback.state()
+    return grouped
 
 
 def exportable_state_types() -> tuple[type, ...]:
@@ -88,7 +107,6 @@ class TrainerState:
         elif isinstance(self.stateful_callbacks, dict):
             pass  # loaded from a state file
         else:
-            stateful: dict[str, Any] = {}
             allowed = exportable_state_types()
             for callback in self.stateful_callbacks:
                 if not isinstance(callback, allowed):
@@ -96,14 +114,7 @@ class TrainerState:
                         "All callbacks passed to be saved must inherit `ExportableState`, "
                         f"but received {type(callback)}"
                     )
-                name = callback.__class__.__name__
-                if name in stateful:
-                    if not isinstance(stateful[name], list):
-                        stateful[name] = [stateful[name]]
-                    stateful[name].append(callback.state())
-                else:
-                    stateful[name] = callback.state()
-            self.stateful_callbacks = stateful
+            self.stateful_callbacks = callback_states(self.stateful_callbacks)
 
     def save_to_json(self, json_path: Union[str, os.PathLike]) -> None:
         """Write this state as JSON (same layout as transformers' ``trainer_state.json``)."""
@@ -145,17 +156,6 @@ class TrainerControl(ExportableState):
     should_save: bool = False
     should_evaluate: bool = False
     should_log: bool = False
-
-    def _new_training(self) -> None:
-        self.should_training_stop = False
-
-    def _new_epoch(self) -> None:
-        self.should_epoch_stop = False
-
-    def _new_step(self) -> None:
-        self.should_save = False
-        self.should_evaluate = False
-        self.should_log = False
 
     def state(self) -> dict[str, Any]:
         """Return the flags as ``{"args": ..., "attributes": {}}``."""

@@ -16,8 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.callback import TrainerCallback
+from ..core.handler import CallbackHandler
 
-__all__ = ["PreLogBridge", "bind_trainer", "is_integration_callback", "run_before_integrations"]
+__all__ = [
+    "PreLogBridge",
+    "bind_trainer",
+    "fires_pre_log",
+    "is_integration_callback",
+    "run_before_integrations",
+]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -53,20 +60,20 @@ def bind_trainer(callback: Any, trainer: Any) -> None:
         bind(trainer)
 
 
-def _fires_pre_log(trainer: Any) -> bool:
-    """True when the trainer fires ``on_pre_log`` itself (TrainerPlus, LightweightTrainer)."""
-    if getattr(trainer, "fires_pre_log", False):
-        return True
-    return any(cls.__module__ == "hf_callbacks_plus.loop.trainer" for cls in type(trainer).__mro__)
+def fires_pre_log(trainer: Any) -> bool:
+    """True when the trainer fires ``on_pre_log`` itself: it says so with a class attribute
+    ``fires_pre_log = True`` (``TrainerPlus``, ``LightweightTrainer``)."""
+    return bool(getattr(trainer, "fires_pre_log", False))
 
 
 class PreLogBridge(TrainerCallback):
     """Fires ``on_pre_log`` from ``on_log`` in a trainer that does not fire it itself.
 
     Installed by `run_before_integrations` just ahead of the integrations. When
-    ``on_log`` reaches it, it calls ``on_pre_log`` on every callback of the trainer that
-    defines it (in list order), then makes ``state.log_history[-1]`` match the modified
-    record. Callbacks must modify ``logs`` in place.
+    ``on_log`` reaches it, it fires ``on_pre_log`` on the trainer's other callbacks that
+    define it (in list order, through our `CallbackHandler.on_pre_log`), then makes
+    ``state.log_history[-1]`` match the modified record. Callbacks must modify ``logs`` in
+    place.
 
     Args:
         trainer: The trainer whose callbacks receive ``on_pre_log``.
@@ -74,22 +81,19 @@ class PreLogBridge(TrainerCallback):
 
     def __init__(self, trainer: Any) -> None:
         self._trainer = trainer
+        self._handler = CallbackHandler()  # mirrors the stock handler's callbacks, minus the bridge
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
         if not isinstance(logs, dict):
             return None
-        handlers = [
-            cb.on_pre_log
-            for cb in self._trainer.callback_handler.callbacks
-            if cb is not self and callable(getattr(cb, "on_pre_log", None))
-        ]
-        if not handlers:
+        handler = self._handler
+        others = [cb for cb in self._trainer.callback_handler.callbacks if cb is not self]
+        if others != handler.callbacks:
+            handler.callbacks = others
+        if not handler.has_handlers("on_pre_log"):
             return None
         before = dict(logs)
-        for handler in handlers:
-            result = handler(args, state, control, logs=logs, **kwargs)
-            if result is not None:
-                control = result
+        control = handler.on_pre_log(args, state, control, logs, **kwargs)
         self._sync_history(state, before, logs)
         return control
 
@@ -144,7 +148,7 @@ def run_before_integrations(trainer: Any, *callbacks: Any) -> Any:
             existing = [cb for cb in handler.callbacks if type(cb) is callback]
             instance = existing[0] if existing else instance
         ordered.append(instance)
-    if not _fires_pre_log(trainer):
+    if not fires_pre_log(trainer):
         bridges = [cb for cb in handler.callbacks if isinstance(cb, PreLogBridge)]
         ordered.insert(0, bridges[0] if bridges else PreLogBridge(trainer))
     # remove, then insert as a block before the first integration

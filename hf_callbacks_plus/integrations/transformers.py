@@ -37,15 +37,11 @@ from .ordering import bind_trainer, is_integration_callback, run_before_integrat
 transformers = require("transformers", "TrainerPlus")
 
 __all__ = [
-    "SUPPORTED_TRANSFORMERS",
     "TrainerPlus",
     "TrainerPlusMixin",
     "is_integration_callback",
     "run_before_integrations",
 ]
-
-#: transformers versions ``make compat`` runs the integration tests against.
-SUPPORTED_TRANSFORMERS = ("4.41.2", "4.46.3", "4.57.6", "5.23.0")
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -156,7 +152,7 @@ class TrainerPlusMixin:
         if handler.has_handlers("on_pre_log"):
             if getattr(self.state, "epoch", None) is not None:
                 logs["epoch"] = self.state.epoch  # Trainer.log sets it too; callbacks see it
-            self.control = handler.call_event("on_pre_log", self.args, self.state, self.control, logs=logs)
+            self.control = handler.on_pre_log(self.args, self.state, self.control, logs)
         return super().log(logs, *args, **kwargs)
 
     # -- evaluation prefixes ---------------------------------------------------------------

@@ -20,7 +20,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..core.state import TRAINER_STATE_NAME, TrainerControl, TrainerState, exportable_state_types
+from ..core.state import (
+    TRAINER_STATE_NAME,
+    TrainerControl,
+    TrainerState,
+    callback_states,
+    exportable_state_types,
+)
 
 __all__ = [
     "MODEL_STATE_NAME",
@@ -171,17 +177,8 @@ class CheckpointMixin:
                 self.state.best_model_checkpoint = best_dir
 
         # Current state of every stateful callback. Unlike transformers 5.23 (which appends to the
-        # list of a class with several instances at every save), the list is rebuilt each time.
-        saved: dict[str, Any] = {}
-        for callback in self._stateful_callbacks():
-            name = callback.__class__.__name__
-            if name in saved:
-                if not isinstance(saved[name], list):
-                    saved[name] = [saved[name]]
-                saved[name].append(callback.state())
-            else:
-                saved[name] = callback.state()
-        self.state.stateful_callbacks = saved
+        # list of a class with several instances at every save), the entry is rebuilt each time.
+        self.state.stateful_callbacks = callback_states(self._stateful_callbacks())
         self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
 
         rotate_checkpoints(

@@ -177,9 +177,6 @@ class EvaluationMixin:
             metrics[f"{prefix}_loss"] = sum(loss * size for loss, size in losses) / max(total, 1)
         return add_prefix(metrics, prefix), num_samples, outputs
 
-    def _evaluate(self, skip_scheduler: bool = False) -> dict[str, float]:
-        return self.evaluate()
-
     def _determine_best_metric(self, metrics: Mapping[str, float]) -> bool:
         """Update ``state.best_metric``/``best_global_step``; True on a new best (transformers' rule)."""
         if self.args.metric_for_best_model is None:

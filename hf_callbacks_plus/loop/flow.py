@@ -13,15 +13,9 @@ from .._compat import require
 from ..core.callback import TrainerCallback
 from ..core.handler import ignores_event_kwargs
 from ..core.state import TrainerControl, TrainerState
+from .plan import has_length
 
 __all__ = ["DefaultFlowCallback", "PrinterCallback", "ProgressCallback"]
-
-
-def _has_length(data: Any) -> bool:
-    try:
-        return len(data) is not None
-    except (TypeError, AttributeError, NotImplementedError):
-        return False
 
 
 class DefaultFlowCallback(TrainerCallback):
@@ -112,7 +106,7 @@ class ProgressCallback(TrainerCallback):
             self.current_step = state.global_step
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        if state.is_world_process_zero and _has_length(eval_dataloader):
+        if state.is_world_process_zero and has_length(eval_dataloader):
             if self.prediction_bar is None:
                 self.prediction_bar = self._tqdm(
                     total=len(eval_dataloader), leave=self.training_bar is None, dynamic_ncols=True

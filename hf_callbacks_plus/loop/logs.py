@@ -31,7 +31,7 @@ class LoggingMixin:
     _initial_global_step: int
     _initial_num_input_tokens_seen: int
     _get_learning_rate: Any
-    _evaluate: Any
+    evaluate: Any
     _determine_best_metric: Any
     _save_checkpoint: Any
     _load_best_model: Any
@@ -57,7 +57,7 @@ class LoggingMixin:
             self.log(logs, start_time)
 
         if self.control.should_evaluate:
-            metrics = self._evaluate()
+            metrics = self.evaluate()
             is_new_best = self._determine_best_metric(metrics)
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
@@ -82,7 +82,7 @@ class LoggingMixin:
                 logs.update(speed_metrics("train", start_time, num_tokens=seen))
         handler = self.callback_handler
         if handler.has_handlers("on_pre_log"):
-            self.control = handler.call_event("on_pre_log", self.args, self.state, self.control, logs=logs)
+            self.control = handler.on_pre_log(self.args, self.state, self.control, logs)
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = handler.on_log(self.args, self.state, self.control, logs)
 

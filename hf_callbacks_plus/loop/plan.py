@@ -6,7 +6,7 @@ import math
 import sys
 from typing import Any, NamedTuple
 
-__all__ = ["TrainOutput", "TrainingPlan", "plan_training"]
+__all__ = ["TrainOutput", "TrainingPlan", "has_length", "plan_training"]
 
 
 class TrainOutput(NamedTuple):
@@ -35,7 +35,8 @@ class TrainingPlan(NamedTuple):
     max_steps: int
 
 
-def _has_length(data: Any) -> bool:
+def has_length(data: Any) -> bool:
+    """True when ``len(data)`` works (a sized dataset or dataloader; not a generator)."""
     try:
         len(data)
     except (TypeError, AttributeError, NotImplementedError):
@@ -55,7 +56,7 @@ def plan_training(args: Any, train_data: Any) -> TrainingPlan:
     """
     accumulation = args.gradient_accumulation_steps
     max_steps = args.max_steps
-    length = len(train_data) if _has_length(train_data) else None
+    length = len(train_data) if has_length(train_data) else None
     total_batch_size = args.train_batch_size * accumulation
     steps_per_epoch = 0
     if length is not None:

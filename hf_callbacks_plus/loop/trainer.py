@@ -69,6 +69,10 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
         load_model_fn: ``checkpoint_dir -> None`` loading it (resume, best model). Defaults to None.
         num_tokens_fn: ``batch -> int`` for ``include_num_input_tokens_seen``. Defaults to None.
 
+    Attributes:
+        fires_pre_log: Always True: this trainer fires ``on_pre_log`` itself (so
+            `run_before_integrations` installs no bridge).
+
     Raises:
         ValueError: ``eval_strategy`` is not ``"no"`` but there is nothing to evaluate.
 
@@ -80,6 +84,8 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
         >>> trainer.train().global_step  # doctest: +SKIP
         6
     """
+
+    fires_pre_log = True
 
     def __init__(
         self,
@@ -219,7 +225,7 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
 
         self.control = handler.on_train_begin(self.args, self.state, self.control)
         if self.args.eval_on_start:
-            self._evaluate(skip_scheduler=True)
+            self.evaluate()
         for epoch in range(epochs_trained, num_epochs):
             self.control = handler.on_epoch_begin(self.args, self.state, self.control)
             skip = batches_to_skip if (epoch == epochs_trained and checkpoint is not None) else 0

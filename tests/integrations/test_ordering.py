@@ -93,3 +93,26 @@ def test_trainer_plus_needs_no_bridge(tmp_path):
 def test_rejects_non_trainer():
     with pytest.raises(TypeError, match="callback_handler"):
         run_before_integrations(object(), FixLogs())
+
+
+def test_a_trainer_says_it_fires_pre_log_by_a_class_attribute(tmp_path):
+    from hf_callbacks_plus.integrations.ordering import fires_pre_log
+    from hf_callbacks_plus.loop import LightweightTrainer, LoopArguments
+
+    class MyLoop(LightweightTrainer):  # defined outside hf_callbacks_plus.loop.trainer
+        pass
+
+    loop = MyLoop(LoopArguments(output_dir=str(tmp_path), disable_tqdm=True), train_step=lambda b: 1.0,
+                  train_data=[[1.0]])
+    run_before_integrations(loop, FixLogs())
+    assert fires_pre_log(loop) and fires_pre_log(TrainerPlus) and not fires_pre_log(make_trainer(tmp_path))
+    assert not any(isinstance(cb, PreLogBridge) for cb in loop.callback_handler.callbacks)
+
+
+def test_bridge_follows_callbacks_added_after_it(tmp_path):
+    trainer = make_trainer(tmp_path, **EVAL_EVERY)
+    run_before_integrations(trainer, Plain())
+    late = FixLogs()
+    trainer.add_callback(late)  # after the bridge was installed: still gets on_pre_log
+    trainer.train()
+    assert [r.get("eval_extra") for r in trainer.state.log_history if "eval_loss" in r] == [3.0, 3.0]
