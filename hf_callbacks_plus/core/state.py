@@ -117,10 +117,23 @@ class TrainerState:
             self.stateful_callbacks = callback_states(self.stateful_callbacks)
 
     def save_to_json(self, json_path: Union[str, os.PathLike]) -> None:
-        """Write this state as JSON (same layout as transformers' ``trainer_state.json``)."""
+        """Write this state as JSON (same layout as transformers' ``trainer_state.json``).
+
+        The file is written next to its place and renamed over it: a failed write (a full
+        disk) never leaves a truncated state, and the folder's modification time marks the
+        save, as the new files of a transformers checkpoint do (rotation by
+        ``save_total_limit`` orders checkpoints by that time).
+        """
         text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
-        with open(json_path, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        path = os.fspath(json_path)
+        partial = f"{path}.{os.getpid()}.partial"
+        try:
+            with open(partial, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(partial, path)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
 
     @classmethod
     def load_from_json(cls, json_path: Union[str, os.PathLike]) -> TrainerState:

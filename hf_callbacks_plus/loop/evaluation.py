@@ -85,6 +85,10 @@ class EvaluationMixin:
     eval_fn: Any
     metrics_fn: Any
     log: Any
+    #: Set by the first `evaluate`/`predict` of a trainer that has not trained yet (see
+    #: `_prepare_model_for_evaluation`); from then on every evaluation reports it.
+    model_preparation_time: Optional[float] = None
+    _model_prepared: bool = False
 
     def evaluate(self, eval_data: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate, log the metrics and fire ``on_evaluate``.
@@ -135,12 +139,28 @@ class EvaluationMixin:
         metrics.update(speed_metrics(prefix, start_time, num_samples=num_samples, num_steps=num_steps))
         return metrics, outputs
 
+    def _prepare_model_for_evaluation(self) -> None:
+        """transformers prepares the model at the first evaluation of a trainer that has not
+        trained (``train()`` prepares it otherwise) and from then on reports the time it took as
+        ``<prefix>_model_preparation_time`` in every evaluation and prediction. The loop wraps
+        nothing, so that time is 0.0; the key is reported at the same moments.
+        """
+        if not self._model_prepared:
+            self._model_prepared = True
+            self.model_preparation_time = 0.0
+
+    def _add_model_preparation_time(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        if self.model_preparation_time is not None:
+            metrics["model_preparation_time"] = self.model_preparation_time
+        return metrics
+
     def _evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], int, list]:
+        self._prepare_model_for_evaluation()
         if self.eval_fn is not None and (data is None or self.eval_step is None):
             raw = self.eval_fn(data)
             if not isinstance(raw, Mapping):
                 raise TypeError(f"{caller}: eval_fn must return a dict of metrics, got {type(raw).__name__}.")
-            return add_prefix(raw, prefix), 0, []
+            return add_prefix(self._add_model_preparation_time(dict(raw)), prefix), 0, []
         if data is None:
             raise ValueError(
                 f"{caller}: nothing to evaluate; pass eval_data (with eval_step and/or metrics_fn) or "
@@ -175,7 +195,7 @@ class EvaluationMixin:
                 losses = finite
             total = sum(size for _, size in losses)
             metrics[f"{prefix}_loss"] = sum(loss * size for loss, size in losses) / max(total, 1)
-        return add_prefix(metrics, prefix), num_samples, outputs
+        return add_prefix(self._add_model_preparation_time(metrics), prefix), num_samples, outputs
 
     def _determine_best_metric(self, metrics: Mapping[str, float]) -> bool:
         """Update ``state.best_metric``/``best_global_step``; True on a new best (transformers' rule)."""

@@ -206,6 +206,7 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
             self.is_in_train = False
 
     def _inner_training_loop(self, checkpoint: Optional[str]) -> TrainOutput:
+        self._model_prepared = True  # as Trainer's accelerator.prepare: evaluations add no preparation
         num_epochs, steps_per_epoch, num_samples, batches_per_epoch, max_steps = plan_training(
             self.args, self.train_data
         )

@@ -11,7 +11,9 @@ The evaluation metric is scripted (same sequence in both), so best-model decisio
 from __future__ import annotations
 
 import gc
+import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -352,6 +354,38 @@ def test_evaluate_and_predict_after_training(tmp_path):
     assert hf_recorder.of("on_predict")[-1].keys == lw_recorder.of("on_predict")[-1].keys
 
 
+def test_evaluate_and_predict_before_training(tmp_path):
+    """transformers prepares the model at the first evaluation of an untrained trainer and then
+    reports ``<prefix>_model_preparation_time`` in that call and every later evaluation."""
+    from tests.tiny_models import RegressionDataset
+
+    before = {}
+
+    def hf_setup(trainer):
+        before["hf"] = (trainer.evaluate(), trainer.predict(RegressionDataset(24, seed=3)).metrics)
+
+    def lw_setup(trainer):
+        before["lw"] = (trainer.evaluate(), trainer.predict([[1.0] * 8] * 3).metrics)
+
+    config = {"eval_strategy": "steps", "eval_steps": 4, "logging_steps": 4, "max_steps": 8}
+    expected, _ = run_transformers(tmp_path / "hf", setup=hf_setup, **config)
+    actual, _ = run_lightweight(tmp_path / "lw", setup=lw_setup, **config)
+    report = diff_traces(expected, actual, names=("transformers.Trainer", "LightweightTrainer"))
+    assert report is None, report
+    (hf_eval, hf_test), (lw_eval, lw_test) = before["hf"], before["lw"]
+    assert sorted(hf_eval) == sorted(lw_eval) and sorted(hf_test) == sorted(lw_test)
+    assert "eval_model_preparation_time" in lw_eval and "test_model_preparation_time" in lw_test
+    assert expected.count("on_evaluate") == 3  # before training, then at steps 4 and 8
+    for event in actual.of("on_evaluate"):
+        assert "eval_model_preparation_time" in event.keys
+
+
+def test_no_model_preparation_time_when_training_comes_first(tmp_path):
+    _, trainer = run_lightweight(tmp_path, logging_steps=4)
+    assert not any(key.endswith("model_preparation_time") for key in trainer.evaluate())
+    assert "test_model_preparation_time" not in trainer.predict([[1.0] * 8]).metrics
+
+
 def test_several_eval_datasets(tmp_path):
     from transformers import Trainer
 
@@ -461,6 +495,38 @@ def test_resume_same_events_as_transformers(tmp_path, config, first_run, checkpo
         assert getattr(hf_trainer.state, name) == getattr(lw_trainer.state, name), name
     # the resumed run really starts mid-way
     assert expected.of("on_train_begin")[0].global_step > 0
+
+
+def _age_checkpoints(output_dir: Path, seconds_apart: float = 2.0) -> None:
+    """Date the checkpoint folders like a real run writes them: seconds apart, in step order.
+
+    A fast test run writes every checkpoint within one second, and transformers then orders them
+    by step; with ``os.utime`` they look written over minutes, so rotation orders them by mtime.
+    """
+    now = time.time()
+    names = checkpoints(output_dir)
+    for position, name in enumerate(names):
+        stamp = now - 600 + position * seconds_apart
+        os.utime(output_dir / name, (stamp, stamp))
+
+
+def test_resume_among_newer_checkpoints_keeps_the_checkpoint_just_saved(tmp_path):
+    """A run left checkpoint-2..16; resuming from checkpoint-6 re-saves checkpoint-8 with
+    ``save_total_limit=2``. Rotation orders by mtime, so the re-saved folder is the newest and
+    survives, as in transformers: ``[checkpoint-8, checkpoint-16]``."""
+    config = {"save_strategy": "steps", "save_steps": 2, "logging_steps": 2}
+    hf_dir, lw_dir = tmp_path / "hf", tmp_path / "lw"
+    run_transformers(hf_dir, max_steps=16, **config)
+    run_lightweight(lw_dir, max_steps=16, **config)
+    for folder in (hf_dir, lw_dir):
+        _age_checkpoints(folder)
+    resumed = {**config, "max_steps": 8, "save_total_limit": 2}
+    expected, _ = run_transformers(hf_dir, resume=str(hf_dir / "checkpoint-6"), **resumed)
+    actual, _ = run_lightweight(lw_dir, resume=str(lw_dir / "checkpoint-6"), **resumed)
+    report = diff_traces(expected, actual, names=("transformers.Trainer", "LightweightTrainer"))
+    assert report is None, report
+    assert checkpoints(hf_dir) == ["checkpoint-8", "checkpoint-16"]
+    assert checkpoints(lw_dir) == checkpoints(hf_dir)
 
 
 class CountingStopper(TrainerCallback, ExportableState):
