@@ -19,8 +19,10 @@ from typing import Any, Optional
 
 __all__ = [
     "EXTRA_FOR",
+    "TRUTHY",
     "ExportableStateBase",
     "TrainerCallbackBase",
+    "env_flag",
     "is_available",
     "trainer_saves_callback_states_per_checkpoint",
     "require",
@@ -89,8 +91,25 @@ def require(module: str, feature: str) -> ModuleType:
         ) from error
 
 
+#: Values of an environment variable that mean "on" (compared lower-cased, stripped).
+TRUTHY = ("1", "true", "yes", "on")
+
+
+def env_flag(name: str) -> Optional[bool]:
+    """Read a yes/no environment variable.
+
+    Args:
+        name: The variable, e.g. ``"WANDB_DISABLED"``.
+
+    Returns:
+        None when it is unset, else whether its value is one of `TRUTHY`.
+    """
+    value = os.environ.get(name)
+    return None if value is None else value.strip().lower() in TRUTHY
+
+
 def _standalone() -> bool:
-    return os.environ.get("HF_CALLBACKS_PLUS_STANDALONE", "").lower() in {"1", "true", "yes"}
+    return bool(env_flag("HF_CALLBACKS_PLUS_STANDALONE"))
 
 
 def _load_transformers_callback_module() -> Optional[ModuleType]:

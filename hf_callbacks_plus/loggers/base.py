@@ -1,54 +1,74 @@
-"""``TrackerLogger``: the base callback of every experiment-tracker logger.
+"""``TrackerLogger``: the callback every experiment-tracker logger is (W&B, MLflow, JSONL).
 
-What the base class does, once for every backend (W&B, MLflow, JSONL):
+A logger is a callback in front of three objects:
 
-* renders every key with the shared `KeyGrammar`
-  (curves vs. end-of-training summary), normalizes values (see
-  `hf_callbacks_plus.loggers.values`) and sanitizes names per backend;
-* hands each record to a `BackgroundWorker`, so
-  ``on_log`` returns in microseconds, and backend errors never reach the training loop;
-* keeps one step axis (``global_step``): the run id and the last logged step of every metric
-  are part of the checkpointed state, so a resumed training continues the same run and does
-  not log again the steps the earlier process sent (the *resume boundary*, fixed when the
-  training starts); every point produced in the current session is delivered, including a
-  second value at one step (``trainer.evaluate()`` after training);
-* logs the ``TrainingArguments`` and the model config once, flattened, cut to the backend's
-  limits, secrets redacted;
-* logs only on the main process (``state.is_world_process_zero`` and ``RANK``, checked at
-  call time);
-* closes the run FINISHED at ``on_train_end``, FAILED at ``on_exception`` (TrainerPlus,
-  LightweightTrainer) and, for a stock ``transformers.Trainer`` which has no exception event,
-  FAILED at interpreter exit when ``on_train_end`` never came (an ``atexit`` hook).
+* a `Backend` (start / store config / log / finish) that talks to one tracking service;
+* a `StepLedger`: the run id and the last logged step of every metric, part of the
+  checkpointed state, so a resumed training continues the same run and does not log again
+  the steps the earlier process sent (the *resume boundary*, fixed when the training starts);
+  every point produced in the current session is delivered, including a second value at one
+  step (``trainer.evaluate()`` after training);
+* a `BackgroundWorker`, given the backend and the ledger: ``on_log`` copies the logs and
+  queues them (microseconds), the worker renders them with the shared key grammar, sends them
+  in batches, retries, spills, and backend errors never reach the training loop.
 
-A backend subclass implements ``_start``, ``_log_metrics``, ``_log_summary``, ``_log_params``,
-``_set_tags``, ``_finish`` (and optionally ``_log_records``, ``_logged_steps``,
-``_is_transient``, ``_send_to_run``), and sets the class attributes ``max_param_length``,
-``max_params_per_batch`` and ``max_name_length`` and the static method ``clean_name``.
+The callback itself logs the ``TrainingArguments`` and the model config once (flattened, cut
+to the backend's limits, secrets redacted), logs only on the main process
+(``state.is_world_process_zero`` and ``RANK``, checked at call time), and closes the run
+FINISHED at ``on_train_end``, FAILED at ``on_exception`` (TrainerPlus, LightweightTrainer)
+and, for a stock ``transformers.Trainer`` which has no exception event, FAILED at interpreter
+exit when ``on_train_end`` never came (one ``atexit`` hook per logger).
+
+A logger subclass builds its backend in ``__init__`` (``self.backend = ...``).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import tempfile
 import threading
 import time
-import uuid
 import weakref
 from pathlib import Path
 from typing import Any, Optional
 
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
-from .config import collect_config
-from .lifecycle import FAILED, FINISHED, LIVE, is_main_process
-from .records import make_log_record, plan_batch
-from .values import NONFINITE_POLICIES, NameSanitizer, WarnOnce, truncate
+from .backend import FAILED, FINISHED, Backend
+from .ledger import StepLedger
+from .records import (
+    NONFINITE_POLICIES,
+    ParamsRecord,
+    RawLog,
+    RecordRenderer,
+    WarnOnce,
+    collect_config,
+    truncate,
+)
 from .worker import BackgroundWorker
 
 __all__ = ["FAILED", "FINISHED", "TrackerLogger", "is_main_process"]
 
 logger = logging.getLogger("hf_callbacks_plus")
+
+
+def is_main_process(state: Any = None) -> bool:
+    """True on the process that should log: world rank 0 (``state`` and env ``RANK``)."""
+    if os.environ.get("RANK", "0").strip() not in ("", "0"):
+        return False
+    return bool(getattr(state, "is_world_process_zero", True)) if state is not None else True
+
+
+def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
+    tracker = reference()
+    if tracker is None:
+        return
+    try:
+        tracker.close(FAILED if tracker.training else FINISHED)
+    except Exception as error:  # never raise at interpreter exit
+        logger.warning("%s: could not close at exit: %s", type(tracker).__name__, error)
 
 
 class TrackerLogger(SelfRestoringState):
@@ -72,18 +92,8 @@ class TrackerLogger(SelfRestoringState):
         ValueError: An argument is out of range.
     """
 
-    #: Longest param value the backend accepts (None: no limit).
-    max_param_length: Optional[int] = None
-    #: Most params per call of ``_log_params`` (None: no limit).
-    max_params_per_batch: Optional[int] = None
-    #: Longest metric name the backend accepts (None: no limit).
-    max_name_length: Optional[int] = None
-    #: Send numeric summary values as curve points at the current step (backends without a
-    #: run summary, such as MLflow); they are then deduplicated per step like curves.
-    summary_as_curves: bool = False
-    #: The backend can write to any run (``_send_to_run``): spilled records of an earlier run go
-    #: to that run. When False (W&B: only the open run), they are held until that run resumes.
-    can_write_other_runs: bool = False
+    #: The tracking service; set by the subclass's ``__init__`` (None: the logger does nothing).
+    backend: Optional[Backend] = None
 
     def __init__(
         self,
@@ -112,79 +122,27 @@ class TrackerLogger(SelfRestoringState):
         self.backoff = (float(backoff[0]), float(backoff[1]))
         self._own_grammar = grammar is not None
         self.grammar = grammar if grammar is not None else KeyGrammar()
-        #: The run id (None until the first run started); checkpointed.
-        self.run_id: Optional[str] = None
+        #: The run id given by the user (argument or environment); wins over a checkpoint's.
         self.explicit_run_id: Optional[str] = None
+        #: The run id and the steps the run holds; checkpointed.
+        self.ledger = StepLedger()
         self.training = False
         self._params_logged = False
-        self._last_steps: dict[str, int] = {}
-        #: The resume boundary: last step per metric the run held before this session.
-        self._held: dict[str, int] = {}
-        self._replayed: dict[str, int] = {}
-        self._last_points: dict[str, tuple[int, float]] = {}
-        self._boundary_ready = False
-        self._session = uuid.uuid4().hex
-        self._steps_lock = threading.Lock()
         self._worker: Optional[BackgroundWorker] = None
         self._trainer_ref: Optional[weakref.ref[Any]] = None
         self._output_dir: Optional[str] = None
         self._warn = WarnOnce()
-        self._sanitize = NameSanitizer(self.clean_name, self.max_name_length)
         self._lifecycle_lock = threading.Lock()
+        self._exit_hook: Optional[Any] = None
 
-    # -- backend interface (override) --------------------------------------------------
-    @staticmethod
-    def clean_name(name: str) -> str:
-        """Turn a rendered metric name into one the backend accepts. Defaults to unchanged."""
-        return name
+    @property
+    def run_id(self) -> Optional[str]:
+        """The run id (None until the first run started); checkpointed."""
+        return self.ledger.run_id
 
-    def _start(self, run_id: Optional[str], resume: bool) -> str:
-        """Open (or reattach to, when ``resume``) the run; return its id. Worker thread."""
-        raise NotImplementedError
-
-    def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log curve values at ``step``. Worker thread."""
-        raise NotImplementedError
-
-    def _log_summary(self, values: dict[str, Any]) -> None:
-        """Record run totals (numbers) and text values. Worker thread."""
-        raise NotImplementedError
-
-    def _log_params(self, params: dict[str, str]) -> None:
-        """Log config params (at most ``max_params_per_batch``). Worker thread."""
-        raise NotImplementedError
-
-    def _set_tags(self, tags: dict[str, str]) -> None:
-        """Set run tags. Worker thread. Defaults to doing nothing."""
-
-    def _finish(self, status: str) -> None:
-        """Close the run with ``"FINISHED"`` or ``"FAILED"``. Worker thread."""
-        raise NotImplementedError
-
-    def _log_records(self, records: list[dict[str, Any]]) -> None:
-        """Send several log records (``step``, ``timestamp``, ``metrics``, ``summary``) in order.
-
-        Backends that batch (MLflow ``log_batch``) override this; the default calls
-        ``_log_metrics`` and ``_log_summary`` per record.
-        """
-        for record in records:
-            if record["metrics"]:
-                self._log_metrics(record["metrics"], record["step"])
-            if record["summary"]:
-                self._log_summary(record["summary"])
-
-    def _send_to_run(self, run_id: Optional[str], records: list[dict[str, Any]]) -> None:
-        """Send records left in the spill file by another run to *that* run (``run_id``, or None
-        when it never opened). Worker thread. Only called when ``can_write_other_runs``."""
-        raise NotImplementedError
-
-    def _logged_steps(self) -> dict[str, int]:
-        """Last step already logged per metric in the reattached run (queried on resume)."""
-        return {}
-
-    def _is_transient(self, error: BaseException) -> bool:
-        """Tell whether a backend error is worth retrying. Defaults to True."""
-        return True
+    @run_id.setter
+    def run_id(self, value: Optional[str]) -> None:
+        self.ledger.run_id = value
 
     # -- public API --------------------------------------------------------------------
     def attach_trainer(self, trainer: Any) -> None:
@@ -200,6 +158,9 @@ class TrackerLogger(SelfRestoringState):
         if isinstance(eval_dataset, dict):
             for name in eval_dataset:
                 self.grammar.declare_dataset(str(name))
+        worker = self._worker
+        if worker is not None and worker.renderer is not None:
+            worker.renderer.grammar = self.grammar
 
     @property
     def spill_path(self) -> Path:
@@ -237,9 +198,7 @@ class TrackerLogger(SelfRestoringState):
             self.training = False
         if worker is None:
             return True
-        LIVE.discard(self)
-        return worker.close(self.flush_timeout if timeout is None else timeout,
-                            finish=lambda: self._finish(status))
+        return worker.close(self.flush_timeout if timeout is None else timeout, status)
 
     # -- checkpointed state -----------------------------------------------------------
     def state_attributes(self) -> dict[str, Any]:
@@ -252,9 +211,8 @@ class TrackerLogger(SelfRestoringState):
         worker = self._worker
         if worker is not None and worker.healthy:
             worker.flush(self.flush_timeout)
-        with self._steps_lock:
-            last_steps = dict(self._last_steps)
-        return {"run_id": self.run_id, "last_steps": last_steps, "params_logged": self._params_logged}
+        return {"run_id": self.run_id, "last_steps": self.ledger.last_steps(),
+                "params_logged": self._params_logged}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         """Restore the run id and the logged steps from a checkpoint."""
@@ -264,24 +222,18 @@ class TrackerLogger(SelfRestoringState):
                            type(self).__name__, run_id, self.explicit_run_id, self.explicit_run_id)
             return
         self.run_id = run_id or self.run_id
-        with self._steps_lock:
-            for key, step in (attributes.get("last_steps") or {}).items():
-                self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
+        self.ledger.restore(attributes.get("last_steps") or {})
         self._params_logged = bool(attributes.get("params_logged", False))
 
     # -- events ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Restore the run from the checkpoint, start the worker, queue the config."""
-        if not is_main_process(state):
+        if self.backend is None or not is_main_process(state):
             return
         if self._worker is not None:  # a previous train() that never ended
             self.close(FAILED)
-        self.run_id = self.explicit_run_id
+        self.ledger.new_session(self.explicit_run_id)
         self._params_logged = False
-        self._session = uuid.uuid4().hex
-        self._boundary_ready = False
-        with self._steps_lock:
-            self._last_steps, self._held, self._replayed, self._last_points = {}, {}, {}, {}
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         self.training = True
@@ -291,18 +243,13 @@ class TrackerLogger(SelfRestoringState):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
         """Copy ``logs`` and queue them; the worker renders and sends them. Returns at once."""
-        if not logs or not is_main_process(state):
+        if not logs or self.backend is None or not is_main_process(state):
             return
-        if self._worker is None:  # e.g. trainer.evaluate() after training: reopen the run
+        worker = self._worker
+        if worker is None:  # e.g. trainer.evaluate() after training: reopen the run
             self._output_dir = self._output_dir or getattr(args, "output_dir", None)
-            self._open()
-        self._worker.submit_raw((dict(logs), state.global_step, int(time.time() * 1000)))
-
-    def _prepare_log(self, payload: tuple[dict[str, Any], int, int]) -> Optional[dict[str, Any]]:
-        """Worker thread: turn ``on_log`` data into a record (see `make_log_record`)."""
-        logs, step, timestamp_ms = payload
-        return make_log_record(logs, step, self.grammar, self.nonfinite, self._warn, type(self).__name__,
-                               timestamp_ms)
+            worker = self._open()
+        worker.submit(RawLog(dict(logs), state.global_step, int(time.time() * 1000)))
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
         """Learn evaluation prefixes / dataset names from the metrics."""
@@ -320,69 +267,33 @@ class TrackerLogger(SelfRestoringState):
             self.close(FAILED)
 
     # -- internals ---------------------------------------------------------------------
-    def _open(self) -> None:
+    def _open(self) -> BackgroundWorker:
         with self._lifecycle_lock:
             if self._worker is not None:
-                return
+                return self._worker
+            backend = self.backend
+            backend.prepare_process()
+            if self._exit_hook is None:  # one hook per logger, after the backend's own
+                self._exit_hook = atexit.register(_close_at_exit, weakref.ref(self))
+            renderer = RecordRenderer(self.grammar, self.nonfinite, self._warn, type(self).__name__)
             self._worker = BackgroundWorker(
-                name=type(self).__name__, start=self._start_in_worker, send=self._send,
-                spill_path=self.spill_path, is_transient=self._is_transient,
+                backend, self.ledger, self.spill_path, renderer=renderer, name=type(self).__name__,
                 max_memory_records=self.max_memory_records,
                 backoff_initial=self.backoff[0], backoff_max=self.backoff[1],
-                run_id=lambda: self.run_id,
-                send_other=self._send_to_run if self.can_write_other_runs else None,
-                prepare=self._prepare_log, session=self._session,
             )
-            LIVE.add(self)
-
-    def _start_in_worker(self) -> None:
-        resume = self.run_id is not None
-        self.run_id = self._start(self.run_id, resume)
-        if self._boundary_ready:  # reopened in this session (evaluate() after train()): keep it
-            return
-        logged = self._logged_steps() if resume else {}
-        with self._steps_lock:
-            for key, step in logged.items():
-                self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
-            self._held = dict(self._last_steps)
-        self._boundary_ready = True
+            return self._worker
 
     def _queue_config(self, args: Any, model: Any) -> None:
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
         if model is None and trainer is not None:
             model = getattr(trainer, "model", None)
         params = collect_config(args, model)
+        limit = self.backend.max_param_length
         for key, value in params.items():
-            if self.max_param_length is not None and len(value) > self.max_param_length:
+            if limit is not None and len(value) > limit:
                 self._warn(("long-param", key), "%s: param %r is longer than %d characters; cut.",
-                           type(self).__name__, key, self.max_param_length)
-                params[key] = truncate(value, self.max_param_length)
+                           type(self).__name__, key, limit)
+                params[key] = truncate(value, limit)
         if params and self._worker is not None:
-            self._worker.submit({"kind": "params", "params": params})
+            self._worker.submit(ParamsRecord(params))
             self._params_logged = True
-
-    def _send(self, batch: list[dict[str, Any]]) -> None:
-        """Worker thread: send records in order, skipping steps held before this session."""
-        with self._steps_lock:
-            held = dict(self._held)
-        planned = dict(self._last_points)
-        for kind, payload in plan_batch(batch, held, self._sanitize, self.summary_as_curves,
-                                        self._session, self._replayed, planned):
-            if kind == "logs":
-                self._log_records(payload)
-                with self._steps_lock:  # mark what was delivered, so a retry does not resend it
-                    for record in payload:
-                        record["source"]["sent"] = True
-                        for key, value in record["metrics"].items():
-                            self._last_steps[key] = max(record["step"], self._last_steps.get(key, -1))
-                            self._last_points[key] = (record["step"], value)
-            elif kind == "params":
-                self._send_params(payload, self._log_params)
-            elif kind == "tags":
-                self._set_tags(payload)
-
-    def _send_params(self, params: dict[str, str], log_params: Any) -> None:
-        items = list(params.items())
-        size = self.max_params_per_batch or len(items) or 1
-        for index in range(0, len(items), size):
-            log_params(dict(items[index:index + size]))

@@ -20,11 +20,13 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from .backend import Backend
 from .base import TrackerLogger
+from .records import LogRecord
 
-__all__ = ["JsonlLogger"]
+__all__ = ["JsonlBackend", "JsonlLogger"]
 
 DEFAULT_FILE_NAME = "metrics.jsonl"
 
@@ -33,6 +35,64 @@ def _json_number(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value
+
+
+class JsonlBackend(Backend):
+    """Appends one JSON line per event to a file.
+
+    Args:
+        file: Returns the file to write to (it follows the trainer's ``output_dir``).
+    """
+
+    name = "JsonlLogger"
+
+    def __init__(self, file: Callable[[], Path]) -> None:
+        self._file = file
+
+    def _append(self, lines: list[dict[str, Any]]) -> None:
+        path = self._file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(line, allow_nan=False) + "\n" for line in lines)
+
+    def start(self, run_id: Optional[str], resume: bool) -> str:
+        run_id = run_id or uuid.uuid4().hex
+        self._append([{"event": "start", "run_id": run_id, "time": time.time(), "resumed": resume}])
+        return run_id
+
+    def logged_steps(self, run_id: str) -> dict[str, int]:
+        steps: dict[str, int] = {}
+        path = self._file()
+        if not path.exists():
+            return steps
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if record.get("event") == "log":
+                    for key in record.get("curves", {}):
+                        steps[key] = max(steps.get(key, -1), int(record.get("step", -1)))
+        return steps
+
+    def log(self, records: list[LogRecord], run_id: str) -> None:
+        self._append([{
+            "event": "log",
+            "step": record.step,
+            "time": record.timestamp / 1000.0,
+            "curves": {k: _json_number(v) for k, v in record.metrics.items()},
+            "summary": {k: _json_number(v) for k, v in record.summary.items()},
+        } for record in records])
+
+    def store_config(self, params: dict[str, str], run_id: str) -> None:
+        self._append([{"event": "params", "params": params}])
+
+    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
+        self._append([{"event": "tags", "tags": tags}])
+
+    def finish(self, status: str, run_id: str) -> None:
+        self._append([{"event": "finish", "status": status, "time": time.time()}])
 
 
 class JsonlLogger(TrackerLogger):
@@ -54,6 +114,7 @@ class JsonlLogger(TrackerLogger):
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}: {path!r}")
         self.path = None if path is None else str(path)
+        self.backend: JsonlBackend = JsonlBackend(lambda: self.file)
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger."""
@@ -65,57 +126,3 @@ class JsonlLogger(TrackerLogger):
         if self.path is not None:
             return Path(self.path)
         return Path(self._output_dir or ".") / DEFAULT_FILE_NAME
-
-    def _write(self, line: dict[str, Any]) -> None:
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.file, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line, allow_nan=False) + "\n")
-
-    def _start(self, run_id: Optional[str], resume: bool) -> str:
-        run_id = run_id or uuid.uuid4().hex
-        self._write({"event": "start", "run_id": run_id, "time": time.time(), "resumed": resume})
-        return run_id
-
-    def _logged_steps(self) -> dict[str, int]:
-        steps: dict[str, int] = {}
-        if not self.file.exists():
-            return steps
-        with open(self.file, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if record.get("event") == "log":
-                    for key in record.get("curves", {}):
-                        steps[key] = max(steps.get(key, -1), int(record.get("step", -1)))
-        return steps
-
-    def _log_records(self, records: list[dict[str, Any]]) -> None:
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.file, "a", encoding="utf-8") as handle:
-            for record in records:
-                line = {
-                    "event": "log",
-                    "step": record["step"],
-                    "time": record["timestamp"] / 1000.0,
-                    "curves": {k: _json_number(v) for k, v in record["metrics"].items()},
-                    "summary": {k: _json_number(v) for k, v in record["summary"].items()},
-                }
-                handle.write(json.dumps(line, allow_nan=False) + "\n")
-
-    def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._log_records([{"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics,
-                            "summary": {}}])
-
-    def _log_summary(self, values: dict[str, Any]) -> None:
-        self._write({"event": "summary", "summary": {k: _json_number(v) for k, v in values.items()}})
-
-    def _log_params(self, params: dict[str, str]) -> None:
-        self._write({"event": "params", "params": params})
-
-    def _set_tags(self, tags: dict[str, str]) -> None:
-        self._write({"event": "tags", "tags": tags})
-
-    def _finish(self, status: str) -> None:
-        self._write({"event": "finish", "status": status, "time": time.time()})

@@ -25,18 +25,18 @@ import re
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from .._compat import require
+from .._compat import env_flag, require
+from .backend import Backend
 from .base import TrackerLogger
-from .records import plan_batch
+from .records import LogRecord
 from .secrets import mask_secrets, remember_credentials, unmask_url
 
-__all__ = ["KNOWN_TRACKING_SCHEMES", "MLflowLogger", "validate_tracking_uri"]
+__all__ = ["KNOWN_TRACKING_SCHEMES", "MLflowBackend", "MLflowLogger", "validate_tracking_uri"]
 
 #: Tracking URI schemes MLflow understands out of the box (plugins add more).
 KNOWN_TRACKING_SCHEMES = (
     "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc",
 )
-_TRUE = {"1", "true", "yes", "on"}
 _PERMANENT_ERROR_CODES = {
     "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
     "PERMISSION_DENIED", "INVALID_STATE", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND",
@@ -83,11 +83,6 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
     )
 
 
-def _env_flag(name: str) -> Optional[bool]:
-    value = os.environ.get(name)
-    return None if value is None else value.strip().lower() in _TRUE
-
-
 def parse_tags_env() -> dict[str, str]:
     """``MLFLOW_TAGS`` as a dict.
 
@@ -106,6 +101,159 @@ def parse_tags_env() -> dict[str, str]:
     if not isinstance(tags, dict):
         raise ValueError(f"MLFLOW_TAGS must be a JSON object (a dict), got {type(tags).__name__}: {raw!r}")
     return {str(key): mask_secrets(str(value)) for key, value in tags.items()}
+
+
+class MLflowBackend(Backend):
+    """MLflow through ``MlflowClient``: ``log_batch`` up to MLflow's limits, ``set_terminated``.
+
+    Args:
+        mlflow: The ``mlflow`` module.
+        tracking_uri: Where to log (None: MLflow's default).
+        experiment_name: Experiment, created when missing (None: the default experiment).
+        run_name: Name of a new run (None: MLflow's generated name).
+        tags: Tags of the run.
+        max_log_params: Log at most this many params per run (None: all).
+        http_timeout: Seconds per HTTP request, set as ``MLFLOW_HTTP_REQUEST_TIMEOUT`` when unset.
+        http_max_retries: MLflow's own HTTP retries, set as ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``
+            when unset.
+    """
+
+    name = "MLflowLogger"
+    max_param_length = 6000
+    max_params_per_batch = 100
+    max_name_length = 250
+    max_tag_length = 8000
+    max_tags_per_batch = 100
+    max_metrics_per_batch = 1000
+    summary_as_curves = True
+    can_write_other_runs = True
+
+    def __init__(self, mlflow: Any, tracking_uri: Optional[str], experiment_name: Optional[str],
+                 run_name: Optional[str], tags: dict[str, str], max_log_params: Optional[int],
+                 http_timeout: int, http_max_retries: int) -> None:
+        self._mlflow = mlflow
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.run_name = run_name
+        self.tags = tags
+        self.max_log_params = max_log_params
+        self.http_timeout = http_timeout
+        self.http_max_retries = http_max_retries
+        #: Set at train begin: the active fluent run (``nested``) and ``args.run_name``.
+        self.parent_run_id: Optional[str] = None
+        self.args_run_name: Optional[str] = None
+        self._client: Any = None
+        self._params_sent: dict[str, int] = {}
+
+    def clean_name(self, name: str) -> str:
+        """Replace characters MLflow rejects with ``_`` and drop empty path parts."""
+        return clean_mlflow_name(name)
+
+    @property
+    def client(self) -> Any:
+        """The ``MlflowClient`` (made on first use)."""
+        if self._client is None:
+            if self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.http_max_retries))
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.http_timeout))
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def _experiment_id(self) -> str:
+        client = self.client
+        if not self.experiment_name:
+            return "0"
+        experiment = client.get_experiment_by_name(self.experiment_name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return client.create_experiment(self.experiment_name)
+        except self._mlflow.exceptions.MlflowException:  # created concurrently
+            experiment = client.get_experiment_by_name(self.experiment_name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
+
+    def start(self, run_id: Optional[str], resume: bool) -> str:
+        client = self.client
+        if resume and run_id:
+            client.get_run(run_id)  # raises RESOURCE_DOES_NOT_EXIST for an unknown id
+            client.update_run(run_id, status="RUNNING")
+            if self.tags:
+                self.set_tags(self.tags, run_id)
+            return run_id
+        tags = dict(self.tags)
+        if self.parent_run_id:
+            tags["mlflow.parentRunId"] = self.parent_run_id
+        name = self.run_name or self.args_run_name
+        return client.create_run(self._experiment_id(), run_name=name, tags=tags).info.run_id
+
+    def recovery_run(self) -> str:
+        run = self.client.create_run(self._experiment_id(), run_name=self.run_name or self.args_run_name,
+                                     tags={**self.tags, RECOVERED_TAG: "true"})
+        return run.info.run_id
+
+    def logged_steps(self, run_id: str) -> dict[str, int]:
+        client = self.client
+        steps = {}
+        for key in client.get_run(run_id).data.metrics:
+            history = client.get_metric_history(run_id, key)
+            if history:
+                steps[key] = max(int(metric.step) for metric in history)
+        return steps
+
+    def log(self, records: list[LogRecord], run_id: str) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        metrics = []
+        tags = []
+        for record in records:
+            for key, value in record.metrics.items():
+                metrics.append(Metric(key, value, record.timestamp, record.step))
+            for key, value in record.summary.items():
+                if isinstance(value, str):
+                    tags.append(RunTag(key, value[: self.max_tag_length]))
+                else:
+                    metrics.append(Metric(key, value, record.timestamp, record.step))
+        for start in range(0, len(tags), self.max_tags_per_batch):
+            self.client.log_batch(run_id, tags=tags[start:start + self.max_tags_per_batch], synchronous=True)
+        for start in range(0, len(metrics), self.max_metrics_per_batch):
+            chunk = metrics[start:start + self.max_metrics_per_batch]
+            self.client.log_batch(run_id, metrics=chunk, synchronous=True)
+
+    def store_config(self, params: dict[str, str], run_id: str) -> None:
+        from mlflow.entities import Param
+
+        items = [(clean_mlflow_name(key)[: self.max_name_length], value) for key, value in params.items()]
+        if self.max_log_params is not None:
+            logged = self._params_sent.get(run_id, 0)
+            items = items[: max(0, self.max_log_params - logged)]
+            self._params_sent[run_id] = logged + len(items)
+        if items:
+            self.client.log_batch(run_id, params=[Param(k, v) for k, v in items], synchronous=True)
+
+    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(str(k), str(v)[: self.max_tag_length]) for k, v in tags.items()]
+        for start in range(0, len(items), self.max_tags_per_batch):
+            self.client.log_batch(run_id, tags=items[start:start + self.max_tags_per_batch], synchronous=True)
+
+    def finish(self, status: str, run_id: str) -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def is_transient(self, error: BaseException) -> bool:
+        code = getattr(error, "error_code", None)
+        return code not in _PERMANENT_ERROR_CODES
+
+
+def clean_mlflow_name(name: str) -> str:
+    """Replace characters MLflow rejects with ``_`` and drop empty path parts."""
+    cleaned = _BAD_NAME_CHARS.sub("_", name)
+    parts = [part if part not in (".", "..") else "_" for part in cleaned.split("/") if part]
+    return "/".join(parts) or "_"
 
 
 class MLflowLogger(TrackerLogger):
@@ -139,14 +287,6 @@ class MLflowLogger(TrackerLogger):
         >>> trainer = Trainer(..., callbacks=[logger])  # doctest: +SKIP
     """
 
-    max_param_length = 6000
-    max_params_per_batch = 100
-    max_name_length = 250
-    max_tag_length = 8000
-    max_metrics_per_batch = 1000
-    summary_as_curves = True
-    can_write_other_runs = True
-
     def __init__(
         self,
         tracking_uri: Optional[str] = None,
@@ -174,8 +314,7 @@ class MLflowLogger(TrackerLogger):
         if tags is not None and not isinstance(tags, dict):
             raise TypeError(f"tags must be a dict of str to str, got {type(tags).__name__}: {tags!r}")
         self.tags = {**parse_tags_env(), **{str(k): mask_secrets(str(v)) for k, v in (tags or {}).items()}}
-        env_nested = _env_flag("MLFLOW_NESTED_RUN")
-        self.nested = bool(nested if nested is not None else env_nested)
+        self.nested = bool(nested if nested is not None else env_flag("MLFLOW_NESTED_RUN"))
         env_max = os.environ.get("MLFLOW_MAX_LOG_PARAMS")
         if max_log_params is None and env_max:
             try:
@@ -187,9 +326,9 @@ class MLflowLogger(TrackerLogger):
         self.max_log_params = max_log_params
         self.http_timeout = http_timeout
         self.http_max_retries = http_max_retries
-        self._client: Any = None
-        self._args_run_name: Optional[str] = None
-        self._parent_run_id: Optional[str] = None
+        self.backend: MLflowBackend = MLflowBackend(
+            self._mlflow, self.tracking_uri, self.experiment_name, self.run_name, self.tags, max_log_params,
+            http_timeout, http_max_retries)
 
     @property
     def state_key(self) -> str:
@@ -209,145 +348,18 @@ class MLflowLogger(TrackerLogger):
     @staticmethod
     def clean_name(name: str) -> str:
         """Replace characters MLflow rejects with ``_`` and drop empty path parts."""
-        cleaned = _BAD_NAME_CHARS.sub("_", name)
-        parts = [part if part not in (".", "..") else "_" for part in cleaned.split("/") if part]
-        return "/".join(parts) or "_"
+        return clean_mlflow_name(name)
 
     # -- events ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Remember ``args.run_name``, and the active fluent run when ``nested``; then start."""
-        self._args_run_name = mask_secrets(getattr(args, "run_name", None))
+        self.backend.args_run_name = mask_secrets(getattr(args, "run_name", None))
         if self.nested:
             active = self._mlflow.active_run()
-            self._parent_run_id = active.info.run_id if active is not None else None
+            self.backend.parent_run_id = active.info.run_id if active is not None else None
         return super().on_train_begin(args, state, control, model=model, **kwargs)
 
     def _queue_config(self, args: Any, model: Any) -> None:
         if self.max_log_params == 0:
             return
         super()._queue_config(args, model)
-
-    # -- backend -----------------------------------------------------------------------
-    def _make_client(self) -> Any:
-        if self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.http_max_retries))
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.http_timeout))
-        from mlflow.tracking import MlflowClient
-
-        return MlflowClient(tracking_uri=self.tracking_uri)
-
-    def _experiment_id(self, client: Any) -> str:
-        if not self.experiment_name:
-            return "0"
-        experiment = client.get_experiment_by_name(self.experiment_name)
-        if experiment is not None:
-            return experiment.experiment_id
-        try:
-            return client.create_experiment(self.experiment_name)
-        except self._mlflow.exceptions.MlflowException:  # created concurrently
-            experiment = client.get_experiment_by_name(self.experiment_name)
-            if experiment is None:
-                raise
-            return experiment.experiment_id
-
-    def _start(self, run_id: Optional[str], resume: bool) -> str:
-        if self._client is None:
-            self._client = self._make_client()
-        client = self._client
-        if resume and run_id:
-            client.get_run(run_id)  # raises RESOURCE_DOES_NOT_EXIST for an unknown id
-            client.update_run(run_id, status="RUNNING")
-            if self.tags:
-                self._set_tags(self.tags)
-            return run_id
-        tags = dict(self.tags)
-        if self._parent_run_id:
-            tags["mlflow.parentRunId"] = self._parent_run_id
-        run = client.create_run(self._experiment_id(client), run_name=self.run_name or self._args_run_name,
-                                tags=tags)
-        return run.info.run_id
-
-    def _logged_steps(self, run_id: Optional[str] = None) -> dict[str, int]:
-        run = self._client.get_run(run_id or self.run_id)
-        return {metric.key: int(metric.step) for metric in getattr(run.data, "_metric_objs", [])}
-
-    def _log_records(self, records: list[dict[str, Any]], run_id: Optional[str] = None) -> None:
-        from mlflow.entities import Metric, RunTag
-
-        run_id = run_id or self.run_id
-        metrics = []
-        tags = []
-        for record in records:
-            for key, value in record["metrics"].items():
-                metrics.append(Metric(key, value, record["timestamp"], record["step"]))
-            for key, value in record["summary"].items():
-                if isinstance(value, str):
-                    tags.append(RunTag(key, value[: self.max_tag_length]))
-                else:
-                    metrics.append(Metric(key, value, record["timestamp"], record["step"]))
-        for start in range(0, len(tags), 100):
-            self._client.log_batch(run_id, tags=tags[start:start + 100], synchronous=True)
-        for start in range(0, len(metrics), self.max_metrics_per_batch):
-            chunk = metrics[start:start + self.max_metrics_per_batch]
-            self._client.log_batch(run_id, metrics=chunk, synchronous=True)
-
-    def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        import time
-
-        self._log_records([{"step": step, "timestamp": int(time.time() * 1000), "metrics": metrics,
-                            "summary": {}}])
-
-    def _log_summary(self, values: dict[str, Any]) -> None:
-        import time
-
-        self._log_records([{"step": 0, "timestamp": int(time.time() * 1000), "metrics": {},
-                            "summary": values}])
-
-    def _log_params(self, params: dict[str, str], run_id: Optional[str] = None) -> None:
-        from mlflow.entities import Param
-
-        items = [(self.clean_name(key)[: self.max_name_length], value) for key, value in params.items()]
-        if run_id is not None and self.max_log_params is not None:  # another run: cap, no count
-            items = items[: self.max_log_params]
-        elif self.max_log_params is not None:
-            logged = getattr(self, "_params_sent", 0)
-            items = items[: max(0, self.max_log_params - logged)]
-            self._params_sent = logged + len(items)
-        if items:
-            params_list = [Param(k, v) for k, v in items]
-            self._client.log_batch(run_id or self.run_id, params=params_list, synchronous=True)
-
-    def _set_tags(self, tags: dict[str, str], run_id: Optional[str] = None) -> None:
-        from mlflow.entities import RunTag
-
-        items = [RunTag(str(k), str(v)[: self.max_tag_length]) for k, v in tags.items()]
-        for start in range(0, len(items), 100):
-            self._client.log_batch(run_id or self.run_id, tags=items[start:start + 100], synchronous=True)
-
-    def _send_to_run(self, run_id: Optional[str], records: list[dict[str, Any]]) -> None:
-        """Log records an earlier run left in the spill file to that run (the client writes to any id).
-
-        Steps that run already holds are skipped. Records of a run that never opened (the server
-        was down from its start) get a new run of their own, tagged ``hf_callbacks_plus.recovered``.
-        """
-        created = run_id is None
-        if run_id is None:
-            run = self._client.create_run(self._experiment_id(self._client), run_name=self.run_name or
-                                          self._args_run_name, tags={**self.tags, RECOVERED_TAG: "true"})
-            run_id = run.info.run_id
-        for kind, payload in plan_batch(records, self._logged_steps(run_id), self._sanitize, True):
-            if kind == "logs":
-                self._log_records(payload, run_id=run_id)
-            elif kind == "params" and self.max_log_params != 0:
-                self._send_params(payload, lambda chunk: self._log_params(chunk, run_id=run_id))
-            elif kind == "tags":
-                self._set_tags(payload, run_id=run_id)
-        if created:
-            self._client.set_terminated(run_id, status="FINISHED")
-
-    def _finish(self, status: str) -> None:
-        self._client.set_terminated(self.run_id, status=status)
-
-    def _is_transient(self, error: BaseException) -> bool:
-        code = getattr(error, "error_code", None)
-        return code not in _PERMANENT_ERROR_CODES

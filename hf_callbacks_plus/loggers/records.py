@@ -1,142 +1,361 @@
-"""The records a tracker logger queues, and how a batch of them is planned for a backend.
+"""What a tracker logger queues, as value objects, and the pure rules that make them.
 
-Worker thread: `make_log_record` renders one ``logs`` dict (copied on the training
-thread by ``on_log``) with the key grammar and normalizes its values into a
-``{"kind": "log", ...}`` record (curves vs. summary); `plan_batch` turns a batch of
-queued records (``log``, ``params``, ``tags``) into backend calls, in order: consecutive
-log records are grouped and names are sanitized.
+No threads and no backend here:
 
-What is skipped, and only that: a metric point at a step the run already held from a
-*previous* session (the resume boundary: the checkpointed / queried last step per metric when
-the training started), so a resumed run does not log twice the steps the earlier process
-already sent; a point equal to the last one delivered for its metric (same step, same
-value: the ``epoch`` of the end-of-training record repeats the last step's); and records
-already delivered (``"sent"``, set after a successful send, so a
-batch retried after a partial failure is not sent twice). Every point produced in the current
-session is delivered, including a second value at one step (``trainer.evaluate()`` on other
-data at the step of the last evaluation): MLflow and JSONL keep both, W&B keeps the first in
-its history row and puts the later one in the run summary, with one warning per key.
+* the records: `RawLog` (the ``logs`` dict copied on the training thread by ``on_log``) and
+  the records the worker sends and spills, `LogRecord`, `ParamsRecord`, `TagsRecord` and
+  `ArtifactRecord` (told apart by type; `record_from_json` reads a spilled one back);
+* `RecordRenderer`: turns a `RawLog` into a `LogRecord` on the worker thread (keys rendered
+  by the key grammar, values normalized, secret strings redacted);
+* value policy (documented in ``docs/loggers.md``): ``bool`` -> 1.0/0.0; ints, floats, numpy
+  scalars and one-element tensors -> ``float``; a string goes to the run summary (MLflow: a
+  tag); anything else is dropped with one warning per key; NaN and +/-Inf are kept
+  (``nonfinite="keep"``, a diverging loss is information) or dropped with one warning per key
+  (``nonfinite="drop"``);
+* `NameSanitizer` (backend names, collisions) and the run config (`collect_config`:
+  ``TrainingArguments`` and the model config, flattened and redacted).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import time
-from collections.abc import Iterator
-from typing import Any, Callable, Optional
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
 
 from ..metrics.keys import KeyGrammar
-from .secrets import REDACTED, looks_like_secret, mask_secrets
-from .values import WarnOnce, normalize_value
+from .secrets import REDACTED, is_vocabulary_token, looks_like_secret, mask_secrets, redact_config
 
-__all__ = ["make_log_record", "plan_batch"]
+__all__ = [
+    "NONFINITE_POLICIES",
+    "ArtifactRecord",
+    "LogRecord",
+    "NameSanitizer",
+    "ParamsRecord",
+    "RawLog",
+    "Record",
+    "RecordRenderer",
+    "TagsRecord",
+    "WarnOnce",
+    "collect_config",
+    "flatten_config",
+    "normalize_value",
+    "record_from_json",
+    "truncate",
+]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+#: Accepted values of the ``nonfinite`` argument of the loggers.
+NONFINITE_POLICIES = ("keep", "drop")
 
 
-def make_log_record(logs: dict[str, Any], step: int, grammar: KeyGrammar, nonfinite: str, warn: WarnOnce,
-                    owner: str, timestamp_ms: Optional[int] = None) -> Optional[dict[str, Any]]:
-    """Render and normalize one ``on_log`` dict; None when nothing is left to log.
+# -- records -----------------------------------------------------------------------------
+@dataclass
+class RawLog:
+    """``on_log`` data, copied on the training thread; the worker renders it into a `LogRecord`."""
+
+    logs: dict[str, Any]
+    step: int
+    timestamp_ms: int
+
+
+@dataclass
+class LogRecord:
+    """Curve values at one step (``metrics``) and run-summary values (``summary``)."""
+
+    step: int
+    timestamp: int  # milliseconds since the epoch
+    metrics: dict[str, float]
+    summary: dict[str, Any]
+    #: The logging session (one ``train()``) that produced it; None: the current one.
+    session: Optional[str] = None
+    #: The run it belongs to (set when it is spilled); None: the open run.
+    run_id: Optional[str] = None
+    #: Delivered (a batch retried after a partial failure does not send it again).
+    sent: bool = False
+    kind = "log"
+
+
+@dataclass
+class ParamsRecord:
+    """The run config, flat ``{name: str}``, sent once per run."""
+
+    params: dict[str, str]
+    #: The logging session (one ``train()``) that produced it; None: the current one.
+    session: Optional[str] = None
+    #: The run it belongs to (set when it is spilled); None: the open run.
+    run_id: Optional[str] = None
+    kind = "params"
+
+
+@dataclass
+class TagsRecord:
+    """Run tags."""
+
+    tags: dict[str, str]
+    #: The logging session (one ``train()``) that produced it; None: the current one.
+    session: Optional[str] = None
+    #: The run it belongs to (set when it is spilled); None: the open run.
+    run_id: Optional[str] = None
+    kind = "tags"
+
+
+@dataclass
+class ArtifactRecord:
+    """A folder to upload as a model artifact (W&B ``log_model``)."""
+
+    path: str
+    aliases: list[str]
+    cleanup: bool = False
+    #: The logging session (one ``train()``) that produced it; None: the current one.
+    session: Optional[str] = None
+    #: The run it belongs to (set when it is spilled); None: the open run.
+    run_id: Optional[str] = None
+    kind = "artifact"
+
+
+Record = Union[LogRecord, ParamsRecord, TagsRecord, ArtifactRecord]
+_KINDS: dict[str, Any] = {cls.kind: cls for cls in (LogRecord, ParamsRecord, TagsRecord, ArtifactRecord)}
+
+
+def record_to_json(record: Record) -> dict[str, Any]:
+    """The JSON form of a record (a spill-file line): its fields plus ``"kind"``."""
+    data = dataclasses.asdict(record)
+    data.pop("sent", None)
+    data["kind"] = record.kind
+    return data
+
+
+def record_from_json(data: Mapping[str, Any]) -> Optional[Record]:
+    """Read a record back from its JSON form; None for an unknown kind.
+
+    Spill files written before records were typed hold ``"wandb_artifact"`` for artifacts.
+    """
+    kind = "artifact" if data.get("kind") == "wandb_artifact" else data.get("kind")
+    cls = _KINDS.get(str(kind))
+    if cls is None:
+        return None
+    names = {item.name for item in dataclasses.fields(cls)} - {"sent"}
+    return cls(**{name: data[name] for name in names if name in data})
+
+
+# -- values ------------------------------------------------------------------------------
+def normalize_value(value: Any) -> tuple[str, Any]:
+    """Classify and convert one logged value.
 
     Args:
-        logs: The ``logs`` of ``on_log``.
-        step: ``state.global_step``.
-        grammar: Renders the keys (and learns prefixes from ``logs``).
+        value: Anything a ``logs`` dict may hold.
+
+    Returns:
+        ``("number", float)``, ``("text", str)`` or ``("drop", original)``.
+
+    Example:
+        >>> normalize_value(True)
+        ('number', 1.0)
+        >>> normalize_value("early")
+        ('text', 'early')
+    """
+    if isinstance(value, bool):
+        return "number", 1.0 if value else 0.0
+    if isinstance(value, (int, float)):
+        return "number", float(value)
+    if isinstance(value, str):
+        return "text", value
+    item = getattr(value, "item", None)
+    if callable(item):
+        size = getattr(value, "size", None)
+        numel = getattr(value, "numel", None)
+        count = numel() if callable(numel) else size if isinstance(size, int) else 1
+        if count == 1:
+            try:
+                scalar = item()
+            except (TypeError, ValueError, RuntimeError):
+                return "drop", value
+            if isinstance(scalar, bool):
+                return "number", 1.0 if scalar else 0.0
+            if isinstance(scalar, (int, float)):
+                return "number", float(scalar)
+            if isinstance(scalar, str):
+                return "text", scalar
+    return "drop", value
+
+
+def truncate(text: str, limit: Optional[int]) -> str:
+    """Cut ``text`` to ``limit`` characters, marking the cut with ``...``."""
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: max(0, limit - 3)] + "..."
+
+
+class WarnOnce:
+    """Emit a warning once per key."""
+
+    def __init__(self) -> None:
+        self._seen: set[Any] = set()
+
+    def __call__(self, key: Any, message: str, *args: Any) -> None:
+        """Log ``message % args`` as a warning the first time ``key`` is seen."""
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        logger.warning(message, *args)
+
+
+class RecordRenderer:
+    """Turns ``on_log`` data into a `LogRecord` (worker thread).
+
+    Args:
+        grammar: Renders the keys (and learns prefixes from the logs).
         nonfinite: ``"keep"`` or ``"drop"`` NaN/Inf values (one warning per key).
         warn: Warns once per key about dropped values.
         owner: The logger's class name, shown in warnings.
-        timestamp_ms: When the values were logged. Defaults to now.
-
-    Returns:
-        ``{"kind": "log", "step", "timestamp" (ms), "metrics", "summary"}`` or None.
     """
-    grammar.learn_from_metrics(logs)
-    curves, summary = grammar.render_logs(logs)
-    metrics: dict[str, float] = {}
-    texts: dict[str, Any] = {}
-    for target, values in ((metrics, curves), (texts, summary)):
-        for name, value in values.items():
-            kind, number = normalize_value(value)
-            if kind == "number":
-                if nonfinite == "drop" and (math.isnan(number) or math.isinf(number)):
-                    warn(("nonfinite", name), "%s: dropping non-finite value %r of %r (nonfinite='drop').",
-                         owner, number, name)
-                    continue
-                target[name] = number
-            elif kind == "text":
-                texts[name] = REDACTED if looks_like_secret(name, number) else mask_secrets(number)
-            else:
-                warn(("drop", name), "%s: %r has a value of type %s that is neither a number nor a string; "
-                     "it is not logged.", owner, name, type(value).__name__)
-    if not metrics and not texts:
-        return None
-    if timestamp_ms is None:
-        timestamp_ms = int(time.time() * 1000)
-    return {"kind": "log", "step": int(step), "timestamp": timestamp_ms, "metrics": metrics,
-            "summary": texts}
+
+    def __init__(self, grammar: KeyGrammar, nonfinite: str, warn: WarnOnce, owner: str) -> None:
+        self.grammar = grammar
+        self.nonfinite = nonfinite
+        self.warn = warn
+        self.owner = owner
+
+    def render(self, raw: RawLog) -> Optional[LogRecord]:
+        """Render and normalize one ``on_log`` dict; None when nothing is left to log."""
+        logs = raw.logs
+        self.grammar.learn_from_metrics(logs)
+        curves, summary = self.grammar.render_logs(logs)
+        metrics: dict[str, float] = {}
+        texts: dict[str, Any] = {}
+        for target, values in ((metrics, curves), (texts, summary)):
+            for name, value in values.items():
+                kind, number = normalize_value(value)
+                if kind == "number":
+                    if self.nonfinite == "drop" and (math.isnan(number) or math.isinf(number)):
+                        self.warn(("nonfinite", name), "%s: dropping non-finite value %r of %r "
+                                  "(nonfinite='drop').", self.owner, number, name)
+                        continue
+                    target[name] = number
+                elif kind == "text":
+                    texts[name] = REDACTED if looks_like_secret(name, number) else mask_secrets(number)
+                else:
+                    self.warn(("drop", name), "%s: %r has a value of type %s that is neither a number nor "
+                              "a string; it is not logged.", self.owner, name, type(value).__name__)
+        if not metrics and not texts:
+            return None
+        timestamp = raw.timestamp_ms if raw.timestamp_ms is not None else int(time.time() * 1000)
+        return LogRecord(int(raw.step), timestamp, metrics, texts)
 
 
-def plan_batch(batch: list[dict[str, Any]], held: dict[str, int], sanitize: Callable[[str], str],
-               summary_as_curves: bool, session: Optional[str] = None,
-               replayed: Optional[dict[str, int]] = None,
-               last_points: Optional[dict[str, tuple[int, float]]] = None) -> Iterator[tuple[str, Any]]:
-    """Backend calls for ``batch``, in order: ``("logs", [records])``, ``("params", {})``, ``("tags", {})``.
+# -- names -------------------------------------------------------------------------------
+class NameSanitizer:
+    """Maps rendered metric names to names a backend accepts, detecting collisions.
 
     Args:
-        batch: Queued records. A log record whose ``"session"`` differs from ``session`` was
-            produced by an earlier process (replayed from the spill file).
-        held: The resume boundary: last step per (sanitized) metric name that the run held
-            from previous sessions when this one started. Points at or below it are skipped.
-        sanitize: Turns a rendered name into one the backend accepts.
-        summary_as_curves: Send numeric summary values as points at the record's step
-            (backends without a run summary, such as MLflow).
-        session: The current session id. Defaults to None (every record is current).
-        replayed: Last step per metric delivered from records of earlier sessions in this
-            session (updated here); current points at or below it are skipped too, since the
-            earlier process logged those steps. Defaults to a new dict.
-        last_points: ``(step, value)`` of the last point per metric; updated as points are
-            planned. A point equal to it is not sent again. Defaults to a new dict.
+        clean: Function turning one name into an accepted one (e.g. replacing forbidden
+            characters with ``_``).
+        max_length: Longest accepted name, or None. Defaults to None.
 
-    Yields:
-        ``(kind, payload)`` pairs; a planned log record has a ``"source"`` key: the queued
-        record, to be marked ``"sent"`` once delivered. Other record kinds are skipped (a
-        backend handles them).
+    Two different names that clean to the same string keep distinct names: the later one
+    gets a ``_2``, ``_3``... suffix, with one warning per name.
     """
-    replayed = {} if replayed is None else replayed
-    last_points = {} if last_points is None else last_points
-    logs: list[dict[str, Any]] = []
-    for record in batch:
-        kind = record.get("kind")
-        if kind == "log":
-            if record.get("sent"):
-                continue  # delivered before a later part of its batch failed
-            step = record["step"]
-            earlier = record.get("session", session) != session
-            values, summary_in = record["metrics"], record["summary"]
-            if summary_as_curves:  # e.g. MLflow: totals are metrics at the last step
-                values = {**values, **{k: v for k, v in summary_in.items() if not isinstance(v, str)}}
-                summary_in = {k: v for k, v in summary_in.items() if isinstance(v, str)}
-            metrics = {}
-            for name, value in values.items():
-                clean = sanitize(name)
-                limit = held.get(clean, -1)
-                if not earlier:
-                    limit = max(limit, replayed.get(clean, -1))
-                if step <= limit or last_points.get(clean) == (step, value):
-                    continue  # the run held this step before this session started, or a repeat
-                last_points[clean] = (step, value)
-                if earlier:
-                    replayed[clean] = max(step, replayed.get(clean, -1))
-                metrics[clean] = value
-            summary = {sanitize(name): value for name, value in summary_in.items()}
-            if metrics or summary:
-                logs.append({"kind": "log", "step": step, "timestamp": record["timestamp"],
-                             "metrics": metrics, "summary": summary, "source": record})
-            continue
-        if logs:
-            yield "logs", logs
-            logs = []
-        if kind == "params":
-            yield "params", record["params"]
-        elif kind == "tags":
-            yield "tags", record["tags"]
-    if logs:
-        yield "logs", logs
+
+    def __init__(self, clean: Callable[[str], str], max_length: Optional[int] = None) -> None:
+        self._clean = clean
+        self._max_length = max_length
+        self._mapping: dict[str, str] = {}
+        self._owner: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        """Return the backend name of ``name`` (stable for the life of the logger)."""
+        known = self._mapping.get(name)
+        if known is not None:
+            return known
+        cleaned = self._clean(name)
+        if self._max_length is not None:
+            cleaned = cleaned[: self._max_length]
+        candidate = cleaned
+        counter = 2
+        while candidate in self._owner and self._owner[candidate] != name:
+            candidate = f"{cleaned}_{counter}"
+            counter += 1
+        if candidate != name:
+            if candidate != cleaned:
+                logger.warning(
+                    "Metric names %r and %r both become %r for this backend; logging %r as %r.",
+                    self._owner[cleaned], name, cleaned, name, candidate,
+                )
+            else:
+                logger.debug("Metric name %r sanitized to %r.", name, candidate)
+        self._mapping[name] = candidate
+        self._owner[candidate] = name
+        return candidate
+
+
+# -- run config --------------------------------------------------------------------------
+def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str = ".") -> dict[str, Any]:
+    """Flatten nested dicts (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``); other values are kept."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{separator}{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name, separator))
+        else:
+            flat[name] = value
+    return flat
+
+
+def args_to_dict(args: Any) -> dict[str, Any]:
+    """``args.to_dict()``, the dataclass fields, or the public attributes of ``args``.
+
+    ``TrainingArguments.to_dict()`` replaces every ``*_token`` field by a placeholder
+    (``<HUB_TOKEN>``); unset fields (None) and fields holding vocabulary tokens (trl's
+    ``pad_token``/``eos_token``) get their real value back, the others keep the placeholder
+    (then redacted).
+    """
+    if args is None:
+        return {}
+    to_dict = getattr(args, "to_dict", None)
+    if callable(to_dict):
+        result = to_dict()
+        if isinstance(result, dict):
+            for key, value in result.items():
+                real = getattr(args, key, None) if key.endswith("_token") else None
+                if value == f"<{key.upper()}>" and (real is None or is_vocabulary_token(key, real)):
+                    result[key] = real
+            return result
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        return {item.name: getattr(args, item.name, None) for item in dataclasses.fields(args)}
+    if isinstance(args, dict):
+        return dict(args)
+    return {key: value for key, value in vars(args).items() if not key.startswith("_")}
+
+
+def model_config_to_dict(model: Any) -> dict[str, Any]:
+    """The model's ``config.to_dict()`` (or a dict config), else {}."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return {}
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        result = to_dict()
+        return result if isinstance(result, dict) else {}
+    return dict(config) if isinstance(config, dict) else {}
+
+
+def collect_config(args: Any, model: Any = None) -> dict[str, str]:
+    """Flatten ``args`` (bare keys) and the model config (``model.<key>``) and redact secrets.
+
+    Args:
+        args: ``TrainingArguments``, ``LoopArguments``, a dataclass or a dict.
+        model: A model with a ``config``, or None. Defaults to None.
+
+    Returns:
+        Flat ``{name: str(value)}`` where every secret value is ``"<redacted>"``.
+    """
+    config = flatten_config(args_to_dict(args))
+    model_config = model_config_to_dict(model)
+    if model_config:
+        config.update(flatten_config(model_config, prefix="model"))
+    return redact_config(config)

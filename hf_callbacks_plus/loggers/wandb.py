@@ -20,7 +20,7 @@ spill, key grammar, value normalization, redacted config, rank zero, checkpointe
   (``wandb.init(id=..., resume="allow")``). Steps the run already holds are not logged again:
   W&B would reject steps lower than its current step, so the logger asks the resumed run
   (online: ``run.starting_step`` and its summary keys; offline: the earlier offline run files
-  of the same id, read with `read_wandb_run`);
+  of the same id, read with `read_wandb_run` of `hf_callbacks_plus.loggers.wandb_runfile`);
 * ``run.finish(exit_code=0)`` at train end, ``exit_code=1`` when training raised (the
   ``on_exception`` event of ``TrainerPlus``/``LightweightTrainer``, and, in a stock
   ``transformers.Trainer``, an exit hook that runs before W&B's own when ``on_train_end``
@@ -33,7 +33,6 @@ spill, key grammar, value normalization, redacted config, rank zero, checkpointe
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
@@ -41,28 +40,290 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from .._compat import require
-from .base import FAILED, FINISHED, TrackerLogger
-from .secrets import mask_secrets
-from .wandb_options import (
-    LOG_MODEL_CHOICES,
-    MAX_TAG_LENGTH,
-    MODE_CHOICES,
-    RESUME_CHOICES,
-    STEP_KEY,
-    WATCH_CHOICES,
-    choice,
-    settings_hiding_secret_args,
-    typed,
-    version_of,
-    wandb_disabled_reason,
-)
+from .._compat import env_flag, require
+from .backend import FINISHED, Backend
+from .base import TrackerLogger
+from .records import ArtifactRecord, LogRecord, WarnOnce
+from .secrets import command_line_has_secret, mask_secrets
+from .wandb_runfile import WandbLogFormatError, read_wandb_run
 
-__all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbLogger", "wandb_disabled_reason"]
+__all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
 
 logger = logging.getLogger("hf_callbacks_plus")
+
+
+#: Values of ``log_model`` / ``WANDB_LOG_MODEL`` ("true" is transformers' legacy spelling of "end").
+LOG_MODEL_CHOICES = ("false", "end", "checkpoint")
+#: Values of ``watch`` / ``WANDB_WATCH``.
+WATCH_CHOICES = ("false", "gradients", "parameters", "all")
+RESUME_CHOICES = ("allow", "must")
+MODE_CHOICES = ("online", "offline", "disabled", "shared")
+STEP_KEY = "train/global_step"
+MAX_TAG_LENGTH = 64
+
+
+def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
+    """Why W&B logging is switched off, or None when it is on.
+
+    Args:
+        mode: The ``mode`` argument given to the logger. Defaults to None (environment only).
+
+    Returns:
+        A sentence naming the setting that disables W&B, or None.
+    """
+    if env_flag("WANDB_DISABLED"):
+        return f"WANDB_DISABLED={os.environ['WANDB_DISABLED']!r} is set"
+    if mode == "disabled":
+        return "mode='disabled' was given"
+    if mode is None and os.environ.get("WANDB_MODE", "").strip().lower() == "disabled":
+        return "WANDB_MODE='disabled' is set"
+    return None
+
+
+def choice(name: str, value: Any, env: str, default: str, choices: Sequence[str]) -> str:
+    """Validate ``value`` (else the environment variable ``env``, else ``default``) against ``choices``.
+
+    Raises:
+        ValueError: Not one of ``choices``; the message names the argument or variable.
+    """
+    raw = value if value is not None else os.environ.get(env, default)
+    if isinstance(raw, bool):
+        raw = "end" if (raw and name == "log_model") else ("all" if raw else "false")
+    text = str(raw).strip().lower()
+    if name == "log_model" and text in ("true", "1"):
+        text = "end"
+    if text in ("", "0", "none", "no"):
+        text = "false"
+    if text not in choices:
+        source = f"{name}={value!r}" if value is not None else f"{env}={raw!r}"
+        raise ValueError(f"WandbLogger: {source} is not valid; choose one of {choices}.")
+    return text
+
+
+def typed(value: str) -> Any:
+    """Config values arrive as strings; give numbers and booleans back their type."""
+    if value in ("True", "False"):
+        return value == "True"
+    if value == "None":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            continue
+    return value
+
+
+def version_of(module: Any) -> tuple[int, ...]:
+    """``(major, minor)`` of a module's ``__version__``."""
+    parts = []
+    for piece in str(getattr(module, "__version__", "0")).split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:
+    """``settings`` plus ``x_disable_meta=True`` when ``argv`` passes a secret.
+
+    W&B writes the command line (``sys.argv``) into the run metadata, which lands in the run
+    files; ``x_disable_meta`` is the wandb setting that stops collecting it (with the rest of the
+    system metadata). A value you set for ``x_disable_meta`` yourself is kept.
+
+    Args:
+        settings: The user's ``wandb.Settings``, a dict of settings, or None.
+        wandb: The ``wandb`` module.
+        argv: The command-line arguments (``sys.argv[1:]``).
+        warn: A `WarnOnce`.
+
+    Returns:
+        The settings to give ``wandb.init`` (None when there is nothing to set).
+    """
+    if not command_line_has_secret(argv):
+        return settings
+    if isinstance(settings, dict):
+        if "x_disable_meta" in settings:
+            return settings
+        settings = {**settings, "x_disable_meta": True}
+    elif settings is None:
+        settings = wandb.Settings(x_disable_meta=True)
+    elif "x_disable_meta" in getattr(settings, "model_fields_set", ()):
+        return settings
+    else:
+        settings = settings.model_copy(update={"x_disable_meta": True})
+    warn(("argv-secret",), "WandbLogger: the command line passes a secret (a token, password or api key); "
+         "W&B's system metadata, which records the command line, is not collected for this run "
+         "(x_disable_meta=True). Pass secrets through environment variables to keep the metadata.")
+    return settings
+
+
+class WandbBackend(Backend):
+    """One W&B run: ``wandb.init`` / ``run.log`` / ``run.summary`` / ``run.config`` / ``run.finish``.
+
+    W&B writes only to its open run (`can_write_other_runs` is False) and keeps one value per
+    key and step: a later value of a key already in the current step's row, or a value at a
+    step the run is already past, goes to ``run.summary``, with one warning per key.
+
+    Args:
+        wandb: The ``wandb`` module.
+        init: Keyword arguments of ``wandb.init`` (None values are left out).
+        settings: The user's ``wandb.Settings`` (or a dict), or None.
+        watch: ``wandb.watch`` mode, or ``"false"``.
+        warn: Warns once per key.
+    """
+
+    name = "WandbLogger"
+    max_param_length = 10_000
+
+    def __init__(self, wandb: Any, init: dict[str, Any], settings: Any, watch: str, warn: WarnOnce) -> None:
+        self._wandb = wandb
+        self.init = init
+        self.settings = settings
+        self.watch = watch
+        self._warn = warn
+        #: Set at train begin: the model (``watch``) and the display name from ``args.run_name``.
+        self.model: Any = None
+        self.run_name_from_args: Optional[str] = None
+        self.run: Any = None
+        self._owns_run = True
+        self._min_step = 0
+        self.new_session()
+
+    def new_session(self) -> None:
+        """Forget the rows of an earlier ``train()`` (called at train begin)."""
+        self._row_step = -1  # step of the last history row written in this session
+        self._row_keys: set[str] = set()
+        self._row_open = False  # the row at _row_step was written by the open run
+
+    def prepare_process(self) -> None:
+        """Start W&B's service now, on the training thread: its exit hook is registered before
+        the logger's, so the logger's runs first (closing the run with the right exit code)."""
+        setup = getattr(self._wandb, "setup", None)
+        if callable(setup):
+            setup()
+
+    def new_run_id(self) -> str:
+        """A W&B run id (known before the run starts, so the first checkpoint holds it)."""
+        util = getattr(self._wandb, "util", None)
+        generate = getattr(util, "generate_id", None)
+        return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
+
+    def start(self, run_id: Optional[str], resume: bool) -> str:
+        wandb = self._wandb
+        current = getattr(wandb, "run", None)
+        if current is not None and (run_id is None or current.id == run_id) and self.run is None:
+            self.run, self._owns_run = current, False  # a run the user opened: log into it
+        else:
+            init = {**self.init, "name": mask_secrets(self.init.get("name") or self.run_name_from_args),
+                    "group": mask_secrets(self.init.get("group")), "id": run_id,
+                    "project": self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface",
+                    "resume": self.init.get("resume") if run_id else None}
+            settings = settings_hiding_secret_args(self.settings, wandb, sys.argv[1:], self._warn)
+            if settings is not None:
+                init["settings"] = settings
+            if version_of(wandb) >= (0, 19):
+                init["reinit"] = "create_new"
+            self.run = wandb.init(**{key: value for key, value in init.items() if value is not None})
+            self._owns_run = True
+        run = self.run
+        run.define_metric(STEP_KEY)
+        run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
+        self._min_step = int(getattr(run, "starting_step", 0) or 0)
+        self._row_step, self._row_keys, self._row_open = max(self._row_step, self._min_step - 1), set(), False
+        if self.watch != "false" and self.model is not None:
+            watch = getattr(run, "watch", None) or wandb.watch  # Run.watch since wandb 0.18
+            watch(self.model, log=self.watch, log_freq=100)
+        return str(run.id)
+
+    def finish(self, status: str, run_id: str) -> None:
+        run, self.run = self.run, None
+        if run is not None and self._owns_run:
+            run.finish(exit_code=0 if status == FINISHED else 1)
+
+    def logged_steps(self, run_id: str) -> dict[str, int]:
+        """Last step per metric the reattached run already holds."""
+        steps: dict[str, int] = {}
+        run = self.run
+        if self._min_step > 0:  # online resume: W&B knows its last step and the summary keys
+            for key in list(run.summary.keys()):
+                if not key.startswith("_"):
+                    steps[key] = self._min_step - 1
+        for previous in self._previous_offline_runs():
+            try:
+                history = read_wandb_run(previous).history
+            except (OSError, WandbLogFormatError) as error:
+                logger.warning("WandbLogger: could not read the earlier offline run %s: %s", previous, error)
+                continue
+            for row in history:
+                step = row.get("_step", -1)
+                for key in row:
+                    if not key.startswith("_") and key != STEP_KEY:
+                        steps[key] = max(steps.get(key, -1), step)
+        return steps
+
+    def _previous_offline_runs(self) -> list[Path]:
+        run = self.run
+        sync_dir = getattr(getattr(run, "settings", None), "sync_dir", None)
+        if not sync_dir or not str(getattr(run.settings, "mode", "")).startswith("offline"):
+            return []
+        current = Path(sync_dir).resolve()
+        found = []
+        for folder in current.parent.glob(f"offline-run-*-{run.id}*"):
+            suffix = folder.name.split(f"-{run.id}", 1)[1]
+            if folder.resolve() != current and (suffix == "" or suffix[1:].isdigit()):
+                found.extend(folder.glob(f"run-{run.id}.wandb"))
+        return found
+
+    def log(self, records: list[LogRecord], run_id: str) -> None:
+        for record in records:
+            if record.metrics:
+                self._log_row(record.metrics, record.step)
+            if record.summary:
+                self.run.summary.update(record.summary)
+
+    def _log_row(self, metrics: dict[str, float], step: int) -> None:
+        if self._row_open and step == self._row_step:  # more values for the current row
+            fresh = {key: value for key, value in metrics.items() if key not in self._row_keys}
+        elif step > self._row_step:  # a new row
+            self._row_step, self._row_keys, self._row_open = step, set(), True
+            fresh = dict(metrics)
+        else:  # the run is past this step: W&B would reject it in the history
+            fresh = {}
+        if fresh:
+            self.run.log({**fresh, STEP_KEY: step}, step=step)
+            self._row_keys.update(fresh)
+        late = {key: value for key, value in metrics.items() if key not in fresh}
+        if late:
+            self.run.summary.update(late)
+            for key in late:
+                self._warn(("late", key), "WandbLogger: %r already has a value at step %d (or the run is "
+                           "past that step); W&B keeps one value per key and step, so its history keeps "
+                           "the first value and this later one goes to the run summary.", key, step)
+
+    def store_config(self, params: dict[str, str], run_id: str) -> None:
+        self.run.config.update({key: typed(value) for key, value in params.items()}, allow_val_change=True)
+
+    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
+        current = list(self.run.tags or ())
+        for key, value in tags.items():
+            tag = mask_secrets(f"{key}:{value}")[:MAX_TAG_LENGTH]
+            if tag not in current:
+                current.append(tag)
+        self.run.tags = tuple(current)
+
+    def log_artifact(self, record: ArtifactRecord, run_id: str) -> None:
+        folder = Path(record.path)
+        if not folder.is_dir():
+            self._warn(("artifact", str(folder)), "WandbLogger: %s no longer exists; not logged as an "
+                       "artifact.", folder)
+            return
+        artifact = self._wandb.Artifact(name=f"model-{run_id}", type="model")
+        artifact.add_dir(str(folder))
+        self.run.log_artifact(artifact, aliases=record.aliases)
+        if record.cleanup:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class WandbLogger(TrackerLogger):
@@ -106,8 +367,6 @@ class WandbLogger(TrackerLogger):
         ...                   callbacks=[WandbLogger(project="my-project")])
     """
 
-    max_param_length = 10_000
-
     def __init__(
         self,
         project: Optional[str] = None,
@@ -148,20 +407,17 @@ class WandbLogger(TrackerLogger):
         #: Why the logger does nothing (``WANDB_DISABLED``, ``mode="disabled"``), or None.
         self.disabled_reason = wandb_disabled_reason(mode)
         self._wandb: Any = None
-        self._run: Any = None
-        self._owns_run = True
-        self._exit_hook_registered = False
-        self._min_step = 0
-        self._row_step = -1  # step of the last history row written in this session
-        self._row_keys: set[str] = set()
-        self._row_open = False  # the row at _row_step was written by the open run
-        self._model: Any = None
-        self._run_name_from_args: Optional[str] = None
         if self.disabled_reason is not None:
             logger.warning("WandbLogger is disabled because %s: nothing will be logged to W&B. "
                            "Unset it to log.", self.disabled_reason)
             return
         self._wandb = require("wandb", "WandbLogger")
+        self.backend: Optional[WandbBackend] = WandbBackend(self._wandb, self._init_kwargs(), settings,
+                                                            self.watch, self._warn)
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        return {"project": self.project, "entity": self.entity, "name": self.name, "group": self.group,
+                "tags": self.tags, "mode": self.mode, "dir": self.dir, "resume": self.resume}
 
     @property
     def disabled(self) -> bool:
@@ -171,7 +427,7 @@ class WandbLogger(TrackerLogger):
     @property
     def run(self) -> Any:
         """The ``wandb`` run being logged to (None before the worker opened it)."""
-        return self._run
+        return None if self.backend is None else self.backend.run
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger (the run id is in the attributes)."""
@@ -179,194 +435,41 @@ class WandbLogger(TrackerLogger):
                 "group": self.group, "log_model": self._given["log_model"], "watch": self._given["watch"],
                 "mode": self.mode, "resume": self.resume, "dir": self.dir}
 
-    # -- events (no-ops when disabled) ---------------------------------------------------
+    # -- events (no-ops when disabled: no backend) ---------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Restore the run id from the checkpoint, start the run in the background."""
-        if self.disabled:
+        if self.backend is None:
             return
-        self._model = model
+        backend = self.backend
+        backend.init, backend.settings, backend.watch = self._init_kwargs(), self.settings, self.watch
+        backend.model = model
         run_name = getattr(args, "run_name", None)
         from_args = run_name and run_name != getattr(args, "output_dir", None)
-        self._run_name_from_args = run_name if from_args else None
-        self._row_step, self._row_keys, self._row_open = -1, set(), False
+        backend.run_name_from_args = run_name if from_args else None
+        backend.new_session()
         super().on_train_begin(args, state, control, model=model, **kwargs)
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
-        """Queue the record for the background worker; returns immediately."""
-        if not self.disabled:
-            super().on_log(args, state, control, logs=logs, **kwargs)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """With ``log_model="checkpoint"``, queue the checkpoint folder as a model artifact."""
         super().on_save(args, state, control, **kwargs)
-        if self.disabled or self.log_model != "checkpoint" or self._worker is None:
+        if self.backend is None or self.log_model != "checkpoint" or self._worker is None:
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        self._worker.submit({"kind": "wandb_artifact", "path": str(folder), "cleanup": False,
-                             "aliases": [f"checkpoint_global_step_{state.global_step}"]})
+        self._worker.submit(ArtifactRecord(str(folder), [f"checkpoint_global_step_{state.global_step}"]))
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Queue the final model (``log_model="end"``), flush and finish the run (exit code 0)."""
-        if self.disabled:
+        if self.backend is None:
             return
         if self.log_model == "end" and self._worker is not None and model is not None:
             self._queue_final_model(model)
         super().on_train_end(args, state, control, **kwargs)
 
-    def on_exception(self, args: Any, state: Any, control: Any, exception: Any = None, **kwargs: Any):
-        """Flush and finish the run with exit code 1."""
-        if not self.disabled:
-            super().on_exception(args, state, control, exception=exception, **kwargs)
-
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
-        """Learn evaluation prefixes from the metrics."""
-        if not self.disabled:
-            super().on_evaluate(args, state, control, metrics=metrics, **kwargs)
-
-    # -- run lifecycle ----------------------------------------------------------------------
-    def _open(self) -> None:
+    def _open(self) -> Any:
         # Known before the worker starts, so the first checkpoint already holds the run id.
         if self.run_id is None:
-            self.run_id = self._new_run_id()
-        super()._open()
-
-    def _new_run_id(self) -> str:
-        util = getattr(self._wandb, "util", None)
-        generate = getattr(util, "generate_id", None)
-        return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
-
-    def _start(self, run_id: Optional[str], resume: bool) -> str:
-        wandb = self._wandb
-        current = getattr(wandb, "run", None)
-        if current is not None and (run_id is None or current.id == run_id) and self._run is None:
-            self._run, self._owns_run = current, False  # a run the user opened: log into it
-        else:
-            init: dict[str, Any] = {
-                "project": self.project or os.environ.get("WANDB_PROJECT") or "huggingface",
-                "entity": self.entity, "name": mask_secrets(self.name or self._run_name_from_args),
-                "group": mask_secrets(self.group),
-                "tags": self.tags, "mode": self.mode, "dir": self.dir, "id": run_id,
-                "resume": self.resume if run_id else None,
-            }
-            settings = self._safe_settings()
-            if settings is not None:
-                init["settings"] = settings
-            if version_of(wandb) >= (0, 19):
-                init["reinit"] = "create_new"
-            self._run = wandb.init(**{key: value for key, value in init.items() if value is not None})
-            self._owns_run = True
-            if not self._exit_hook_registered:  # after W&B's own hook, so it runs first
-                atexit.register(self._close_at_exit)
-                self._exit_hook_registered = True
-        run = self._run
-        run.define_metric(STEP_KEY)
-        run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
-        self._min_step = int(getattr(run, "starting_step", 0) or 0)
-        self._row_step, self._row_keys, self._row_open = max(self._row_step, self._min_step - 1), set(), False
-        if self.watch != "false" and self._model is not None:
-            watch = getattr(run, "watch", None) or wandb.watch  # Run.watch since wandb 0.18
-            watch(self._model, log=self.watch, log_freq=100)
-        return str(run.id)
-
-    def _safe_settings(self) -> Any:
-        """The user's settings, plus ``x_disable_meta=True`` when the command line holds a secret."""
-        return settings_hiding_secret_args(self.settings, self._wandb, sys.argv[1:], self._warn)
-
-    def _close_at_exit(self) -> None:
-        try:
-            self.close(FAILED if self.training else FINISHED)
-        except Exception as error:  # never raise at interpreter exit
-            logger.warning("WandbLogger: could not close the run at exit: %s", error)
-
-    def _finish(self, status: str) -> None:
-        run, self._run = self._run, None
-        if run is None:
-            return
-        if self._owns_run:
-            run.finish(exit_code=0 if status == FINISHED else 1)
-
-    def _logged_steps(self) -> dict[str, int]:
-        """Last step per metric the reattached run already holds."""
-        steps: dict[str, int] = {}
-        run = self._run
-        if self._min_step > 0:  # online resume: W&B knows its last step and the summary keys
-            for key in list(run.summary.keys()):
-                if not key.startswith("_"):
-                    steps[key] = self._min_step - 1
-        for previous in self._previous_offline_runs():
-            from ..testing.wandb_reader import WandbLogFormatError, read_wandb_run
-
-            try:
-                history = read_wandb_run(previous).history
-            except (OSError, WandbLogFormatError) as error:
-                logger.warning("WandbLogger: could not read the earlier offline run %s: %s", previous, error)
-                continue
-            for row in history:
-                step = row.get("_step", -1)
-                for key in row:
-                    if not key.startswith("_") and key != STEP_KEY:
-                        steps[key] = max(steps.get(key, -1), step)
-        return steps
-
-    def _previous_offline_runs(self) -> list[Path]:
-        run = self._run
-        sync_dir = getattr(getattr(run, "settings", None), "sync_dir", None)
-        if not sync_dir or not str(getattr(run.settings, "mode", "")).startswith("offline"):
-            return []
-        current = Path(sync_dir).resolve()
-        found = []
-        for folder in current.parent.glob(f"offline-run-*-{run.id}*"):
-            suffix = folder.name.split(f"-{run.id}", 1)[1]
-            if folder.resolve() != current and (suffix == "" or suffix[1:].isdigit()):
-                found.extend(folder.glob(f"run-{run.id}.wandb"))
-        return found
-
-    # -- sending (worker thread) --------------------------------------------------------------
-    def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        if self._row_open and step == self._row_step:  # more values for the current row
-            fresh = {key: value for key, value in metrics.items() if key not in self._row_keys}
-        elif step > self._row_step:  # a new row
-            self._row_step, self._row_keys, self._row_open = step, set(), True
-            fresh = dict(metrics)
-        else:  # the run is past this step: W&B would reject it in the history
-            fresh = {}
-        if fresh:
-            self._run.log({**fresh, STEP_KEY: step}, step=step)
-            self._row_keys.update(fresh)
-        late = {key: value for key, value in metrics.items() if key not in fresh}
-        if late:
-            self._run.summary.update(late)
-            for key in late:
-                self._warn(("late", key), "WandbLogger: %r already has a value at step %d (or the run is "
-                           "past that step); W&B keeps one value per key and step, so its history keeps "
-                           "the first value and this later one goes to the run summary.", key, step)
-
-    def _log_summary(self, values: dict[str, Any]) -> None:
-        self._run.summary.update(values)
-
-    def _log_params(self, params: dict[str, str]) -> None:
-        self._run.config.update({key: typed(value) for key, value in params.items()}, allow_val_change=True)
-
-    def _set_tags(self, tags: dict[str, str]) -> None:
-        current = list(self._run.tags or ())
-        for key, value in tags.items():
-            tag = mask_secrets(f"{key}:{value}")[:MAX_TAG_LENGTH]
-            if tag not in current:
-                current.append(tag)
-        self._run.tags = tuple(current)
-
-    def _send(self, batch: list[dict[str, Any]]) -> None:
-        chunk: list[dict[str, Any]] = []
-        for record in batch:
-            if record.get("kind") != "wandb_artifact":
-                chunk.append(record)
-                continue
-            if chunk:
-                super()._send(chunk)
-                chunk = []
-            self._log_artifact(record)
-        if chunk:
-            super()._send(chunk)
+            self.run_id = self.backend.new_run_id()
+        return super()._open()
 
     def _queue_final_model(self, model: Any) -> None:
         folder = tempfile.mkdtemp(prefix="wandb_model_")
@@ -377,17 +480,4 @@ class WandbLogger(TrackerLogger):
             import torch
 
             torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
-        self._worker.submit({"kind": "wandb_artifact", "path": folder, "cleanup": True,
-                             "aliases": ["final_model"]})
-
-    def _log_artifact(self, record: dict[str, Any]) -> None:
-        folder = Path(record["path"])
-        if not folder.is_dir():
-            self._warn(("artifact", str(folder)), "WandbLogger: %s no longer exists; not logged as an "
-                       "artifact.", folder)
-            return
-        artifact = self._wandb.Artifact(name=f"model-{self.run_id}", type="model")
-        artifact.add_dir(str(folder))
-        self._run.log_artifact(artifact, aliases=record["aliases"])
-        if record.get("cleanup"):
-            shutil.rmtree(folder, ignore_errors=True)
+        self._worker.submit(ArtifactRecord(folder, ["final_model"], cleanup=True))

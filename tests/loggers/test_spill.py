@@ -1,9 +1,9 @@
 """Spilled records carry their run id and are replayed into their own run (real MLflow sqlite store).
 
-``FailingMLflowLogger`` is a fake outage: the run is created, then every send and the final
-status update raise ``ConnectionError`` until training ends, so the records end in the spill
-file (the real killed-server outage is proven in test_mlflow_server.py; here the outage must
-last exactly one training).
+``FailingMLflowLogger`` injects an outage around the real MLflow backend: the run is created,
+then every send and the final status update raise ``ConnectionError`` until training ends, so
+the records end in the spill file (the real killed-server outage is proven in
+test_mlflow_server.py; here the outage must last exactly one training).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from hf_callbacks_plus.loggers.mlflow import RECOVERED_TAG, MLflowLogger  # noqa: E402
+from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402
 
 pytestmark = [pytest.mark.mlflow, pytest.mark.transformers]
@@ -38,26 +39,17 @@ class FailingMLflowLogger(MLflowLogger):
     class as the checkpoint: transformers keys ``stateful_callbacks`` by class name).
     """
 
+    failing = ("log", "store_config", "set_tags", "finish")
+
     def __init__(self, *args, outage=True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.outage = outage
-
-    def _send(self, batch):
-        if self.outage:
-            raise ConnectionError("tracking server unreachable")
-        super()._send(batch)
-
-    def _finish(self, status):
-        if self.outage:
-            raise ConnectionError("tracking server unreachable")
-        super()._finish(status)
+        self.backend = FaultInjectingBackend(self.backend, self.failing, down=outage)
 
 
 class FailingFromStartMLflowLogger(FailingMLflowLogger):
     """The tracking server is unreachable for the whole training: the run never opens."""
 
-    def _start(self, run_id, resume):
-        raise ConnectionError("tracking server unreachable")
+    failing = ("start", "log", "store_config", "set_tags", "finish")
 
 
 def steps(client, run_id, key="train/loss"):

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from hf_callbacks_plus.loggers.config import collect_config
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+from hf_callbacks_plus.loggers.records import NameSanitizer, collect_config, flatten_config, normalize_value
 from hf_callbacks_plus.loggers.secrets import REDACTED, is_secret_key, redact_config
-from hf_callbacks_plus.loggers.values import NameSanitizer, flatten_config, normalize_value
 from tests.tiny_models import training_args
 
 

@@ -1,7 +1,8 @@
 """The background worker: order, retry with backoff, bounded memory, spill file, replay.
 
-``FailingSink`` is a fake backend: the only way to make a backend fail exactly when a test wants
-(the real-server outage is proven in test_mlflow_server.py).
+``FailingBackend`` is a fake backend: the only way to make a backend fail exactly when a test
+wants (the real-server outage is proven in test_mlflow_server.py). Each record is a log record
+whose step is its number ``i``.
 """
 
 from __future__ import annotations
@@ -11,56 +12,78 @@ import logging
 import threading
 import time
 
+from hf_callbacks_plus.loggers.backend import Backend
+from hf_callbacks_plus.loggers.ledger import StepLedger
+from hf_callbacks_plus.loggers.records import LogRecord
 from hf_callbacks_plus.loggers.worker import BackgroundWorker
 
 
-class FailingSink:
+class FailingBackend(Backend):
     """Records what it receives; raises ConnectionError while ``down`` is set."""
 
-    def __init__(self, down: bool = False, reject=None) -> None:
+    name = "test"
+
+    def __init__(self, down: bool = False, reject=None, can_write_other_runs=False) -> None:
         self.down = threading.Event()
         if down:
             self.down.set()
         self.reject = reject or (lambda record: False)
         self.received: list[int] = []
+        self.other: list[tuple] = []
         self.starts = 0
+        self.can_write_other_runs = can_write_other_runs
 
-    def start(self):
+    def start(self, run_id, resume):
         if self.down.is_set():
             raise ConnectionError("backend down")
         self.starts += 1
+        return run_id or "run-new"
 
-    def send(self, batch):
+    def log(self, records, run_id):
         if self.down.is_set():
             raise ConnectionError("backend down")
-        for record in batch:
+        for record in records:
             if self.reject(record):
                 raise ValueError("rejected")
-        self.received.extend(record["i"] for record in batch)
+        steps = [record.step for record in records]
+        if run_id == self.open_run:
+            self.received.extend(steps)
+        else:
+            self.other.append((run_id, steps))
+
+    def finish(self, status, run_id):
+        pass
+
+    def is_transient(self, error):
+        return isinstance(error, ConnectionError)
 
 
-def make_worker(sink, tmp_path, **kwargs):
-    return BackgroundWorker("test", sink.start, sink.send, tmp_path / "spill.jsonl",
-                            is_transient=lambda error: isinstance(error, ConnectionError),
-                            backoff_initial=0.01, backoff_max=0.05, **kwargs)
+def record(i: int) -> LogRecord:
+    return LogRecord(i, 0, {"x": float(i)}, {})
+
+
+def make_worker(sink, tmp_path, run_id=None, **kwargs):
+    sink.open_run = run_id or "run-new"
+    return BackgroundWorker(sink, StepLedger(run_id), tmp_path / "spill.jsonl", backoff_initial=0.01,
+                            backoff_max=0.05, **kwargs)
 
 
 def test_records_arrive_in_order(tmp_path):
-    sink = FailingSink()
+    sink = FailingBackend()
     worker = make_worker(sink, tmp_path)
     for i in range(500):
-        worker.submit({"i": i})
+        worker.submit(record(i))
     assert worker.flush(10)
     assert sink.received == list(range(500))
     assert worker.close(5)
 
 
 def test_outage_keeps_memory_then_spills_and_replays_in_order(tmp_path, caplog):
-    sink = FailingSink(down=True)
+    sink = FailingBackend(down=True)
     worker = make_worker(sink, tmp_path, max_memory_records=5)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         for i in range(40):
-            worker.submit({"i": i})
+            worker.submit(record(i))
         time.sleep(0.3)
         assert (tmp_path / "spill.jsonl").exists()
         assert not worker.healthy
@@ -75,29 +98,29 @@ def test_outage_keeps_memory_then_spills_and_replays_in_order(tmp_path, caplog):
 
 
 def test_unsent_records_go_to_the_spill_file_and_the_next_run_replays_them_first(tmp_path):
-    sink = FailingSink(down=True)
-    worker = make_worker(sink, tmp_path, max_memory_records=3)
+    sink = FailingBackend(down=True)
+    worker = make_worker(sink, tmp_path, run_id="run-a", max_memory_records=3)
     for i in range(10):
-        worker.submit({"i": i})
+        worker.submit(record(i))
     assert not worker.close(0.3)
-    lines = [json.loads(line)["i"] for line in (tmp_path / "spill.jsonl").read_text().splitlines()]
+    lines = [json.loads(line)["step"] for line in (tmp_path / "spill.jsonl").read_text().splitlines()]
     assert lines == list(range(10))
 
     sink.down.clear()
-    worker = make_worker(sink, tmp_path)
+    worker = make_worker(sink, tmp_path, run_id="run-a")  # the same run, resumed
     for i in range(10, 15):
-        worker.submit({"i": i})
+        worker.submit(record(i))
     assert worker.flush(10)
     assert sink.received == list(range(15))
     assert worker.close(5)
 
 
 def test_a_rejected_record_is_dropped_alone_with_one_warning(tmp_path, caplog):
-    sink = FailingSink(reject=lambda record: record["i"] in (3, 7))
+    sink = FailingBackend(reject=lambda record: record.step in (3, 7))
     worker = make_worker(sink, tmp_path)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         for i in range(10):
-            worker.submit({"i": i})
+            worker.submit(record(i))
         assert worker.flush(10)
     assert sink.received == [0, 1, 2, 4, 5, 6, 8, 9]
     assert worker.dropped == 2
@@ -108,16 +131,16 @@ def test_a_rejected_record_is_dropped_alone_with_one_warning(tmp_path, caplog):
 def test_submit_never_blocks_while_the_backend_hangs(tmp_path):
     release = threading.Event()
 
-    class FailingHang(FailingSink):
-        def send(self, batch):
+    class FailingHang(FailingBackend):
+        def log(self, records, run_id):
             release.wait(10)
-            super().send(batch)
+            super().log(records, run_id)
 
     sink = FailingHang()
     worker = make_worker(sink, tmp_path)
     start = time.perf_counter()
     for i in range(1000):
-        worker.submit({"i": i})
+        worker.submit(record(i))
     assert time.perf_counter() - start < 0.5
     release.set()
     assert worker.flush(10)
@@ -126,9 +149,9 @@ def test_submit_never_blocks_while_the_backend_hangs(tmp_path):
 
 
 def test_start_is_retried_until_the_backend_answers(tmp_path):
-    sink = FailingSink(down=True)
+    sink = FailingBackend(down=True)
     worker = make_worker(sink, tmp_path)
-    worker.submit({"i": 0})
+    worker.submit(record(0))
     time.sleep(0.2)
     sink.down.clear()
     assert worker.flush(10)
@@ -137,26 +160,26 @@ def test_start_is_retried_until_the_backend_answers(tmp_path):
 
 
 def test_records_of_another_run_are_held_when_the_backend_writes_only_to_its_open_run(tmp_path, caplog):
-    sink = FailingSink(down=True)
-    worker = make_worker(sink, tmp_path, run_id=lambda: "run-a")
+    sink = FailingBackend(down=True)
+    worker = make_worker(sink, tmp_path, run_id="run-a")
     for i in range(5):
-        worker.submit({"i": i})
+        worker.submit(record(i))
     assert not worker.close(0.2)
     assert {json.loads(line)["run_id"] for line in (tmp_path / "spill.jsonl").read_text().splitlines()} == {
         "run-a"}
 
     sink.down.clear()  # a fresh run (W&B: no send_other) must not receive run-a's records
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        worker = make_worker(sink, tmp_path, run_id=lambda: "run-b")
+        worker = make_worker(sink, tmp_path, run_id="run-b")
         for i in range(10, 13):
-            worker.submit({"i": i})
+            worker.submit(record(i))
         assert worker.flush(10)
         assert worker.close(5)
     assert sink.received == [10, 11, 12]
     assert len([r for r in caplog.records if "belong to other run(s) (run-a)" in r.message]) == 1
     assert (tmp_path / "spill.held.jsonl").exists() and not (tmp_path / "spill.jsonl").exists()
 
-    worker = make_worker(sink, tmp_path, run_id=lambda: "run-a")  # run-a resumed: replayed there
+    worker = make_worker(sink, tmp_path, run_id="run-a")  # run-a resumed: replayed there
     assert worker.flush(10)
     assert worker.close(5)
     assert sink.received == [10, 11, 12, 0, 1, 2, 3, 4]
@@ -164,14 +187,13 @@ def test_records_of_another_run_are_held_when_the_backend_writes_only_to_its_ope
 
 
 def test_send_other_receives_each_runs_records(tmp_path):
-    sink = FailingSink(down=True)
-    worker = make_worker(sink, tmp_path, run_id=lambda: "run-a")
-    worker.submit({"i": 0})
+    sink = FailingBackend(down=True)
+    worker = make_worker(sink, tmp_path, run_id="run-a")
+    worker.submit(record(0))
     assert not worker.close(0.2)
     sink.down.clear()
-    other: list = []
-    worker = make_worker(sink, tmp_path, run_id=lambda: "run-b",
-                         send_other=lambda run_id, records: other.append((run_id, [r["i"] for r in records])))
-    worker.submit({"i": 1})
+    sink.can_write_other_runs = True
+    worker = make_worker(sink, tmp_path, run_id="run-b")
+    worker.submit(record(1))
     assert worker.flush(10) and worker.close(5)
-    assert other == [("run-a", [0])] and sink.received == [1]
+    assert sink.other == [("run-a", [0])] and sink.received == [1]

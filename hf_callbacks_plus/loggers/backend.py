@@ -1,0 +1,91 @@
+"""The backend interface of the tracker loggers: start / store config / log / finish.
+
+A `Backend` talks to one tracking service (MLflow, W&B, a JSONL file) and nothing else: no
+queue, no retry, no spill, no dedupe. The `BackgroundWorker` calls it, always from its own
+thread, in this order: `start` once, then `log` / `store_config` / `set_tags` /
+`log_artifact` in record order, then `finish`. Modelled on accelerate's ``GeneralTracker``.
+
+Every call names the run (``run_id``): a backend that can write to any run (MLflow,
+`can_write_other_runs`) lets the worker replay spilled records of an earlier run into that
+run; the others write to their open run only.
+
+Capability attributes tell the worker the backend's limits, so it batches up to them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .records import ArtifactRecord, LogRecord
+
+__all__ = ["FAILED", "FINISHED", "Backend"]
+
+FINISHED = "FINISHED"
+FAILED = "FAILED"
+
+
+class Backend:
+    """One tracking service. Subclasses implement `start`, `log`, `store_config`, `finish`."""
+
+    #: Shown in warnings.
+    name: str = "backend"
+    #: Longest param value the backend accepts (None: no limit).
+    max_param_length: Optional[int] = None
+    #: Most params per `store_config` call (None: no limit).
+    max_params_per_batch: Optional[int] = None
+    #: Longest metric name the backend accepts (None: no limit).
+    max_name_length: Optional[int] = None
+    #: Send numeric summary values as curve points at the current step (backends without a
+    #: run summary, such as MLflow); they are then deduplicated per step like curves.
+    summary_as_curves: bool = False
+    #: The backend can write to any run: spilled records of an earlier run go to that run.
+    #: When False (W&B: only the open run), they are held until that run resumes.
+    can_write_other_runs: bool = False
+
+    def prepare_process(self) -> None:
+        """Training thread, before the logger registers its exit hook. Defaults to nothing.
+
+        A backend whose library tears itself down at interpreter exit (W&B) sets that up here,
+        so the logger's exit hook (registered after) runs first.
+        """
+
+    def clean_name(self, name: str) -> str:
+        """Turn a rendered metric name into one the backend accepts. Defaults to unchanged."""
+        return name
+
+    def start(self, run_id: Optional[str], resume: bool) -> str:
+        """Open the run (or reattach to ``run_id`` when ``resume``); return its id."""
+        raise NotImplementedError
+
+    def logged_steps(self, run_id: str) -> dict[str, int]:
+        """Last step per metric the run already holds (asked on resume). Defaults to {}."""
+        return {}
+
+    def log(self, records: list[LogRecord], run_id: str) -> None:
+        """Send log records (``step``, ``timestamp``, ``metrics``, ``summary``), in order."""
+        raise NotImplementedError
+
+    def store_config(self, params: dict[str, str], run_id: str) -> None:
+        """Log config params (at most `max_params_per_batch` per call)."""
+        raise NotImplementedError
+
+    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
+        """Set run tags. Defaults to doing nothing."""
+
+    def log_artifact(self, record: ArtifactRecord, run_id: str) -> None:
+        """Upload a folder as a model artifact. Defaults to doing nothing."""
+
+    def finish(self, status: str, run_id: str) -> None:
+        """Close the run with ``"FINISHED"`` or ``"FAILED"``."""
+        raise NotImplementedError
+
+    def recovery_run(self) -> str:
+        """Create a run for spilled records whose own run never opened; return its id.
+
+        Only called when `can_write_other_runs`.
+        """
+        raise NotImplementedError
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Tell whether an error is worth retrying. Defaults to True."""
+        return True

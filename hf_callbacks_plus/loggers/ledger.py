@@ -1,0 +1,152 @@
+"""The resume/dedupe ledger of a tracker logger: which run, which steps it holds, what to skip.
+
+`StepLedger` is one object, shared by the logger (which checkpoints it) and the worker
+(which plans every batch with it and marks what was delivered). `plan_batch` is its pure
+planning rule.
+
+What is skipped, and only that: a metric point at a step the run already held from a
+*previous* session (the resume boundary: the checkpointed / queried last step per metric when
+the training started), so a resumed run does not log twice the steps the earlier process
+already sent; a point equal to the last one delivered for its metric (same step, same
+value: the ``epoch`` of the end-of-training record repeats the last step's); and records
+already delivered (``sent``, set after a successful send, so a batch retried after a partial
+failure is not sent twice). Every point produced in the current session is delivered,
+including a second value at one step (``trainer.evaluate()`` on other data at the step of the
+last evaluation): MLflow and JSONL keep both, W&B keeps the first in its history row and puts
+the later one in the run summary, with one warning per key.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+from .records import LogRecord, Record
+
+__all__ = ["StepLedger", "plan_batch"]
+
+
+def plan_batch(batch: list[Record], held: dict[str, int], sanitize: Callable[[str], str],
+               summary_as_curves: bool, session: Optional[str] = None,
+               replayed: Optional[dict[str, int]] = None,
+               last_points: Optional[dict[str, tuple[int, float]]] = None,
+               ) -> Iterator[tuple[Record, Optional[LogRecord]]]:
+    """What to send for ``batch``, in order: ``(record, planned)`` pairs.
+
+    Args:
+        batch: Queued records. A log record whose ``session`` differs from ``session`` was
+            produced by an earlier process (replayed from the spill file).
+        held: The resume boundary: last step per (sanitized) metric name that the run held
+            from previous sessions when this one started. Points at or below it are skipped.
+        sanitize: Turns a rendered name into one the backend accepts.
+        summary_as_curves: Send numeric summary values as points at the record's step
+            (backends without a run summary, such as MLflow).
+        session: The current session id. Defaults to None (every record is current).
+        replayed: Last step per metric delivered from records of earlier sessions in this
+            session (updated here); current points at or below it are skipped too, since the
+            earlier process logged those steps. Defaults to a new dict.
+        last_points: ``(step, value)`` of the last point per metric; updated as points are
+            planned. A point equal to it is not sent again. Defaults to a new dict.
+
+    Yields:
+        For a log record with something left to send: ``(record, planned)``, ``planned`` being a
+        new `LogRecord` with sanitized names and only the points to send. Other records:
+        ``(record, None)``, sent as they are. Log records with nothing left are not yielded.
+    """
+    replayed = {} if replayed is None else replayed
+    last_points = {} if last_points is None else last_points
+    for record in batch:
+        if not isinstance(record, LogRecord):
+            yield record, None
+            continue
+        if record.sent:
+            continue  # delivered before a later part of its batch failed
+        step = record.step
+        earlier = (record.session or session) != session
+        values, summary_in = record.metrics, record.summary
+        if summary_as_curves:  # e.g. MLflow: totals are metrics at the last step
+            values = {**values, **{k: v for k, v in summary_in.items() if not isinstance(v, str)}}
+            summary_in = {k: v for k, v in summary_in.items() if isinstance(v, str)}
+        metrics = {}
+        for name, value in values.items():
+            clean = sanitize(name)
+            limit = held.get(clean, -1)
+            if not earlier:
+                limit = max(limit, replayed.get(clean, -1))
+            if step <= limit or last_points.get(clean) == (step, value):
+                continue  # the run held this step before this session started, or a repeat
+            last_points[clean] = (step, value)
+            if earlier:
+                replayed[clean] = max(step, replayed.get(clean, -1))
+            metrics[clean] = value
+        summary = {sanitize(name): value for name, value in summary_in.items()}
+        if metrics or summary:
+            yield record, LogRecord(step, record.timestamp, metrics, summary)
+
+
+class StepLedger:
+    """The run a logger writes to and the steps that run holds, per metric.
+
+    Thread-safe: the training thread checkpoints it (`snapshot`), the worker plans with it and
+    marks what was delivered.
+
+    Args:
+        run_id: The run to write to, when known up front. Defaults to None.
+    """
+
+    def __init__(self, run_id: Optional[str] = None) -> None:
+        self._lock = threading.Lock()
+        self.run_id: Optional[str] = run_id
+        self.session = uuid.uuid4().hex
+        self._last_steps: dict[str, int] = {}
+        self._held: dict[str, int] = {}
+        self._replayed: dict[str, int] = {}
+        self._last_points: dict[str, tuple[int, float]] = {}
+        #: The resume boundary is fixed (the run was started once in this session).
+        self.boundary_ready = False
+
+    def new_session(self, run_id: Optional[str]) -> None:
+        """Start a new logging session (``on_train_begin``) writing to ``run_id`` (None: a new run)."""
+        with self._lock:
+            self.run_id = run_id
+            self.session = uuid.uuid4().hex
+            self.boundary_ready = False
+            self._last_steps, self._held, self._replayed, self._last_points = {}, {}, {}, {}
+
+    def restore(self, last_steps: dict[str, Any]) -> None:
+        """Merge last steps per metric saved in a checkpoint."""
+        with self._lock:
+            for key, step in (last_steps or {}).items():
+                self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
+
+    def fix_boundary(self, logged: dict[str, int]) -> None:
+        """Fix the resume boundary: the checkpointed steps merged with what the run reports."""
+        with self._lock:
+            for key, step in logged.items():
+                self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
+            self._held = dict(self._last_steps)
+            self.boundary_ready = True
+
+    def last_steps(self) -> dict[str, int]:
+        """Last delivered (or held) step per metric, for the checkpoint."""
+        with self._lock:
+            return dict(self._last_steps)
+
+    def plan(self, batch: list[Record], sanitize: Callable[[str], str],
+             summary_as_curves: bool) -> list[tuple[Record, Optional[LogRecord]]]:
+        """`plan_batch` against this ledger (nothing is marked delivered yet)."""
+        with self._lock:
+            held = dict(self._held)
+            planned_points = dict(self._last_points)
+        return list(plan_batch(batch, held, sanitize, summary_as_curves, self.session, self._replayed,
+                               planned_points))
+
+    def delivered(self, record: LogRecord, planned: LogRecord) -> None:
+        """Mark a planned log record as delivered: not resent by a retry, its steps checkpointed."""
+        with self._lock:
+            record.sent = True
+            for key, value in planned.metrics.items():
+                self._last_steps[key] = max(planned.step, self._last_steps.get(key, -1))
+                self._last_points[key] = (planned.step, value)

@@ -1,0 +1,36 @@
+"""Fault injection around a real backend: the only way to make MLflow or W&B fail (or be slow)
+exactly when a test wants. Every other behaviour is the real backend's."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class FaultInjectingBackend:
+    """Wraps a real `Backend`; the methods named in ``failing`` raise ``ConnectionError`` while
+    ``down`` is True, and every call of a method in ``slow`` first sleeps ``delay`` seconds."""
+
+    def __init__(self, backend: Any, failing: tuple[str, ...] = (), down: bool = True,
+                 slow: tuple[str, ...] = (), delay: float = 0.0) -> None:
+        self.wrapped = backend
+        self.failing = set(failing)
+        self.down = down
+        self.slow = set(slow)
+        self.delay = delay
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.wrapped, name)
+        if not callable(attribute) or name.startswith("_"):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if name in self.slow:
+                time.sleep(self.delay)
+            if self.down and name in self.failing:
+                raise ConnectionError(f"injected fault: {name} while the backend is unreachable")
+            return attribute(*args, **kwargs)
+
+        return call
