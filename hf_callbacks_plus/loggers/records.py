@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from ..metrics.keys import KeyGrammar
+from ..metrics.numbers import to_float
 from .secrets import REDACTED, is_vocabulary_token, looks_like_secret, mask_secrets, redact_config
 
 __all__ = [
@@ -159,29 +160,10 @@ def normalize_value(value: Any) -> tuple[str, Any]:
         >>> normalize_value("early")
         ('text', 'early')
     """
-    if isinstance(value, bool):
-        return "number", 1.0 if value else 0.0
-    if isinstance(value, (int, float)):
-        return "number", float(value)
     if isinstance(value, str):
         return "text", value
-    item = getattr(value, "item", None)
-    if callable(item):
-        size = getattr(value, "size", None)
-        numel = getattr(value, "numel", None)
-        count = numel() if callable(numel) else size if isinstance(size, int) else 1
-        if count == 1:
-            try:
-                scalar = item()
-            except (TypeError, ValueError, RuntimeError):
-                return "drop", value
-            if isinstance(scalar, bool):
-                return "number", 1.0 if scalar else 0.0
-            if isinstance(scalar, (int, float)):
-                return "number", float(scalar)
-            if isinstance(scalar, str):
-                return "text", scalar
-    return "drop", value
+    number = to_float(value, accept_bool=True)
+    return ("drop", value) if number is None else ("number", number)
 
 
 def truncate(text: str, limit: Optional[int]) -> str:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import pytest
 
-from hf_callbacks_plus.loggers.config import collect_config
+from hf_callbacks_plus.loggers.records import collect_config
 from hf_callbacks_plus.loggers.secrets import (
     MASK,
     REDACTED,
