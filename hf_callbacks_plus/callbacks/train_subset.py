@@ -3,12 +3,13 @@
 The copied workaround (``trainer.evaluate(train_ds, metric_key_prefix="train")`` in
 ``on_epoch_end``) recurses through ``on_evaluate``, corrupts ``control``, feeds ``train_*``
 metrics to early stopping, logs a second record and evaluates the whole training set.
-`TrainSubsetEvaluation` instead runs the trainer's own evaluation loop
-(``get_eval_dataloader`` + ``evaluation_loop``: its collator, ``compute_metrics``, eval batch
-size, device and sharding across ranks) on a subset chosen once, and adds the metrics to
-the evaluation's own log record from ``on_pre_log``, before any integration sees it. The
-evaluation loop neither logs nor fires ``on_evaluate``: no recursion, ``control`` untouched,
-one record per evaluation.
+`TrainSubsetEvaluation` instead evaluates a subset chosen once with the trainer's own
+evaluation (``trainer.evaluate``: its dataset preparation, collator, ``compute_metrics``, the
+metrics its ``log`` adds, eval batch size, device and sharding across ranks) inside a sandbox
+that leaves no trace (see `hf_callbacks_plus.callbacks.isolated_evaluation`), and adds
+the metrics to the evaluation's own log record from ``on_pre_log``, before any integration
+sees it: no recursion, ``control`` untouched, one record per evaluation, and the trainer's
+own numbers (trl's token accuracy, DPO rewards...) exactly as without the callback.
 
 How it reaches the trainer (it needs the trainer object to evaluate):
 
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 from ..core.callback import TrainerCallback
+from .isolated_evaluation import TIMING_SUFFIXES, accumulators_set_aside, isolated_evaluate
 from .subset_sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
@@ -128,6 +130,8 @@ class TrainSubsetEvaluation(TrainerCallback):
         self._running = False
         self._handled: Optional[dict] = None
         self._warned_unfired = False
+        self._warned_empty = False
+        self._warned_no_eval = False
 
     # -- wiring ------------------------------------------------------------------------------
     def bind(self, trainer: Any) -> TrainSubsetEvaluation:
@@ -152,7 +156,18 @@ class TrainSubsetEvaluation(TrainerCallback):
         return self.trainer
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """Check the binding; warn once when training will run no evaluation to join."""
         self._require_trainer()
+        strategy = getattr(args, "eval_strategy", None)
+        strategy = getattr(strategy, "value", strategy)
+        if self.every == "eval" and strategy == "no" and not self._warned_no_eval:
+            self._warned_no_eval = True
+            logger.warning(
+                "TrainSubsetEvaluation(every='eval') runs with each evaluation, but eval_strategy='no': "
+                "this training reports no train-subset metric (only a later trainer.evaluate() call "
+                "will). Set eval_strategy='steps' or 'epoch' (with an eval_dataset), or pass every=N "
+                "to evaluate the subset every N steps."
+            )
         return None
 
     # -- the subset --------------------------------------------------------------------------
@@ -188,33 +203,36 @@ class TrainSubsetEvaluation(TrainerCallback):
     def compute(self) -> dict[str, float]:
         """Evaluate the subset now and return ``{"<prefix>_<metric>": value}``.
 
-        Uses ``trainer.evaluation_loop`` (transformers) or ``trainer._evaluation_loop``
-        (``LightweightTrainer``): no log record, no ``on_evaluate``, ``control`` untouched.
+        The metrics are the trainer's own evaluation metrics on the subset (for trl's
+        ``SFTTrainer``: loss, mean token accuracy, entropy...), computed without any trace in
+        the trainer: no log record, no ``on_evaluate``, ``control``, accumulators, module
+        modes and random generators as they were. A trainer offering ``isolated_evaluate``
+        (``TrainerPlus``, ``LightweightTrainer``) does it itself; for any other
+        ``transformers.Trainer`` it is
+        `hf_callbacks_plus.callbacks.isolated_evaluation.isolated_evaluate`.
         """
         trainer = self._require_trainer()
         subset = self.subset()
-        control = getattr(trainer, "control", None)
-        saved = dict(vars(control)) if control is not None and hasattr(control, "__dict__") else None
-        handler = getattr(trainer, "callback_handler", None)
-        saved_eval_dataloader = getattr(handler, "eval_dataloader", None)
-        _close_prediction_bars(handler)  # the subset gets its own progress bar, sized to it
         self._running = True
         try:
-            if hasattr(trainer, "evaluation_loop"):
-                dataloader = trainer.get_eval_dataloader(subset)
-                output = trainer.evaluation_loop(
-                    dataloader, description="Train subset evaluation", metric_key_prefix=self.prefix
-                )
-                metrics = dict(output.metrics)
+            evaluate = getattr(trainer, "isolated_evaluate", None)
+            if callable(evaluate):
+                metrics = dict(evaluate(subset, metric_key_prefix=self.prefix))
             else:
-                metrics, _, _ = trainer._evaluation_loop(subset, self.prefix, "TrainSubsetEvaluation")
+                metrics = isolated_evaluate(trainer, subset, self.prefix)
         finally:
             self._running = False
-            if saved is not None and getattr(trainer, "control", None) is not None:
-                vars(trainer.control).update(saved)  # on_prediction_step must not change the flags
-            if handler is not None and hasattr(handler, "eval_dataloader"):
-                handler.eval_dataloader = saved_eval_dataloader
-        return {key: value for key, value in metrics.items() if not _is_speed_metric(key, self.prefix)}
+        metrics = {key: value for key, value in metrics.items() if not _is_speed_metric(key, self.prefix)}
+        if not metrics and not self._warned_empty:
+            self._warned_empty = True
+            logger.warning(
+                "TrainSubsetEvaluation: evaluating the %d-sample train subset produced no metric: the "
+                "samples carry no labels (so the model returns no loss) and the trainer has no "
+                "compute_metrics. Give the training samples labels (or label_names), pass "
+                "compute_metrics, or pass dataset=... with labeled samples.",
+                len(self.indices or ()),
+            )
+        return metrics
 
     def _trigger_prefix(self) -> str:
         trainer = self.trainer
@@ -274,30 +292,21 @@ class TrainSubsetEvaluation(TrainerCallback):
             return None
         trainer = self._require_trainer()
         metrics = self.compute()
-        trainer.log(metrics)
+        should_log = control.should_log
+        with accumulators_set_aside(trainer):  # a trl trainer's log would take its running metrics
+            trainer.log(metrics)
+        # the handler's on_log clears should_log: the trainer's own record of this step must stay
+        control.should_log = should_log
+        trainer_control = getattr(trainer, "control", None)
+        if trainer_control is not None:
+            trainer_control.should_log = should_log
         return None
-
-
-def _close_prediction_bars(handler: Any) -> None:
-    """Close the evaluation progress bar of ``ProgressCallback`` (transformers' or ours)."""
-    for callback in getattr(handler, "callbacks", ()):
-        bar = getattr(callback, "prediction_bar", None)
-        if bar is not None and hasattr(bar, "close"):
-            bar.close()
-            callback.prediction_bar = None
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-#: Timing keys of an evaluation; "train_runtime" & co. name end-of-training totals in the
-#: key grammar, so they are never emitted under the train prefix.
-_TIMING_SUFFIXES = (
-    "runtime", "samples_per_second", "steps_per_second", "model_preparation_time", "jit_compilation_time"
-)
-
-
 def _is_speed_metric(key: str, prefix: str) -> bool:
-    return any(key == f"{prefix}_{suffix}" for suffix in _TIMING_SUFFIXES)
+    return any(key == f"{prefix}_{suffix}" for suffix in TIMING_SUFFIXES)
 

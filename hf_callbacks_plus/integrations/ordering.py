@@ -107,6 +107,11 @@ class PreLogBridge(TrainerCallback):
         if not isinstance(last, dict) or any(last.get(k, last) is not v for k, v in before.items()):
             return
         updated = {**logs, "step": last.get("step", state.global_step)}
+        # keys an earlier callback removed from ``logs`` before the bridge ran (transformers'
+        # PrinterCallback pops ``total_flos``) stay in the history, as without the bridge
+        for key, value in last.items():
+            if key not in before and key not in updated:
+                updated[key] = value
         history[-1] = updated
 
 

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .._compat import require
+from ..callbacks.isolated_evaluation import isolated_evaluate
 from ..core.handler import CallbackHandler
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
@@ -147,7 +148,8 @@ class TrainerPlusMixin:
             flat = flatten_metrics(logs)
             logs.clear()
             logs.update(flat)
-        self.key_grammar.learn_from_metrics(logs)
+        if not getattr(self, "_isolated_evaluation", False):
+            self.key_grammar.learn_from_metrics(logs)
         handler = self.callback_handler
         if handler.has_handlers("on_pre_log"):
             if getattr(self.state, "epoch", None) is not None:
@@ -167,7 +169,30 @@ class TrainerPlusMixin:
         self._declare_prefix(prefix)
         return super().predict(*args, **kwargs)
 
+    def isolated_evaluate(self, eval_dataset: Any, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """This trainer's own evaluation of ``eval_dataset``, leaving no trace in it.
+
+        Runs `evaluate` in the sandbox of
+        ``hf_callbacks_plus.callbacks.isolated_evaluation`` (no log record, no
+        ``on_evaluate``/``on_pre_log``, accumulators, ``control``, module modes, random
+        generators and the key grammar as before). ``TrainSubsetEvaluation`` uses it.
+
+        Args:
+            eval_dataset: The data to evaluate.
+            metric_key_prefix: Prefix of the returned metrics. Defaults to ``"eval"``.
+
+        Returns:
+            Every metric the evaluation reports, prefixed, without timing keys and ``epoch``.
+        """
+        self._isolated_evaluation = True
+        try:
+            return isolated_evaluate(self, eval_dataset, metric_key_prefix)
+        finally:
+            self._isolated_evaluation = False
+
     def _declare_prefix(self, prefix: Any) -> None:
+        if getattr(self, "_isolated_evaluation", False):
+            return
         if isinstance(prefix, str) and prefix and prefix not in BUILTIN_SECTIONS and "/" not in prefix:
             self.key_grammar.declare_prefix(prefix)
 

@@ -131,6 +131,35 @@ class EvaluationMixin:
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics)
         return PredictionOutput(predictions=outputs, label_ids=None, metrics=metrics)
 
+    def isolated_evaluate(self, eval_data: Any, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate ``eval_data`` and return its metrics, leaving no trace in the trainer.
+
+        No log record, no ``on_evaluate``; callbacks see only ``on_prediction_step`` (the
+        progress bar); ``control`` and the handler's ``eval_dataloader`` are as before.
+        ``TrainSubsetEvaluation`` uses it.
+
+        Args:
+            eval_data: Batches to evaluate.
+            metric_key_prefix: Prefix of every metric name. Defaults to ``"eval"``.
+
+        Returns:
+            The prefixed metrics, without timing keys.
+        """
+        from ..callbacks.isolated_evaluation import close_prediction_bars
+
+        handler = self.callback_handler
+        control, flags = self.control, dict(vars(self.control))
+        saved_loader = getattr(handler, "eval_dataloader", None)
+        close_prediction_bars(handler)
+        try:
+            metrics, _, _ = self._evaluation_loop(eval_data, metric_key_prefix, "isolated_evaluate")
+        finally:
+            close_prediction_bars(handler)
+            self.control = control
+            vars(control).update(flags)
+            handler.eval_dataloader = saved_loader
+        return metrics
+
     def _timed_evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], list]:
         """`_evaluation_loop` plus ``<prefix>_runtime`` / samples / steps per second."""
         start_time = time.time()

@@ -271,3 +271,85 @@ def test_early_stopping_monitors_train_subset_and_gap_metrics(tmp_path, how):
     first = eval_records(trainer)[0]
     assert on_train.best_value == pytest.approx(first["train_mse"])
     assert on_gap.best_value == pytest.approx(first["train_mse"] - first["eval_mse"]) and not on_gap.stopped
+
+
+# -- issue 12 item 9: misuse is said early, once ------------------------------------------------
+@pytest.mark.parametrize("how", ["stock", "plus"])
+@pytest.mark.transformers
+def test_eval_strategy_no_warns_once_at_train_begin(tmp_path, caplog, how):
+    callback = TrainSubsetEvaluation(size=8)
+    if how == "stock":
+        trainer = make_trainer(tmp_path, eval_strategy="no", max_steps=4)
+        run_before_integrations(trainer, callback)
+    else:
+        trainer = make_trainer(tmp_path, callbacks=[callback], trainer_class=TrainerPlus, eval_strategy="no",
+                               max_steps=4)
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        trainer.train()
+        trainer.train()
+    warnings = [r.getMessage() for r in caplog.records if "eval_strategy='no'" in r.getMessage()]
+    assert len(warnings) == 1 and "every=N" in warnings[0]
+    # an explicit evaluate() afterwards still gets the subset metrics
+    assert f"{callback.prefix}_loss" in trainer.evaluate()
+
+
+class UnlabeledDataset(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.inner = RegressionDataset(n, seed=5)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, index):
+        return {"input_x": self.inner[index]["input_x"]}
+
+
+@pytest.mark.transformers
+def test_unlabeled_subset_warns_once_with_the_reason(tmp_path, caplog):
+    callback = TrainSubsetEvaluation(size=8, dataset=UnlabeledDataset(32))
+    trainer = make_trainer(tmp_path, callbacks=[callback], trainer_class=TrainerPlus, compute_metrics=None,
+                           **EVAL_EVERY)
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        trainer.train()
+    warnings = [r.getMessage() for r in caplog.records if "produced no metric" in r.getMessage()]
+    assert len(warnings) == 1 and "no labels" in warnings[0] and "compute_metrics" in warnings[0]
+    assert all(f"{callback.prefix}_loss" not in record for record in eval_records(trainer))
+
+
+# -- isolation: the run trains exactly as without the callback ----------------------------------
+class DropoutRegression(torch.nn.Module):
+    """``y = dropout(x) * a + b``: training depends on the torch random generator."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor(0.0))
+        self.b = torch.nn.Parameter(torch.tensor(0.0))
+        self.dropout = torch.nn.Dropout(0.5)
+
+    def forward(self, input_x, labels=None):
+        y = self.dropout(input_x) * self.a + self.b
+        return {"loss": torch.nn.functional.mse_loss(y, labels), "logits": y}
+
+
+@pytest.mark.parametrize("every", ["eval", 3])
+@pytest.mark.transformers
+def test_training_is_identical_with_and_without_the_subset_evaluation(tmp_path, every):
+    """The subset evaluation restores the random generators and the modules' train/eval mode."""
+    from transformers import Trainer
+
+    from tests.tiny_models import training_args
+
+    def run(trainer_class, callbacks, output_dir):
+        torch.manual_seed(0)
+        trainer = trainer_class(
+            model=DropoutRegression(), args=training_args(output_dir, max_steps=9, eval_strategy="steps",
+                                                          eval_steps=2, logging_steps=1),
+            train_dataset=RegressionDataset(64, seed=1), eval_dataset=RegressionDataset(16, seed=2),
+            callbacks=callbacks)
+        trainer.train()
+        return [(r["step"], r.get("loss"), r.get("eval_loss"), r.get("grad_norm"))
+                for r in trainer.state.log_history if "loss" in r or "eval_loss" in r]
+
+    plain = run(Trainer, [], tmp_path / "plain")
+    ours = run(TrainerPlus, [TrainSubsetEvaluation(size=16, every=every)], tmp_path / "ours")
+    assert ours == plain

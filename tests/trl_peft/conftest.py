@@ -1,0 +1,3 @@
+import pytest
+
+pytest.importorskip("trl", reason="needs the [trl] extra (trl, peft)")

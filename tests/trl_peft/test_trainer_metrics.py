@@ -1,0 +1,84 @@
+"""trl trainers keep their own numbers with our callbacks attached, through every wiring,
+and the train-subset metrics are the trainer's own metrics on the subset (issue 9, items 1-2).
+
+Each run evaluates ``eval_dataset={"main": held-out, "sub": the train-subset rows}``: the
+baseline (plain trl trainer, no callback of ours) thereby reports the trainer's own metrics
+on exactly the rows ``TrainSubsetEvaluation`` picks, at the same steps and weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
+from hf_callbacks_plus.callbacks.terminate_on_nonfinite import TerminateOnNonFinite
+from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation
+from hf_callbacks_plus.integrations.transformers import TrainerPlusMixin, run_before_integrations
+from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+from tests.trl_peft import runs
+
+pytestmark = [pytest.mark.transformers, pytest.mark.slow]
+
+_BASELINES: dict[str, list[dict]] = {}
+
+
+def baseline(kind, tmp_path_factory):
+    if kind not in _BASELINES:
+        trainer = runs.trainer(kind, tmp_path_factory.mktemp(f"baseline-{kind}"))
+        trainer.train()
+        _BASELINES[kind] = runs.history(trainer)
+    return _BASELINES[kind]
+
+
+def our_callbacks(tmp_path):
+    subset = TrainSubsetEvaluation(size=runs.SUBSET, gap_metrics=True)
+    return subset, [subset, EarlyStopping("eval_main_loss", patience=50), TerminateOnNonFinite(),
+                    JsonlLogger(str(tmp_path / "metrics.jsonl"))]
+
+
+def run_ours(kind, tmp_path, wiring):
+    subset, callbacks = our_callbacks(tmp_path)
+    if wiring == "mixin":
+        import trl
+
+        base = {"sft": trl.SFTTrainer, "dpo": trl.DPOTrainer, "reward": trl.RewardTrainer}[kind]
+        cls = type(f"Plus{base.__name__}", (TrainerPlusMixin, base), {})
+        trainer = runs.trainer(kind, tmp_path / "out", base=cls, callbacks=callbacks)
+    else:
+        trainer = runs.trainer(kind, tmp_path / "out", callbacks=callbacks)
+        run_before_integrations(trainer, *callbacks)
+    trainer.train()
+    return subset, runs.history(trainer)
+
+
+#: Metrics each trainer reports at evaluation besides the loss (what the subset must show too).
+OWN_EVAL_METRICS = {
+    "sft": ("mean_token_accuracy", "entropy"),
+    "dpo": ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+            "logps/rejected", "logits/chosen", "logits/rejected", "mean_token_accuracy", "entropy"),
+    "reward": ("accuracy", "margin", "min_reward", "mean_reward", "max_reward"),
+}
+
+
+@pytest.mark.parametrize("kind", ["sft", "dpo", "reward"])
+@pytest.mark.parametrize("wiring", ["run_before_integrations", "mixin"])
+def test_trainer_numbers_unchanged_and_subset_metrics_are_its_own(kind, wiring, tmp_path, tmp_path_factory):
+    expected = baseline(kind, tmp_path_factory)
+    subset, ours = run_ours(kind, tmp_path, wiring)
+    assert subset.indices == runs.subset_indices()
+
+    # 1. every key of every record (training logs, both eval sets, the final record) is identical
+    checked = runs.assert_same_numbers(expected, ours, (f"{subset.prefix}_", "gap_", "early_stopping/"))
+    assert checked > 40
+
+    # 2. the train-subset metrics of each evaluation = the trainer's own metrics on those rows
+    prefix = subset.prefix
+    sub_records = [r for r in expected if "eval_sub_loss" in r]
+    main_records = [r for r in ours if "eval_main_loss" in r]
+    assert len(sub_records) == len(main_records) == 2
+    for sub, record in zip(sub_records, main_records):
+        assert record[f"{prefix}_loss"] == pytest.approx(sub["eval_sub_loss"], rel=1e-6)
+        for name in OWN_EVAL_METRICS[kind]:
+            # trl labels its own eval metrics "eval_<name>" whatever the dataset name
+            assert record[f"{prefix}_{name}"] == pytest.approx(sub[f"eval_{name}"], rel=1e-6), name
+        assert record["gap_loss"] == pytest.approx(record[f"{prefix}_loss"] - record["eval_main_loss"])
