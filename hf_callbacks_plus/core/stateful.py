@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 from .._compat import trainer_saves_callback_states_per_checkpoint
 from .callback import TrainerCallback
-from .state import ExportableState
+from .checkpoint_folders import checkpoint_folder
+from .state import TRAINER_STATE_NAME, ExportableState
 
 __all__ = ["SelfRestoringState"]
 
@@ -125,7 +126,7 @@ class SelfRestoringState(TrainerCallback, ExportableState):
             return
         if not getattr(state, "is_world_process_zero", True):
             return
-        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        folder = checkpoint_folder(args.output_dir, state.global_step)
         self.write_state_into_checkpoint(folder)
 
     def write_state_into_checkpoint(self, folder: str) -> bool:
@@ -134,7 +135,7 @@ class SelfRestoringState(TrainerCallback, ExportableState):
         Returns:
             False when the folder has no ``trainer_state.json`` (e.g. a custom run directory).
         """
-        path = os.path.join(folder, "trainer_state.json")
+        path = os.path.join(folder, TRAINER_STATE_NAME)
         if not os.path.isfile(path):
             logger.debug("%s: no %s to write its state into.", type(self).__name__, path)
             return False

@@ -30,6 +30,7 @@ from typing import Any
 
 from .._compat import require
 from ..callbacks.isolated_evaluation import isolated_evaluate
+from ..core.checkpoint_folders import newest_complete_checkpoint
 from ..core.handler import CallbackHandler
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
@@ -233,12 +234,19 @@ class TrainerPlusMixin:
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; on an exception, fire ``on_exception`` then re-raise it.
 
+        ``resume_from_checkpoint=True`` resumes from the newest *complete* checkpoint in
+        ``output_dir`` (newer folders without a readable ``trainer_state.json``, left by an
+        interrupted save, are skipped with a warning; see
+        ``hf_callbacks_plus.core.checkpoint_folders``), where transformers would take the
+        highest-numbered folder and fail loading it.
+
         When resuming, ``on_resume_check`` fires first (see
         ``hf_callbacks_plus.core.resume_check``); if a callback vetoes the run, the
         checkpoint's weights and state are loaded, no training event fires and the
         ``TrainOutput`` metrics hold ``train_skipped=1.0``.
         """
         try:
+            args, kwargs = self._resolve_newest_complete(args, kwargs)
             skipped = self._resume_check(args[0] if args else kwargs.get("resume_from_checkpoint"))
             if skipped is not None:
                 return skipped
@@ -247,19 +255,30 @@ class TrainerPlusMixin:
             self.callback_handler.on_exception(self.args, self.state, self.control, exception=error)
             raise
 
+    def _resolve_newest_complete(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``train``'s arguments with ``resume_from_checkpoint=True`` replaced by the newest
+        complete checkpoint (kept True when there is none: Trainer raises its own error)."""
+        positional = bool(args)
+        if (args[0] if positional else kwargs.get("resume_from_checkpoint")) is not True:
+            return args, kwargs
+        found = newest_complete_checkpoint(self.args.output_dir, trainer_name=type(self).__name__)
+        if found is None:
+            return args, kwargs
+        if positional:
+            return (found, *args[1:]), kwargs
+        return args, {**kwargs, "resume_from_checkpoint": found}
+
     def _resume_check(self, resume_from_checkpoint: Any) -> Any:
         """The vetoed run's ``TrainOutput``, or None to train (also when nothing listens)."""
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return None
         if not self.callback_handler.has_handlers(RESUME_CHECK_EVENT):
             return None
-        from transformers.trainer_utils import TrainOutput, get_last_checkpoint
+        if resume_from_checkpoint is True:  # no checkpoint folder at all: Trainer.train raises
+            return None
+        from transformers.trainer_utils import TrainOutput
         from transformers.utils import is_sagemaker_mp_enabled
 
-        if resume_from_checkpoint is True:  # same resolution as Trainer.train (which raises if None)
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                return None
         checkpoint = os.fspath(resume_from_checkpoint)
         state = run_resume_check(
             self.callback_handler, self.args, checkpoint, trainer_name=type(self).__name__,

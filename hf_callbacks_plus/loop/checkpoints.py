@@ -2,8 +2,9 @@
 
 The folder layout and the rules are transformers 5.x's: ``<output_dir>/checkpoint-<step>/``
 holding ``trainer_state.json`` (readable by transformers), rotation by ``save_total_limit``
-that always keeps the newest and the best checkpoint, and ``resume_from_checkpoint=True``
-meaning "the highest-numbered checkpoint in ``output_dir``".
+that always keeps the newest and the best checkpoint. ``resume_from_checkpoint=True`` means
+"the highest-numbered *complete* checkpoint in ``output_dir``" (see
+``hf_callbacks_plus.core.checkpoint_folders``; transformers takes the highest-numbered one).
 
 The model is saved through the user's ``save_model_fn(dir)`` / ``load_model_fn(dir)``
 hooks when given; otherwise a model with ``state_dict()``/``load_state_dict()`` is pickled
@@ -20,6 +21,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ..core.checkpoint_folders import (
+    PREFIX_CHECKPOINT_DIR,
+    checkpoint_folder,
+    get_last_checkpoint,
+    newest_complete_checkpoint,
+)
 from ..core.state import (
     TRAINER_STATE_NAME,
     TrainerControl,
@@ -39,26 +46,8 @@ __all__ = [
 
 logger = logging.getLogger("hf_callbacks_plus")
 
-#: Checkpoint folders are named ``checkpoint-<global_step>`` (same as transformers).
-PREFIX_CHECKPOINT_DIR = "checkpoint"
 #: File holding the pickled ``model.state_dict()`` when no ``save_model_fn`` is given.
 MODEL_STATE_NAME = "model_state.pkl"
-_RE_CHECKPOINT = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"\-(\d+)$")
-
-
-def get_last_checkpoint(folder: Union[str, os.PathLike]) -> Optional[str]:
-    """Return the ``checkpoint-N`` folder with the highest N inside ``folder``, or None."""
-    if not os.path.isdir(folder):
-        return None
-    checkpoints = [
-        path
-        for path in os.listdir(folder)
-        if _RE_CHECKPOINT.search(path) is not None and os.path.isdir(os.path.join(folder, path))
-    ]
-    if not checkpoints:
-        return None
-    newest = max(checkpoints, key=lambda name: int(_RE_CHECKPOINT.search(name).groups()[0]))
-    return os.path.join(folder, newest)
 
 
 def sort_checkpoints(
@@ -166,13 +155,13 @@ class CheckpointMixin:
     def _save_checkpoint(self) -> None:
         """Write ``checkpoint-<step>``: model (hook/pickle), ``trainer_state.json``; then rotate."""
         run_dir = self.args.output_dir
-        output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        output_dir = checkpoint_folder(run_dir, self.state.global_step)
         self.store_flos()
         os.makedirs(output_dir, exist_ok=True)
         self._save_model(output_dir)
 
         if self.args.save_strategy in ("steps", "epoch", "best") and self.state.best_global_step:
-            best_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}")
+            best_dir = checkpoint_folder(run_dir, self.state.best_global_step)
             if os.path.exists(best_dir):
                 self.state.best_model_checkpoint = best_dir
 
@@ -193,7 +182,7 @@ class CheckpointMixin:
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return None
         if resume_from_checkpoint is True:
-            found = get_last_checkpoint(self.args.output_dir)
+            found = newest_complete_checkpoint(self.args.output_dir, trainer_name=type(self).__name__)
             if found is None:
                 raise ValueError(
                     f"train(resume_from_checkpoint=True): no valid checkpoint-N folder found in "

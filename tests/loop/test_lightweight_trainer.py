@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from hf_callbacks_plus.core.checkpoint_folders import get_last_checkpoint
 from hf_callbacks_plus.loop import LightweightTrainer, LoopArguments, TrainerCallback, TrainerState
-from hf_callbacks_plus.loop.checkpoints import get_last_checkpoint
 from hf_callbacks_plus.testing import EventRecorder
 
 
