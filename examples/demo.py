@@ -11,7 +11,7 @@ config. The callbacks:
 * ``EarlyStopping`` on ``eval_loss``: fires once the eval loss stops improving, and says why;
 * ``MLflowLogger`` (embedded sqlite store ``runs/mlflow.db``), ``WandbLogger`` (offline, under
   ``runs/wandb``) and ``JsonlLogger`` (``runs/demo/metrics.jsonl``): every metric in its section
-  (``train/``, ``eval/``, ``early_stopping/``), one step axis.
+  (``train/``, ``train_subset/``, ``eval/``, ``gap/``, ``early_stopping/``), one step axis.
 
 At the end it prints a summary, reads both trackers back to show the sections, and writes
 ``runs/demo/learning_curves.png``.
@@ -187,7 +187,8 @@ def summarize(trainer: Any, callbacks: dict[str, Any], output_dir: Path, seconds
         best = next((r for r in evals if r.get("step") == stopper.best_step), last)
         lines.append("Train subset vs eval accuracy (the gap is over-fitting to the noisy labels):")
         for label, record in (("first eval", first), ("best step", best), ("last eval", last)):
-            train, gap = record.get("train_accuracy", float("nan")), record.get("gap_accuracy", float("nan"))
+            train = record.get("train_subset_accuracy", float("nan"))
+            gap = record.get("gap_accuracy", float("nan"))
             lines.append(f"  {label:>10} step {record['step']:>4}: train {train:.3f}  "
                          f"eval {record['eval_accuracy']:.3f}  gap {gap:+.3f}")
     for tracker, grouped in tracker_sections(callbacks).items():

@@ -56,7 +56,7 @@ def main() -> None:
     result = run(options, prepare=prepare)
     callbacks = recorders["callbacks"]
     subset = callbacks["train_subset"].subset()
-    evaluations = sum(1 for record in result.get("log_history", []) if "train_accuracy" in record)
+    evaluations = sum(1 for record in result.get("log_history", []) if "train_subset_accuracy" in record)
     report = {
         **{key: value for key, value in result.items() if key != "log_history"},
         "rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")),

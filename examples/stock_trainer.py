@@ -57,7 +57,8 @@ def main(output_dir: str) -> None:
     for record in trainer.state.log_history:
         if "eval_accuracy" in record:
             print(f"step {record['step']:>4}: eval_accuracy {record['eval_accuracy']:.3f}  "
-                  f"train_accuracy {record['train_accuracy']:.3f}  gap_loss {record['gap_loss']:+.3f}")
+                  f"train_subset_accuracy {record['train_subset_accuracy']:.3f}  "
+                  f"gap_loss {record['gap_loss']:+.3f}")
     print(f"stopped: {stopper.stopped} ({stopper.reason.name}); best eval_accuracy {stopper.best_value:.3f} "
           f"at step {stopper.best_step}; logs in {output_dir}/metrics.jsonl and {output_dir}/mlflow.db")
 

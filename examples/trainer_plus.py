@@ -105,7 +105,8 @@ def main(output_dir: str) -> None:
         last = records[-1]["curves"]
         print(f"{trainer_class.__name__}: {len(records)} evaluations logged; last at step "
               f"{records[-1]['step']}: eval/error_rate {last['eval/error_rate']:.3f}, "
-              f"train/accuracy {last['train/accuracy']:.3f}, eval/accuracy {last['eval/accuracy']:.3f}")
+              f"train_subset/accuracy {last['train_subset/accuracy']:.3f}, "
+              f"eval/accuracy {last['eval/accuracy']:.3f}")
 
 
 if __name__ == "__main__":

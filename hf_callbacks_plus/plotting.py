@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ._compat import require
-from .metrics.keys import KeyGrammar
+from .metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar
 
 __all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learning_curves"]
 
@@ -148,13 +148,15 @@ def collect_curves(
                 continue
             if parsed.name in _TIMING:
                 continue
-            if parsed.is_training_loop:
+            if parsed.is_summary:
+                continue
+            if parsed.is_running:  # measured on the training batches: never "train subset"
                 if parsed.name == "loss":
                     curves.add("loss", "training loss", step, value)
-                elif include_training_extras and parsed.name in _LOOP_EXTRAS:
+                elif parsed.name not in _LOOP_EXTRAS or include_training_extras:
                     curves.add(parsed.name, "training", step, value)
                 continue
-            label = {"train": "train subset", "gap": "gap"}.get(parsed.section, parsed.section)
+            label = {TRAIN_SUBSET_PREFIX: "train subset", "gap": "gap"}.get(parsed.section, parsed.section)
             if parsed.dataset:
                 label = f"{label} ({parsed.dataset})"
             curves.add(parsed.name, label, step, value)

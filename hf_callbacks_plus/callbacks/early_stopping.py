@@ -67,7 +67,7 @@ class EarlyStopping(SelfRestoringState):
     consecutive observations did not improve on the best by more than ``min_delta``.
 
     Args:
-        monitor: The metric: ``"eval_loss"``, ``"eval_<dataset>_accuracy"``, ``"train_accuracy"``,
+        monitor: The metric: ``"eval_loss"``, ``"eval_<dataset>_accuracy"``, ``"train_subset_accuracy"``,
             ``"gap_loss"``, ``"loss"`` (training loss), a bare name resolved like
             ``metric_for_best_model`` or a rendered name (``"eval/accuracy"``). Defaults to
             None: ``args.metric_for_best_model`` (drop-in for ``EarlyStoppingCallback``).

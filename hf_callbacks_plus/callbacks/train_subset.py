@@ -37,7 +37,7 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 
 class TrainSubsetEvaluation(TrainerCallback):
-    """Reports ``train_<metric>`` (and optionally ``gap_<metric>``) at every evaluation.
+    """Reports ``train_subset_<metric>`` (and optionally ``gap_<metric>``) at every evaluation.
 
     Args:
         size: Number of training samples (an int >= 1) or a fraction of the training set
@@ -49,8 +49,8 @@ class TrainSubsetEvaluation(TrainerCallback):
         every: ``"eval"`` to evaluate with each evaluation and add the metrics to its log
             record (same step), or an int N to evaluate every N optimizer steps and log a
             record of its own. Defaults to ``"eval"``.
-        prefix: Prefix of the reported metrics. Defaults to ``"train"`` (``train_accuracy``,
-            rendered ``train/accuracy`` by the key grammar).
+        prefix: Prefix of the reported metrics. Defaults to ``"train_subset"``
+            (``train_subset_accuracy``, rendered ``train_subset/accuracy`` by the key grammar).
         gap_metrics: Also report ``gap_<metric>`` = train minus eval for every metric both
             have (True), for the given metric names (e.g. ``["loss", "accuracy"]``), or not
             at all (False). ``EarlyStopping(monitor="gap_loss")`` can watch them.
@@ -65,7 +65,7 @@ class TrainSubsetEvaluation(TrainerCallback):
     Note:
         ``transformers.Trainer`` selects the best model only from ``eval_*`` metrics, so the
         train-subset metrics never affect it; ``EarlyStopping`` uses them only when told to
-        monitor ``train_*``/``gap_*``. In a ``LightweightTrainer`` whose ``train_data`` is a
+        monitor ``train_subset_*``/``gap_*``. In a ``LightweightTrainer`` whose ``train_data`` is a
         sequence of batches (not a DataLoader), ``size`` counts batches.
 
     Example:
@@ -81,7 +81,7 @@ class TrainSubsetEvaluation(TrainerCallback):
         seed: int = 42,
         stratify_by: Optional[str] = None,
         every: Union[str, int] = "eval",
-        prefix: str = "train",
+        prefix: str = "train_subset",
         gap_metrics: Union[bool, Iterable[str]] = False,
         dataset: Any = None,
     ) -> None:

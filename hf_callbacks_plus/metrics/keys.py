@@ -1,32 +1,41 @@
 """The log-key grammar: raw Trainer log keys <-> (section, dataset, name) <-> tracker names.
 
 One module decides where every key belongs; loggers, ``EarlyStopping``, the train-subset
-evaluation and plotting all use it, so a metric has the same identity everywhere.
+evaluation and plotting all use it, so a metric has the same identity everywhere, and no
+rendered name means two things.
 
 Raw keys (what ``Trainer.log`` receives) and how they render:
 
-==============================  ==========================  ==========================
-raw key                         parsed section / dataset    rendered
-==============================  ==========================  ==========================
-``loss``, ``learning_rate``,    train / -                   ``train/loss`` ...
-``grad_norm``, ``epoch``
-``eval_loss``                   eval / -                    ``eval/loss``
-``eval_squad_f1`` (dataset      eval / squad                ``eval/squad/f1``
-``squad`` known)
-``test_f1``                     test / -                    ``test/f1``
-``train_accuracy`` (subset)     train / -                   ``train/accuracy``
-``train_loss`` (subset)         train / -                   ``train/subset_loss``
-``val_acc`` (prefix ``val``     val / -                     ``val/acc``
-learned or declared)
-``gap_loss`` (train minus eval) gap / -                     ``gap/loss``
-``train_runtime``, ``total_flos``  summary                  unchanged
-(end-of-training record)
-``eval/loss`` (pre-rendered)    eval / -                    unchanged
-==============================  ==========================  ==========================
+=====================================  ==========================  ============================
+raw key                                section / dataset           rendered
+=====================================  ==========================  ============================
+``loss``, ``learning_rate``,           train / -                   ``train/loss`` ...
+``grad_norm``, ``epoch``, any bare key
+trl running metrics: ``rewards/chosen``,  train / -                ``train/rewards/chosen``,
+``logps/...``, ``mean_token_accuracy``                             ``train/mean_token_accuracy``
+``eval_loss``, ``eval_rewards/chosen``  eval / -                   ``eval/loss``, ``eval/rewards/chosen``
+``eval_squad_f1`` (dataset ``squad``   eval / squad                ``eval/squad/f1``
+known)
+``test_f1`` (``predict``)              test / -                    ``test/f1``
+``train_subset_accuracy``              train_subset / -            ``train_subset/accuracy``
+(``TrainSubsetEvaluation``)
+``gap_loss`` (train subset minus eval)  gap / -                    ``gap/loss``
+``early_stopping/best_value``          early_stopping / -          unchanged
+``val_acc`` (prefix ``val`` learned    val / -                     ``val/acc``
+or declared)
+end-of-training record: ``train_loss``,  train_summary / -         ``train_summary/loss``,
+``train_runtime``, ``total_flos``,                                 ``train_summary/runtime``,
+``epoch``                                                          ``train_summary/total_flos`` ...
+``train_accuracy`` elsewhere (0.1.0's  train_subset / -            ``train_subset/accuracy``
+train-subset name, or the stock
+``evaluate(train_ds, metric_key_prefix="train")`` workaround)
+``eval/loss`` (pre-rendered: a known   eval / -                    unchanged
+section, then ``/``)
+=====================================  ==========================  ============================
 
-A train-subset metric whose name equals a training-loop key (``loss``, ``grad_norm``,
-``learning_rate``, ``epoch``) is rendered with a ``subset_`` prefix, so the running
-training loss and the loss measured on the train subset never share a name.
+So ``train/`` holds only what the training loop measures on its batches (trl's running
+metrics included), ``train_subset/`` what an evaluation measured on training data, and
+``train_summary/`` the run totals of the final record.
 """
 
 from __future__ import annotations
@@ -40,10 +49,14 @@ from typing import Any, Optional
 
 __all__ = [
     "BUILTIN_SECTIONS",
+    "METRIC_FAMILIES",
     "NESTED_SEPARATOR",
     "SPEED_SUFFIXES",
     "SUMMARY_KEYS",
+    "SUMMARY_SECTION",
     "TRAINING_LOOP_KEYS",
+    "TRAIN_SUBSET_PREFIX",
+    "TRL_RUNNING_KEYS",
     "KeyGrammar",
     "MetricKey",
     "add_prefix",
@@ -133,6 +146,31 @@ TRAINING_LOOP_KEYS = frozenset(
     {"loss", "learning_rate", "grad_norm", "epoch", "num_input_tokens_seen", "num_tokens"}
 )
 
+#: Running metrics trl's trainers log bare in training records and with ``eval_`` in
+#: evaluation records (SFT, DPO, Reward, GRPO in trl 1.16). Bare keys render under ``train/``
+#: in any case; this list is what plots treat as "measured on training batches".
+TRL_RUNNING_KEYS = frozenset(
+    {
+        "mean_token_accuracy", "entropy", "num_tokens", "aux_loss",  # SFT (+ DPO)
+        "min_reward", "mean_reward", "max_reward", "accuracy", "margin",  # Reward
+        "reward", "reward_std", "frac_reward_zero_std", "kl", "policy_loss", "entropy_coef",  # GRPO
+        "cispo_clip_ratio",
+    }
+)
+
+#: First segments of metric names that contain ``/`` without being rendered keys: trl's
+#: ``rewards/chosen``, ``logps/rejected``, ``logits/chosen`` (DPO), ``completions/mean_length``,
+#: ``clip_ratio/low_mean``, ``sampling/...``, ``tools/...`` (GRPO), ``rewards/<func>/mean``.
+METRIC_FAMILIES = frozenset(
+    {"rewards", "logps", "logits", "completions", "clip_ratio", "sampling", "tools", "vespo"}
+)
+
+#: Prefix of the train-subset metrics (``TrainSubsetEvaluation``): ``train_subset_<name>``.
+TRAIN_SUBSET_PREFIX = "train_subset"
+
+#: Section of the run totals in the end-of-training record.
+SUMMARY_SECTION = "train_summary"
+
 #: Keys of the end-of-training record (``Trainer.train`` output); they are run totals.
 SUMMARY_KEYS = frozenset(
     {
@@ -146,7 +184,7 @@ SUMMARY_KEYS = frozenset(
 )
 
 #: Sections every grammar knows. Custom ones are added by ``declare_prefix``.
-BUILTIN_SECTIONS = ("eval", "test", "train", "gap")
+BUILTIN_SECTIONS = ("eval", "test", "train", TRAIN_SUBSET_PREFIX, "gap", "early_stopping", SUMMARY_SECTION)
 
 #: Suffixes every ``Trainer.evaluate``/``predict`` adds after its ``metric_key_prefix``.
 SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
@@ -158,10 +196,12 @@ class MetricKey:
 
     Attributes:
         raw: The key as logged.
-        section: ``"train"``, ``"eval"``, ``"test"``, a custom prefix, or ``"summary"``.
+        section: ``"train"``, ``"eval"``, ``"test"``, ``"train_subset"``, ``"gap"``,
+            ``"early_stopping"``, ``"train_summary"`` or a custom prefix.
         dataset: Eval dataset name for ``eval_<dataset>_<name>`` keys, else None.
-        name: The metric name inside its section (``"accuracy"``, ``"loss"``).
-        rendered: The tracker name (``"eval/accuracy"``); summary keys stay raw.
+        name: The metric name inside its section (``"accuracy"``, ``"loss"``,
+            ``"rewards/chosen"``).
+        rendered: The tracker name (``"eval/accuracy"``, ``"train_summary/runtime"``).
     """
 
     raw: str
@@ -173,12 +213,19 @@ class MetricKey:
     @property
     def is_summary(self) -> bool:
         """True for end-of-training totals that belong in a run summary, not a curve."""
-        return self.section == "summary"
+        return self.section == SUMMARY_SECTION
 
     @property
     def is_training_loop(self) -> bool:
         """True for keys the training loop logs bare (``loss``, ``learning_rate``...)."""
         return self.section == "train" and self.raw in TRAINING_LOOP_KEYS
+
+    @property
+    def is_running(self) -> bool:
+        """True for anything measured on the training batches (section ``train``): the loop's
+        keys, trl's running metrics (``mean_token_accuracy``, ``rewards/chosen``) and other
+        bare keys. Never a train-subset metric."""
+        return self.section == "train"
 
 
 class KeyGrammar:
@@ -199,7 +246,7 @@ class KeyGrammar:
 
     def __init__(self, eval_datasets: Iterable[str] = (), prefixes: Iterable[str] = ()) -> None:
         self._datasets: list[str] = []
-        self._sections: list[str] = list(BUILTIN_SECTIONS)
+        self._sections: list[str] = sorted(BUILTIN_SECTIONS, key=len, reverse=True)
         self._cache: dict[tuple[str, bool], MetricKey] = {}
         # Loggers render on a worker thread while the trainer declares prefixes on its own:
         # declarations replace the lists (never sort in place) and bump the generation under
@@ -302,28 +349,52 @@ class KeyGrammar:
         return cached
 
     def _parse(self, key: str, summary: bool) -> MetricKey:
-        if (summary and (key in SUMMARY_KEYS or key.startswith("train_"))) or key == "total_flos":
-            return MetricKey(key, "summary", None, key, key)
-        if "/" in key and not key.startswith("/"):  # already rendered: section/.../name
-            parts = key.split("/")
-            dataset = (parts[1] or None) if len(parts) > 2 else None
-            return MetricKey(key, parts[0], dataset, parts[-1], key)
+        if (summary and (key.startswith("train_") or key == "epoch")) or key == "total_flos":
+            name = key[len("train_"):] if key.startswith("train_") and len(key) > len("train_") else key
+            return MetricKey(key, SUMMARY_SECTION, None, name, f"{SUMMARY_SECTION}/{name}")
+        if "/" in key and not key.startswith("/"):
+            return self._parse_with_slash(key)
+        return self._parse_flat(key) or self._bare(key)
+
+    def _bare(self, key: str) -> MetricKey:
+        """A key without a known prefix: measured by the training loop (``loss``, trl's keys...)."""
+        return MetricKey(key, "train", None, key, f"train/{key}" if key else "train/<empty>")
+
+    def _parse_flat(self, key: str) -> Optional[MetricKey]:
+        """``<prefix>_<name>`` keys; None for a bare key."""
         if key in TRAINING_LOOP_KEYS:
-            return MetricKey(key, "train", None, key, f"train/{key}")
+            return None
         for dataset in self._datasets:
             head = f"eval_{dataset}_"
             if key.startswith(head) and len(key) > len(head):
                 name = key[len(head):]
                 return MetricKey(key, "eval", dataset, name, f"eval/{dataset}/{name}")
-        for section in self._sections:
+        for section in self._sections:  # longest first: train_subset_ before train_
             head = f"{section}_"
             if key.startswith(head) and len(key) > len(head):
                 name = key[len(head):]
-                shown = f"subset_{name}" if section == "train" and name in TRAINING_LOOP_KEYS else name
-                return MetricKey(key, section, None, name, f"{section}/{shown}")
-        if not key:
-            return MetricKey(key, "train", None, key, "train/<empty>")
-        return MetricKey(key, "train", None, key, f"train/{key}")
+                if section == "train":  # 0.1.0's train-subset name / evaluate(..., "train")
+                    section = TRAIN_SUBSET_PREFIX
+                return MetricKey(key, section, None, name, f"{section}/{name}")
+        return None
+
+    def _parse_with_slash(self, key: str) -> MetricKey:
+        head, _, rest = key.partition("/")
+        if head in self._sections:  # already rendered: section/(dataset/)name
+            parts = rest.split("/")
+            dataset = None
+            if len(parts) > 1 and parts[0] and parts[0] not in METRIC_FAMILIES:
+                dataset, parts = parts[0], parts[1:]
+            return MetricKey(key, head, dataset, "/".join(parts), key)
+        if head in METRIC_FAMILIES:  # trl's running metrics: rewards/chosen, logps/rejected...
+            return MetricKey(key, "train", None, key, f"train/{key}")
+        prefixed = self._parse_flat(head)  # eval_rewards/chosen, train_subset_logps/chosen...
+        if prefixed is not None:
+            return MetricKey(key, prefixed.section, prefixed.dataset, f"{prefixed.name}/{rest}",
+                             f"{prefixed.rendered}/{rest}")
+        parts = key.split("/")  # a user's own rendered key: kept as it is
+        dataset = (parts[1] or None) if len(parts) > 2 else None
+        return MetricKey(key, head, dataset, parts[-1], key)
 
     def render(self, key: str, *, summary: bool = False) -> str:
         """Return the tracker name of ``key`` (see `parse`)."""
@@ -331,15 +402,22 @@ class KeyGrammar:
 
     @staticmethod
     def is_summary_record(logs: Mapping[str, Any]) -> bool:
-        """True for the end-of-training record (it carries ``train_runtime``)."""
-        return "train_runtime" in logs
+        """True for the end-of-training record of ``Trainer.train``.
+
+        It carries ``train_runtime`` and no other ``train_*`` key than the run totals
+        (an ``evaluate(..., metric_key_prefix="train")`` record carries its metrics too).
+        ``total_flos`` cannot tell: transformers' ``PrinterCallback`` removes it from the record.
+        """
+        if "train_runtime" not in logs:
+            return False
+        return all(key in SUMMARY_KEYS for key in logs if isinstance(key, str) and key.startswith("train_"))
 
     def render_logs(self, logs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Render one log record into (curve values, summary values).
 
         Nested dicts are flattened first. Two keys that would render to the same name keep
-        distinct names: the later one falls back to ``<section>/<raw key>``, with one
-        warning per pair.
+        distinct names: the later one falls back to ``<section>/<raw key>`` (a raw key
+        holding ``/`` keeps its own name plus ``_``), with one warning per pair naming it.
 
         Returns:
             ``(curves, summary)``: rendered names to values.
@@ -359,16 +437,19 @@ class KeyGrammar:
         return curves, summary
 
     def _disambiguate(self, parsed: MetricKey, origin: Mapping[str, str]) -> str:
+        if "/" in parsed.raw or parsed.is_summary:
+            candidate = parsed.raw  # never section/section/...: a rendered name gets a "_"
+        else:
+            candidate = f"{parsed.section}/{parsed.raw}"
+        while candidate in origin:
+            candidate += "_"
         pair = (origin[parsed.rendered], parsed.raw)
         if pair not in self._warned_collisions:
             self._warned_collisions.add(pair)
             logger.warning(
-                "Log keys %r and %r both render to %r; logging %r under its raw name.",
-                pair[0], pair[1], parsed.rendered, parsed.raw,
+                "Log keys %r and %r both render to %r; logging %r as %r.",
+                pair[0], pair[1], parsed.rendered, parsed.raw, candidate,
             )
-        candidate = f"{parsed.section}/{parsed.raw}" if parsed.section != "summary" else parsed.raw
-        while candidate in origin:
-            candidate += "_"
         return candidate
 
     # -- lookup ------------------------------------------------------------------------
@@ -379,14 +460,17 @@ class KeyGrammar:
         convention) or a bare key; ``"eval/accuracy"`` is matched through rendering.
         """
         out = [monitor]
-        if "/" not in monitor and not self._has_section(monitor):
+        if not self._has_section(monitor):
             out.insert(0, f"eval_{monitor}")
         return out
 
     def _has_section(self, key: str) -> bool:
-        return key in TRAINING_LOOP_KEYS or any(
-            key.startswith(f"{section}_") for section in self._sections
-        )
+        if key in TRAINING_LOOP_KEYS:
+            return True
+        head = key.split("/", 1)[0]
+        if "/" in key and head not in METRIC_FAMILIES:
+            return True  # rendered (``eval/accuracy``) or a user's own ``a/b`` key
+        return any(head.startswith(f"{section}_") for section in self._sections)
 
     def resolve(self, monitor: str, available: Iterable[str]) -> Optional[str]:
         """Find the raw key in ``available`` that ``monitor`` names, or None.
@@ -404,6 +488,25 @@ class KeyGrammar:
         for key in keys:
             if self.render(key) == monitor:
                 return key
+        return None
+
+    @staticmethod
+    def current_name(monitor: str) -> Optional[str]:
+        """The current name of a 0.1.0 train-subset metric name, or None.
+
+        ``TrainSubsetEvaluation`` logged ``train_<name>`` (rendered ``train/<name>``, the loss
+        ``train/subset_loss``) before 0.2.0; it logs ``train_subset_<name>`` now.
+
+        Example:
+            >>> KeyGrammar.current_name("train_loss"), KeyGrammar.current_name("eval_loss")
+            ('train_subset_loss', None)
+        """
+        old = "train/subset_"
+        if monitor.startswith(old) and len(monitor) > len(old):
+            return f"{TRAIN_SUBSET_PREFIX}/{monitor[len(old):]}"
+        if (monitor.startswith("train_") and not monitor.startswith(f"{TRAIN_SUBSET_PREFIX}_")
+                and len(monitor) > len("train_")):
+            return f"{TRAIN_SUBSET_PREFIX}_{monitor[len('train_'):]}"
         return None
 
     def explain_missing(self, monitor: str, available: Iterable[str]) -> str:

@@ -64,23 +64,24 @@ def test_subset_metrics_in_the_eval_record(tmp_path, how, caplog, monkeypatch):
         trainer.train()
     records = eval_records(trainer)
     assert [r["step"] for r in records] == [4, 8]  # one record per evaluation: no double logging
-    assert not [r for r in trainer.state.log_history if "train_mse" in r and "eval_loss" not in r]
+    assert not [r for r in trainer.state.log_history if "train_subset_mse" in r and "eval_loss" not in r]
     for record in records:
-        assert {"train_loss", "train_mse", "train_mae", "gap_loss", "gap_mse", "gap_mae"} <= set(record)
-        assert record["gap_mse"] == pytest.approx(record["train_mse"] - record["eval_mse"])
+        assert {"train_subset_loss", "train_subset_mse", "train_subset_mae", "gap_loss", "gap_mse",
+                "gap_mae"} <= set(record)
+        assert record["gap_mse"] == pytest.approx(record["train_subset_mse"] - record["eval_mse"])
         assert "train_runtime" not in record  # never looks like the end-of-training record
     # on_evaluate fired once per evaluation (no recursion), with the same metrics
-    assert len(recorder.metrics) == 2 and all("train_mse" in m for m in recorder.metrics)
+    assert len(recorder.metrics) == 2 and all("train_subset_mse" in m for m in recorder.metrics)
     assert "early stopping required metric_for_best_model" not in caplog.text
     # the subset: fixed, 16 samples; values equal a direct evaluation of those samples
     assert len(callback.indices) == 16
     final = trainer.evaluate()
     reference = subset_metrics_directly(trainer, callback.indices)
-    assert final["train_mse"] == pytest.approx(reference["ref_mse"], rel=1e-6)
-    assert final["train_loss"] == pytest.approx(reference["ref_loss"], rel=1e-6)
+    assert final["train_subset_mse"] == pytest.approx(reference["ref_mse"], rel=1e-6)
+    assert final["train_subset_loss"] == pytest.approx(reference["ref_loss"], rel=1e-6)
     # the report_to integration saw them in the same step (rendered by transformers' rewrite_logs)
     scalars = read_scalars(tmp_path)
-    assert set(scalars["train/train_mse"]) == {4, 8}
+    assert set(scalars["train/train_subset_mse"]) == {4, 8}
     assert set(scalars["train/gap_loss"]) == {4, 8}
     assert trainer.state.best_metric == min(r["eval_loss"] for r in records)  # eval_loss, not train
 
@@ -96,7 +97,7 @@ def test_control_is_untouched_and_on_evaluate_not_fired(tmp_path):
     trainer.control.should_save = True
     trainer.control.should_log = True
     metrics = callback.compute()
-    assert set(metrics) == {"train_loss", "train_mse", "train_mae"}
+    assert set(metrics) == {"train_subset_loss", "train_subset_mse", "train_subset_mae"}
     assert recorder.metrics == [] and trainer.state.log_history == []
     assert trainer.control.should_save and trainer.control.should_log
     assert len(callback.indices) == 16  # 25 % of 64
@@ -109,7 +110,7 @@ def test_own_schedule_logs_its_own_records(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=7, logging_steps=100, eval_strategy="no")
     run_before_integrations(trainer, callback)
     trainer.train()
-    records = [r for r in trainer.state.log_history if "train_mse" in r]
+    records = [r for r in trainer.state.log_history if "train_subset_mse" in r]
     assert [r["step"] for r in records] == [3, 6]
 
 
@@ -126,7 +127,7 @@ def test_hf_dataset_stratified(tmp_path):
     trainer = make_trainer(tmp_path, callbacks=[callback], trainer_class=TrainerPlus, max_steps=1)
     trainer.train_dataset = train
     metrics = callback.compute()
-    assert "train_mse" in metrics
+    assert "train_subset_mse" in metrics
     assert Counter(groups[i] for i in callback.indices) == {"a": 8, "b": 3, "c": 1}
     with pytest.raises(ValueError, match="stratify_by='nope'.*columns"):
         TrainSubsetEvaluation(size=4, stratify_by="nope").bind(trainer).subset()
@@ -175,11 +176,11 @@ def test_lightweight_trainer(tmp_path):
     chosen = [train_data[i] for i in callback.indices]
     expected_loss = sum(sum(b) / len(b) for b in chosen) / 3
     for record in records:
-        assert record["train_count"] == 3.0  # 30 % of 10 batches
-        assert record["train_loss"] == pytest.approx(expected_loss)
+        assert record["train_subset_count"] == 3.0  # 30 % of 10 batches
+        assert record["train_subset_loss"] == pytest.approx(expected_loss)
         assert record["gap_loss"] == pytest.approx(expected_loss - 0.5)
         assert "gap_count" not in record
-    subset_records = [r for r in trainer.state.log_history if "train_loss" in r and "train_runtime" not in r]
+    subset_records = [r for r in trainer.state.log_history if "train_subset_loss" in r]
     assert len(subset_records) == 2
 
 
@@ -257,7 +258,7 @@ def test_early_stopping_monitors_train_subset_and_gap_metrics(tmp_path, how):
 
     subset = TrainSubsetEvaluation(size=16, seed=3, gap_metrics=True)
     # nothing beats the first value by 1e9: each stops at the 2nd evaluation it sees
-    on_train = EarlyStopping("train_mse", patience=1, min_delta=1e9, log_name="train")
+    on_train = EarlyStopping("train_subset_mse", patience=1, min_delta=1e9, log_name="train")
     on_gap = EarlyStopping("gap_mse", mode="max", patience=2, min_delta=1e9, log_name="gap")
     args = dict(eval_strategy="steps", eval_steps=2, logging_steps=2, max_steps=12)
     if how == "stock":
@@ -269,8 +270,9 @@ def test_early_stopping_monitors_train_subset_and_gap_metrics(tmp_path, how):
     trainer.train()
     assert (on_train.best_step, on_train.stopped_step, trainer.state.global_step) == (2, 4, 4)
     first = eval_records(trainer)[0]
-    assert on_train.best_value == pytest.approx(first["train_mse"])
-    assert on_gap.best_value == pytest.approx(first["train_mse"] - first["eval_mse"]) and not on_gap.stopped
+    assert on_train.best_value == pytest.approx(first["train_subset_mse"])
+    assert on_gap.best_value == pytest.approx(first["train_subset_mse"] - first["eval_mse"])
+    assert not on_gap.stopped
 
 
 # -- issue 12 item 9: misuse is said early, once ------------------------------------------------

@@ -28,7 +28,7 @@ def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path):
     assert state["global_step"] == 9
     evals = [r for r in state["log_history"] if "eval_loss" in r]
     assert [r["step"] for r in evals] == [3, 6, 9]
-    assert all("train_accuracy" in r and "gap_accuracy" in r for r in evals)
+    assert all("train_subset_accuracy" in r and "gap_accuracy" in r for r in evals)
     assert evals[-1]["early_stopping/stopped_step"] == 9
 
     from mlflow.tracking import MlflowClient
@@ -37,22 +37,22 @@ def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    for key in ("eval/loss", "eval/accuracy", "train/accuracy", "train/subset_loss", "train/loss",
+    for key in ("eval/loss", "eval/accuracy", "train_subset/accuracy", "train_subset/loss", "train/loss",
                 "gap/accuracy", "early_stopping/best_step"):
         assert [m.step for m in client.get_metric_history(run_id, key)][-1] in (6, 9), key
     assert [m.step for m in client.get_metric_history(run_id, "eval/accuracy")] == [3, 6, 9]
-    assert "train/train_accuracy" not in run.data.metrics
+    assert "train/train_subset_accuracy" not in run.data.metrics and "train/accuracy" not in run.data.metrics
 
     from hf_callbacks_plus.testing import read_wandb_run
 
     wandb_run = read_wandb_run(tmp_path / "wandb", wait=10)
     assert wandb_run.exit_code == 0
     assert wandb_run.steps("eval/accuracy") == [3, 6, 9]
-    assert wandb_run.steps("train/accuracy") == [3, 6, 9]
+    assert wandb_run.steps("train_subset/accuracy") == [3, 6, 9]
 
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = {key for line in lines if line["event"] == "log" for key in line["curves"]}
-    assert {"eval/loss", "train/accuracy", "gap/accuracy", "early_stopping/wait"} <= logged
+    assert {"eval/loss", "train_subset/accuracy", "gap/accuracy", "early_stopping/wait"} <= logged
 
 
 @pytest.mark.slow
@@ -70,5 +70,5 @@ def test_demo_at_default_settings_overfits_visibly_and_stops_on_its_own(tmp_path
     # the train-subset curve pulls away from the eval curve: the gap grows and ends clearly positive
     first_gap, last_gap = evals[0]["gap_accuracy"], stop["gap_accuracy"]
     assert last_gap > first_gap + 0.05 and last_gap > 0.1, (first_gap, last_gap)
-    assert stop["train_accuracy"] > stop["eval_accuracy"]
+    assert stop["train_subset_accuracy"] > stop["eval_accuracy"]
     assert "Early stopping (PATIENCE)" in result.stdout

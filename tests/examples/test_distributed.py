@@ -41,7 +41,8 @@ def test_two_ranks_one_tracker_run_same_stop_step_subset_split(tmp_path):
     experiment = client.get_experiment_by_name("hf-callbacks-plus-demo")
     runs = client.search_runs([experiment.experiment_id])
     assert [run.info.run_id for run in runs] == [ranks[0]["mlflow_run_id"]]
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/accuracy")] == [3, 6, 9]
+    history = client.get_metric_history(runs[0].info.run_id, "train_subset/accuracy")
+    assert [m.step for m in history] == [3, 6, 9]
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
     lines = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
     steps = [line["step"] for line in lines if line["event"] == "log" and "eval/loss" in line["curves"]]

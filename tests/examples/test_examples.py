@@ -28,17 +28,17 @@ def test_stock_trainer_example(tmp_path, monkeypatch):
     tiny(monkeypatch)
     out = run_example(tmp_path, "stock_trainer.py", str(tmp_path)).stdout
     evals = [line for line in out.splitlines() if line.startswith("step ")]
-    assert len(evals) >= 2 and all("train_accuracy" in line for line in evals)
+    assert len(evals) >= 2 and all("train_subset_accuracy" in line for line in evals)
     assert re.search(r"best eval_accuracy [0-9.]+ at step \d+", out)
     records = read_jsonl(tmp_path / "metrics.jsonl")
     curves = {key for rec in records if rec["event"] == "log" for key in rec["curves"]}
-    assert {"eval/accuracy", "train/accuracy", "gap/loss", "early_stopping/best_value"} <= curves
+    assert {"eval/accuracy", "train_subset/accuracy", "gap/loss", "early_stopping/best_value"} <= curves
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("stock").experiment_id])
-    assert run.info.status == "FINISHED" and "train/accuracy" in run.data.metrics
+    assert run.info.status == "FINISHED" and "train_subset/accuracy" in run.data.metrics
 
 
 @pytest.mark.transformers
@@ -46,10 +46,11 @@ def test_trainer_plus_example(tmp_path, monkeypatch):
     tiny(monkeypatch)
     out = run_example(tmp_path, "trainer_plus.py", str(tmp_path)).stdout
     for name in ("LabelSmoothingTrainer", "WeightedLossTrainerPlus"):
-        assert re.search(rf"{name}: \d+ evaluations logged; .* eval/error_rate [0-9.]+, train/accuracy", out)
+        expected = rf"{name}: \d+ evaluations logged; .* eval/error_rate [0-9.]+, train_subset/accuracy"
+        assert re.search(expected, out)
         records = [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["event"] == "log"]
         evals = [r["curves"] for r in records if "eval/loss" in r["curves"]]
-        assert evals and all("eval/error_rate" in c and "train/accuracy" in c for c in evals)
+        assert evals and all("eval/error_rate" in c and "train_subset/accuracy" in c for c in evals)
         assert all(abs(c["eval/error_rate"] - (1 - c["eval/accuracy"])) < 1e-9 for c in evals)
 
 

@@ -31,7 +31,7 @@ def test_stock_trainer_lines(tmp_path):
     logs = [line for line in lines if line["event"] == "log"]
     assert [line["step"] for line in logs if "train/loss" in line["curves"]] == [2, 4, 6, 8]
     assert [line["step"] for line in logs if "eval/mse" in line["curves"]] == [4, 8]
-    assert "train_runtime" in logs[-1]["summary"] and not logs[-1]["curves"]
+    assert "train_summary/runtime" in logs[-1]["summary"] and not logs[-1]["curves"]
     params = next(line for line in lines if line["event"] == "params")["params"]
     assert params["logging_steps"] == "2"
 

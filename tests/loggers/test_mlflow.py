@@ -58,7 +58,7 @@ def test_full_run_metrics_params_tags_status(tmp_path, sqlite_uri):
     got = histories(client, logger.run_id)
     assert [step for step, _ in got["train/loss"]] == [2, 4, 6, 8]
     assert [step for step, _ in got["eval/mse"]] == [4, 8]
-    assert "train_runtime" in got and "train/train_runtime" not in got
+    assert "train_summary/runtime" in got and "train/train_runtime" not in got
     assert run.data.tags["team"] == "nlp" and run.data.tags["early_stopping/reason"] == "patience"
     params = run.data.params
     assert len(params) > 100  # several log_batch calls of <= 100 params

@@ -56,7 +56,8 @@ class KillAndRestart(TrainerCallback):
 EVERY_STEP = ("train/loss", "train/grad_norm", "train/learning_rate", "train/epoch")
 EVAL = ("eval/loss", "eval/mse", "eval/mae", "eval/runtime", "eval/samples_per_second",
         "eval/steps_per_second")
-TOTALS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+TOTALS = ("train_summary/runtime", "train_summary/samples_per_second", "train_summary/steps_per_second",
+          "train_summary/loss", "train_summary/total_flos", "train_summary/epoch")
 
 
 def test_server_killed_mid_training_every_step_exactly_once(tmp_path, mlflow_server, caplog):

@@ -75,7 +75,7 @@ def test_a_fresh_run_sends_the_old_runs_spilled_records_to_the_old_run(tmp_path,
     assert new.run_id != old.run_id
     assert steps(client, old.run_id) == [2, 4, 6]
     assert steps(client, new.run_id) == [2, 4]
-    assert "train_runtime" in client.get_run(old.run_id).data.metrics
+    assert "train_summary/runtime" in client.get_run(old.run_id).data.metrics
     assert client.get_run(old.run_id).data.params["max_steps"] == "6"
     assert client.get_run(new.run_id).data.params["max_steps"] == "4"
     for run_id in (old.run_id, new.run_id):

@@ -65,9 +65,9 @@ def test_sections_summary_config_and_no_secrets(tmp_path: Path, monkeypatch: pyt
     assert all(row["train/global_step"] == row["_step"] for row in run.history)
     keys = run.keys()
     assert not [key for key in keys if key.startswith("eval_") or key.startswith("train/train_")], keys
-    assert not keys & {"train_runtime", "train/train_runtime", "total_flos"}
+    assert not keys & {"train_runtime", "train/train_runtime", "total_flos", "train_summary/runtime"}
     # end-of-training totals and text values: summary, not curves
-    assert run.summary["train_runtime"] > 0 and "train_samples_per_second" in run.summary
+    assert run.summary["train_summary/runtime"] > 0 and "train_summary/samples_per_second" in run.summary
     assert run.summary["train/note"] == "hello"
     # one step axis for every section
     assert any(m.get("glob_name") == "*" and m.get("step_metric") == "train/global_step" for m in run.metrics)
@@ -220,7 +220,7 @@ def test_stock_trainer_crash_then_resume_same_run_no_duplicate_steps(
     assert per_key["train/loss"] == [2, 4, 6, 8, 10]
     for key, steps in per_key.items():
         assert len(steps) == len(set(steps)) and steps == sorted(steps), (key, steps)
-    assert resumed.summary["train_runtime"] > 0
+    assert resumed.summary["train_summary/runtime"] > 0
 
 
 def test_explicit_run_id_continues_the_given_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

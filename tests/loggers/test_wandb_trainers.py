@@ -52,7 +52,7 @@ def test_lightweight_trainer_failure_then_resume(tmp_path: Path, monkeypatch: py
     per_key = steps_per_key([first, resumed])
     assert per_key["train/loss"] == [2, 4, 6, 8, 10]
     assert all(len(steps) == len(set(steps)) for steps in per_key.values()), per_key
-    assert "train_runtime" in resumed.summary
+    assert "train_summary/runtime" in resumed.summary
 
 
 def test_trainer_plus_failure_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,13 +23,18 @@ from hf_callbacks_plus.metrics.keys import (
         ("eval_loss", "eval/loss", "eval", "loss"),
         ("eval_accuracy", "eval/accuracy", "eval", "accuracy"),
         ("test_f1", "test/f1", "test", "f1"),
-        ("train_accuracy", "train/accuracy", "train", "accuracy"),
+        ("train_subset_accuracy", "train_subset/accuracy", "train_subset", "accuracy"),
+        ("train_subset_loss", "train_subset/loss", "train_subset", "loss"),
+        ("train_accuracy", "train_subset/accuracy", "train_subset", "accuracy"),  # 0.1.0's name
         ("loss", "train/loss", "train", "loss"),
         ("learning_rate", "train/learning_rate", "train", "learning_rate"),
         ("grad_norm", "train/grad_norm", "train", "grad_norm"),
         ("epoch", "train/epoch", "train", "epoch"),
         ("gap_accuracy", "gap/accuracy", "gap", "accuracy"),
+        ("gap_rewards/margins", "gap/rewards/margins", "gap", "rewards/margins"),
+        ("early_stopping/best_value", "early_stopping/best_value", "early_stopping", "best_value"),
         ("eval/loss", "eval/loss", "eval", "loss"),
+        ("train/loss", "train/loss", "train", "loss"),
         ("custom/thing", "custom/thing", "custom", "thing"),
     ],
 )
@@ -40,9 +45,64 @@ def test_builtin_mappings(raw, rendered, section, name):
 
 def test_train_subset_loss_does_not_collide_with_running_loss():
     grammar = KeyGrammar()
-    curves, summary = grammar.render_logs({"loss": 1.0, "train_loss": 2.0, "eval_loss": 3.0})
-    assert curves == {"train/loss": 1.0, "train/subset_loss": 2.0, "eval/loss": 3.0}
+    curves, summary = grammar.render_logs({"loss": 1.0, "train_subset_loss": 2.0, "eval_loss": 3.0})
+    assert curves == {"train/loss": 1.0, "train_subset/loss": 2.0, "eval/loss": 3.0}
     assert summary == {}
+
+
+# trl 1.16: what SFTTrainer, DPOTrainer, RewardTrainer and GRPOTrainer log (read from their
+# ``_metrics[mode][...]``): bare in training records, ``eval_`` in evaluation records.
+TRL_KEYS = ["mean_token_accuracy", "entropy", "num_tokens", "aux_loss", "rewards/chosen", "rewards/rejected",
+            "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected", "logits/chosen",
+            "logits/rejected", "min_reward", "mean_reward", "max_reward", "accuracy", "margin", "reward",
+            "reward_std", "frac_reward_zero_std", "kl", "completions/mean_length", "clip_ratio/low_mean",
+            "rewards/format_reward/mean", "sampling/importance_sampling_ratio/min"]
+
+
+@pytest.mark.parametrize("key", TRL_KEYS)
+def test_trl_keys_in_train_eval_subset_and_gap_records(key):
+    grammar = KeyGrammar()
+    running = grammar.parse(key)
+    assert (running.section, running.name, running.rendered) == ("train", key, f"train/{key}")
+    assert running.is_running
+    evaluated = grammar.parse(f"eval_{key}")
+    assert (evaluated.section, evaluated.dataset, evaluated.name) == ("eval", None, key)
+    assert evaluated.rendered == f"eval/{key}" and not evaluated.is_running
+    subset = grammar.parse(f"train_subset_{key}")
+    assert (subset.section, subset.name, subset.rendered) == ("train_subset", key, f"train_subset/{key}")
+    assert grammar.parse(f"gap_{key}").rendered == f"gap/{key}"
+    assert grammar.render(f"test_{key}") == f"test/{key}"
+    for rendered in (running.rendered, evaluated.rendered, subset.rendered):  # idempotent, same name
+        assert grammar.render(rendered) == rendered and grammar.parse(rendered).name == key
+
+
+def test_trl_keys_with_several_eval_datasets():
+    grammar = KeyGrammar(eval_datasets=["chat"])
+    parsed = grammar.parse("eval_chat_rewards/chosen")
+    assert (parsed.dataset, parsed.name) == ("chat", "rewards/chosen")
+    assert parsed.rendered == "eval/chat/rewards/chosen"
+    again = grammar.parse(parsed.rendered)
+    assert (again.section, again.dataset, again.name) == ("eval", "chat", "rewards/chosen")
+
+
+def test_no_rendered_name_means_two_things():
+    """The issue-10 case: the train subset, the running loss and the run totals each have a name."""
+    grammar = KeyGrammar()
+    evaluation = {"eval_loss": 0.5, "train_subset_loss": 0.4, "gap_loss": -0.1, "early_stopping/wait": 1}
+    running = {"loss": 0.45, "grad_norm": 1.0, "learning_rate": 0.1, "epoch": 1.0}
+    final = {"train_runtime": 3.0, "train_samples_per_second": 10.0, "train_steps_per_second": 1.0,
+             "total_flos": 0.0, "train_loss": 0.47, "epoch": 2.0}
+    names: dict[str, set] = {}
+    for kind, record in (("evaluation", evaluation), ("running", running), ("final", final)):
+        curves, summary = grammar.render_logs(record)
+        assert len(curves) + len(summary) == len(record)
+        for raw in record:
+            rendered = grammar.parse(raw, summary=grammar.is_summary_record(record)).rendered
+            assert rendered in curves or rendered in summary
+            names.setdefault(rendered, set()).add((kind, raw))
+    assert all(len(raws) == 1 for raws in names.values()), names
+    assert {"train/loss", "train_subset/loss", "train_summary/loss", "eval/loss", "gap/loss",
+            "train_summary/runtime", "train_summary/epoch", "train/epoch"} <= set(names)
 
 
 def test_several_eval_datasets_known_from_the_trainer():
@@ -81,9 +141,15 @@ def test_end_of_training_record_goes_to_summary():
         "epoch": 2.0,
     }
     curves, summary = grammar.render_logs(record)
-    assert summary == {k: v for k, v in record.items() if k != "epoch"}
-    assert curves == {"train/epoch": 2.0}
+    assert summary == {"train_summary/runtime": 1.5, "train_summary/samples_per_second": 10.0,
+                       "train_summary/steps_per_second": 2.0, "train_summary/loss": 0.3,
+                       "train_summary/total_flos": 12.0, "train_summary/epoch": 2.0}
+    assert curves == {}
     assert grammar.parse("train_runtime", summary=True).is_summary
+    # transformers' PrinterCallback removes total_flos: still the final record
+    assert grammar.is_summary_record({k: v for k, v in record.items() if k != "total_flos"})
+    # an evaluation under the prefix "train" carries its metrics: not the final record
+    assert not grammar.is_summary_record({"train_runtime": 1.0, "train_loss": 0.2, "train_accuracy": 0.9})
 
 
 def test_custom_prefix_learned_from_evaluation_metrics():
@@ -129,10 +195,13 @@ def test_add_prefix_never_doubles():
 
 def test_resolve_and_explain_missing():
     grammar = KeyGrammar()
-    keys = ["eval_loss", "eval_accuracy", "train_accuracy", "gap_accuracy"]
+    keys = ["eval_loss", "eval_accuracy", "train_subset_accuracy", "gap_accuracy", "eval_rewards/chosen"]
     assert grammar.resolve("accuracy", keys) == "eval_accuracy"
     assert grammar.resolve("eval/accuracy", keys) == "eval_accuracy"
-    assert grammar.resolve("train_accuracy", keys) == "train_accuracy"
+    assert grammar.resolve("train_subset_accuracy", keys) == "train_subset_accuracy"
+    assert grammar.resolve("train_subset/accuracy", keys) == "train_subset_accuracy"
+    assert grammar.resolve("rewards/chosen", keys) == "eval_rewards/chosen"  # like metric_for_best_model
+    assert grammar.resolve("eval/rewards/chosen", keys) == "eval_rewards/chosen"
     assert grammar.resolve("gap_accuracy", keys) == "gap_accuracy"
     assert grammar.resolve("f1", keys) is None
     message = grammar.explain_missing("eval_acuracy", keys)
@@ -149,12 +218,22 @@ def test_rendering_collisions_are_disambiguated_with_a_warning(caplog):
     assert "both render to" in caplog.text
 
 
+def test_a_user_key_train_loss_never_becomes_train_train_loss(caplog):
+    grammar = KeyGrammar()
+    assert grammar.render_logs({"train/loss": 0.5}) == ({"train/loss": 0.5}, {})
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        curves, _ = grammar.render_logs({"loss": 1.0, "train/loss": 0.5})
+    assert curves == {"train/loss": 1.0, "train/loss_": 0.5}
+    assert "logging 'train/loss' as 'train/loss_'" in caplog.text  # the message names where it went
+
+
 # -- properties over arbitrary keys -------------------------------------------------------
 
 keys = st.one_of(
     st.text(max_size=30),
     st.text(alphabet="eval_tsrnigpa/.x", max_size=20),
-    st.sampled_from(["eval_loss", "eval/loss", "loss", "train_loss", "train_runtime", "gap_loss", "/"]),
+    st.sampled_from(["eval_loss", "eval/loss", "loss", "train_loss", "train_runtime", "gap_loss", "/",
+                     "rewards/chosen", "eval_rewards/chosen", "train_subset_loss", "train/loss"]),
 )
 values = st.one_of(st.floats(allow_nan=True), st.integers(), st.text(max_size=3))
 nested = st.recursive(values, lambda inner: st.dictionaries(keys, inner, max_size=3), max_leaves=8)
@@ -179,7 +258,7 @@ def test_parse_never_raises(key, summary, datasets, prefixes):
     parsed = grammar.parse(key, summary=summary)
     assert isinstance(parsed.rendered, str) and parsed.rendered
     assert parsed.raw == str(key)
-    if isinstance(key, str) and "/" in key.strip("/") and not key.startswith("/") and not key.endswith("/"):
+    if isinstance(key, str) and "/" in key and key.split("/")[0] in grammar.sections:
         assert parsed.rendered == key  # pre-rendered keys are left alone
     if not parsed.is_summary:  # rendering is idempotent
         assert grammar.render(parsed.rendered) == parsed.rendered

@@ -176,3 +176,18 @@ def test_thresholds_in_the_right_order_pass_and_unknown_mode_checks_types_only()
     check_thresholds("max", baseline=0.5, stopping_threshold=0.9, divergence_threshold=0.1)
     check_thresholds(None, baseline=1.0, stopping_threshold=2.0)  # order needs the mode
     Monitor("eval_loss").check_thresholds(baseline=1.0, stopping_threshold=0.5)
+
+
+def test_old_train_subset_names_find_the_new_keys_with_one_warning(caplog):
+    import logging
+
+    monitor = Monitor("train_loss", owner="EarlyStopping")
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        assert monitor.lookup({"train_subset_loss": 0.5, "loss": 1.0}) == ("train_subset_loss", 0.5)
+        assert monitor.lookup({"train_subset_loss": 0.4}) == ("train_subset_loss", 0.4)
+    assert caplog.text.count("now logs 'train_subset_loss'") == 1
+    # a real train_loss (an evaluation under the prefix "train") is used as it is, silently
+    assert Monitor("train_loss").lookup({"train_loss": 0.3, "train_subset_loss": 0.4}) == ("train_loss", 0.3)
+    rendered_old_name = Monitor("train/subset_loss", mode="min")
+    assert rendered_old_name.lookup({"train_subset_loss": 0.2}) == ("train_subset_loss", 0.2)
+    assert KeyGrammar.current_name("eval_loss") is None
