@@ -180,6 +180,7 @@ SUMMARY_KEYS = frozenset(
         "train_tokens_per_second",
         "train_loss",
         "total_flos",
+        "train_skipped",  # a resumed run vetoed by on_resume_check (core.resume_check)
     }
 )
 
