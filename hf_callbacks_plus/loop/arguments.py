@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -23,6 +25,21 @@ logger = logging.getLogger("hf_callbacks_plus")
 INTERVAL_STRATEGIES = ("no", "steps", "epoch")
 #: Valid values of ``save_strategy``.
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
+#: Boolean fields: exactly True or False (a string such as ``"False"`` would read as true).
+_FLAGS = (
+    "logging_first_step",
+    "logging_nan_inf_filter",
+    "eval_on_start",
+    "load_best_model_at_end",
+    "ignore_data_skip",
+    "restore_callback_states_from_checkpoint",
+)
+#: Integer fields that must be >= 1.
+_POSITIVE_INTEGERS = (
+    "gradient_accumulation_steps",
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+)
 #: Valid values of ``include_num_input_tokens_seen`` (booleans are accepted too).
 TOKEN_COUNT_MODES = ("no", "all", "non_padding")
 
@@ -33,6 +50,52 @@ def strategy_value(strategy: Any) -> Any:
     Works with transformers' ``IntervalStrategy``/``SaveStrategy`` (compared by ``.value``).
     """
     return getattr(strategy, "value", strategy)
+
+
+def _check_integer(name: str, value: Any, minimum: Optional[int] = None, *, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        choices = f"None or an int{bound}" if allow_none else f"an int{bound}"
+        raise TypeError(f"LoopArguments: {name}={value!r} must be {choices}, got {type(value).__name__}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"LoopArguments: {name}={value!r} must be >= {minimum}.")
+    return int(value)
+
+
+def _check_real(name: str, value: Any) -> float:
+    """A finite number >= 0 (``nan``/``inf``, negative values, strings and bools are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"LoopArguments: {name}={value!r} must be a number >= 0, got {type(value).__name__}.")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"LoopArguments: {name}={value!r} must be a finite number >= 0.")
+    return value
+
+
+def _check_flag(name: str, value: Any, *, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, bool):
+        choices = "True, False or None" if allow_none else "True or False"
+        raise TypeError(f"LoopArguments: {name}={value!r} must be {choices}, got {type(value).__name__}.")
+    return value
+
+
+def _check_text(name: str, value: Any, *, path: bool = False) -> Any:
+    """None, or a non-empty string (or ``os.PathLike`` when ``path``)."""
+    if value is None:
+        return None
+    if path and isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        kind = "a string or a path" if path else "a string"
+        raise TypeError(
+            f"LoopArguments: {name}={value!r} must be None or {kind}, got {type(value).__name__}."
+        )
+    if not value.strip():
+        raise ValueError(f"LoopArguments: {name}={value!r} is empty; pass a name or None.")
+    return value
 
 
 def _check_strategy(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -46,10 +109,15 @@ def _check_steps(name: str, value: Any, *, allow_none: bool = False) -> Any:
     """Validate an interval: an int >= 1, or a float fraction in (0, 1) of ``max_steps``."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"LoopArguments: {name}={value!r} must be an int >= 1 or a float in (0, 1) "
             "(a fraction of the total number of optimizer steps)."
+        )
+    if not math.isfinite(value):
+        raise ValueError(
+            f"LoopArguments: {name}={value!r} is not a finite number; pass an int >= 1 or a fraction "
+            "in (0, 1)."
         )
     if value < 0:
         raise ValueError(
@@ -152,8 +220,9 @@ class LoopArguments:
     def __post_init__(self) -> None:
         if self.output_dir is None:
             self.output_dir = "trainer_output"
-        self.output_dir = os.path.expanduser(str(self.output_dir))
+        self.output_dir = os.path.expanduser(_check_text("output_dir", self.output_dir, path=True))
         self._check_numbers()
+        self._check_flags_and_names()
         if self.disable_tqdm is None:
             from .._compat import is_available
 
@@ -204,23 +273,35 @@ class LoopArguments:
         self.report_to = self._check_report_to(self.report_to)
 
     def _check_numbers(self) -> None:
-        for name in ("max_steps", "gradient_accumulation_steps", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"LoopArguments: {name}={value!r} must be an int.")
-        if self.gradient_accumulation_steps < 1:
-            raise ValueError(
-                "LoopArguments: gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps!r} must be >= 1."
-            )
-        if isinstance(self.num_train_epochs, bool) or not isinstance(self.num_train_epochs, (int, float)):
-            raise TypeError(f"LoopArguments: num_train_epochs={self.num_train_epochs!r} must be a number.")
-        if self.save_total_limit is not None and (
-            isinstance(self.save_total_limit, bool) or not isinstance(self.save_total_limit, int)
-        ):
+        self.max_steps = _check_integer("max_steps", self.max_steps)
+        self.seed = _check_integer("seed", self.seed)
+        for name in _POSITIVE_INTEGERS:
+            setattr(self, name, _check_integer(name, getattr(self, name), minimum=1))
+        for name in ("num_train_epochs", "learning_rate", "eval_delay"):
+            setattr(self, name, _check_real(name, getattr(self, name)))
+        self.save_total_limit = _check_integer("save_total_limit", self.save_total_limit, allow_none=True)
+
+    def _check_flags_and_names(self) -> None:
+        for name in _FLAGS:
+            _check_flag(name, getattr(self, name))
+        for name in ("greater_is_better", "disable_tqdm"):
+            _check_flag(name, getattr(self, name), allow_none=True)
+        if self.metric_for_best_model is not None and not isinstance(self.metric_for_best_model, str):
             raise TypeError(
-                f"LoopArguments: save_total_limit={self.save_total_limit!r} must be None or an int."
+                f"LoopArguments: metric_for_best_model={self.metric_for_best_model!r} must be the name of an "
+                "evaluation metric as a string (e.g. 'loss', 'accuracy', 'eval_f1') or None, got "
+                f"{type(self.metric_for_best_model).__name__}."
             )
+        self.metric_for_best_model = _check_text("metric_for_best_model", self.metric_for_best_model)
+        self.run_name = _check_text("run_name", self.run_name)
+        if isinstance(self.resume_from_checkpoint, bool):
+            raise TypeError(
+                f"LoopArguments: resume_from_checkpoint={self.resume_from_checkpoint!r} must be None or a "
+                "checkpoint path; the field is informational (as in TrainingArguments). To resume, call "
+                "trainer.train(resume_from_checkpoint=True)."
+            )
+        self.resume_from_checkpoint = _check_text("resume_from_checkpoint", self.resume_from_checkpoint,
+                                                  path=True)
 
     def _check_best_model_args(self) -> None:
         if self.save_strategy == "best":

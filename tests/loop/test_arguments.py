@@ -112,3 +112,54 @@ def test_from_training_arguments_copies_same_named_fields():
     args = LoopArguments.from_training_arguments(Like(), save_strategy="no")
     assert (args.eval_strategy, args.eval_steps, args.max_steps, args.report_to) == ("steps", 4, 9, [])
     assert args.save_strategy == "no"
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragments"),
+    [
+        ({"logging_steps": NAN}, ValueError, ["logging_steps=nan", "finite", "int >= 1", "(0, 1)"]),
+        ({"save_steps": INF}, ValueError, ["save_steps=inf", "finite"]),
+        ({"eval_strategy": "steps", "eval_steps": NAN}, ValueError, ["eval_steps=nan", "finite"]),
+        ({"num_train_epochs": NAN}, ValueError, ["num_train_epochs=nan", "finite number >= 0"]),
+        ({"num_train_epochs": -INF}, ValueError, ["num_train_epochs=-inf", "finite number >= 0"]),
+        ({"num_train_epochs": "3"}, TypeError, ["num_train_epochs='3'", "number", "str"]),
+        ({"learning_rate": INF}, ValueError, ["learning_rate=inf", "finite"]),
+        ({"eval_delay": NAN}, ValueError, ["eval_delay=nan", "finite"]),
+        ({"eval_delay": -1}, ValueError, ["eval_delay=-1", ">= 0"]),
+        ({"eval_delay": "5"}, TypeError, ["eval_delay='5'", "number"]),
+        ({"metric_for_best_model": NAN}, TypeError, ["metric_for_best_model=nan", "'accuracy'", "float"]),
+        ({"metric_for_best_model": 3}, TypeError, ["metric_for_best_model=3", "string", "int"]),
+        ({"metric_for_best_model": ["loss"]}, TypeError, ["metric_for_best_model=['loss']", "list"]),
+        ({"metric_for_best_model": "  "}, ValueError, ["metric_for_best_model='  '", "empty"]),
+        ({"greater_is_better": "False"}, TypeError, ["greater_is_better='False'", "True, False or None"]),
+        ({"load_best_model_at_end": "yes"}, TypeError, ["load_best_model_at_end='yes'", "True or False"]),
+        ({"logging_first_step": 1}, TypeError, ["logging_first_step=1", "True or False", "int"]),
+        ({"disable_tqdm": "no"}, TypeError, ["disable_tqdm='no'", "True, False or None"]),
+        ({"per_device_train_batch_size": 0}, ValueError, ["per_device_train_batch_size=0", ">= 1"]),
+        ({"per_device_eval_batch_size": 2.5}, TypeError, ["per_device_eval_batch_size=2.5", "int >= 1"]),
+        ({"max_steps": NAN}, TypeError, ["max_steps=nan", "an int"]),
+        ({"save_total_limit": INF}, TypeError, ["save_total_limit=inf", "None or an int"]),
+        ({"output_dir": 42}, TypeError, ["output_dir=42", "string or a path"]),
+        ({"run_name": 7}, TypeError, ["run_name=7", "None or a string"]),
+        ({"resume_from_checkpoint": True}, TypeError, ["resume_from_checkpoint=True", "train("]),
+    ],
+)
+def test_misuse_is_refused_naming_argument_value_and_choices(kwargs, error, fragments):
+    with pytest.raises(error) as info:
+        LoopArguments(**kwargs)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_numpy_numbers_and_paths_are_accepted():
+    np = pytest.importorskip("numpy")
+    from pathlib import Path
+
+    args = LoopArguments(max_steps=np.int64(5), num_train_epochs=np.float32(2.0),
+                         save_total_limit=np.int32(2), output_dir=Path("runs") / "x",
+                         resume_from_checkpoint=Path("runs/x/checkpoint-2"))
+    assert (args.max_steps, args.save_total_limit) == (5, 2) and type(args.max_steps) is int
+    assert args.output_dir == str(Path("runs") / "x") and args.resume_from_checkpoint.endswith("checkpoint-2")
