@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ._compat import require
-from .metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar
+from .metrics.keys import TIMING_NAMES, TRAIN_SUBSET_PREFIX, KeyGrammar
 
 __all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learning_curves"]
 
 #: Metric names that are timings, not learning curves.
-_TIMING = {"runtime", "samples_per_second", "steps_per_second", "model_preparation_time",
-           "jit_compilation_time", "epoch", "step", "total_flos"}
+_TIMING = {*TIMING_NAMES, "epoch", "step", "total_flos"}
 #: Training-loop keys that get a panel only when asked for.
 _LOOP_EXTRAS = {"learning_rate", "grad_norm", "num_input_tokens_seen", "num_tokens"}
 

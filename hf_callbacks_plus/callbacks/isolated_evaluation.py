@@ -35,8 +35,9 @@ from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..metrics.keys import TIMING_NAMES
+
 __all__ = [
-    "TIMING_SUFFIXES",
     "accumulators_set_aside",
     "TRAINER_ACCUMULATORS",
     "close_prediction_bars",
@@ -61,11 +62,6 @@ TRAINER_ACCUMULATORS: dict[str, str] = {
     "_gen_kwargs": "restore",
 }
 
-#: Timing keys of an evaluation (``<prefix>_runtime`` ...): never reported for the subset.
-TIMING_SUFFIXES = (
-    "runtime", "samples_per_second", "steps_per_second", "tokens_per_second",
-    "model_preparation_time", "jit_compilation_time",
-)
 
 
 def register_trainer_accumulator(attribute: str, policy: str = "fresh") -> None:
@@ -266,4 +262,4 @@ def relabel_metrics(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     for key, value in raw.items():
         if not key.startswith(own) and key.startswith("eval_"):
             result.setdefault(own + key[len("eval_"):], value)
-    return {key: value for key, value in result.items() if key[len(own):] not in TIMING_SUFFIXES}
+    return {key: value for key, value in result.items() if key[len(own):] not in TIMING_NAMES}

@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 from ..core.callback import TrainerCallback
-from .isolated_evaluation import TIMING_SUFFIXES, accumulators_set_aside, isolated_evaluate
+from ..metrics.keys import TIMING_NAMES
+from .isolated_evaluation import accumulators_set_aside, isolated_evaluate
 from .subset_sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
@@ -308,5 +309,5 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_speed_metric(key: str, prefix: str) -> bool:
-    return any(key == f"{prefix}_{suffix}" for suffix in TIMING_SUFFIXES)
+    return any(key == f"{prefix}_{suffix}" for suffix in TIMING_NAMES)
 

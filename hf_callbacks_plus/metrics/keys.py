@@ -54,6 +54,7 @@ __all__ = [
     "SPEED_SUFFIXES",
     "SUMMARY_KEYS",
     "SUMMARY_SECTION",
+    "TIMING_NAMES",
     "TRAINING_LOOP_KEYS",
     "TRAIN_SUBSET_PREFIX",
     "TRL_RUNNING_KEYS",
@@ -187,8 +188,19 @@ SUMMARY_KEYS = frozenset(
 #: Sections every grammar knows. Custom ones are added by ``declare_prefix``.
 BUILTIN_SECTIONS = ("eval", "test", "train", TRAIN_SUBSET_PREFIX, "gap", "early_stopping", SUMMARY_SECTION)
 
-#: Suffixes every ``Trainer.evaluate``/``predict`` adds after its ``metric_key_prefix``.
-SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
+#: Timing metrics ``Trainer.evaluate``/``predict`` (and ``LightweightTrainer``) add after
+#: ``<metric_key_prefix>_``: measurements of the run, not of the model (never a learning curve,
+#: never reported for a train subset). The one list of them in the package.
+TIMING_NAMES = (
+    "runtime",
+    "samples_per_second",
+    "steps_per_second",
+    "tokens_per_second",
+    "model_preparation_time",
+    "jit_compilation_time",
+)
+#: The timing suffixes *every* ``evaluate``/``predict`` adds (they reveal its prefix).
+SPEED_SUFFIXES = tuple(f"_{name}" for name in TIMING_NAMES[:3])
 
 
 @dataclass(frozen=True)
