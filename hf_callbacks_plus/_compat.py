@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from types import ModuleType
 from typing import Any, Optional
@@ -28,6 +29,7 @@ __all__ = [
     "require",
     "transformers_callback_module",
     "transformers_version",
+    "version_tuple",
 ]
 
 #: The pip extra that installs each optional dependency.
@@ -129,17 +131,32 @@ def transformers_callback_module() -> Optional[ModuleType]:
     return _TRANSFORMERS_CALLBACKS
 
 
+def version_tuple(version: Any, parts: int = 3) -> tuple[int, ...]:
+    """The leading numbers of a version string, e.g. ``"4.46.0rc1"`` -> ``(4, 46, 0)``.
+
+    Args:
+        version: A version string (or a module: its ``__version__`` is read).
+        parts: How many numbers to keep. Defaults to 3.
+
+    Returns:
+        A tuple of ``parts`` ints; a missing or non-numeric piece counts as 0.
+    """
+    if isinstance(version, ModuleType):
+        version = getattr(version, "__version__", "0")
+    numbers = []
+    for piece in str(version).split(".")[:parts]:
+        match = re.match(r"\d+", piece)
+        numbers.append(int(match.group()) if match else 0)
+    return tuple(numbers + [0] * (parts - len(numbers)))
+
+
 def transformers_version() -> Optional[tuple[int, ...]]:
     """Return the installed transformers version as a tuple of ints, or None."""
     if _TRANSFORMERS_CALLBACKS is None:
         return None
     import transformers
 
-    parts = []
-    for piece in transformers.__version__.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    return version_tuple(transformers.__version__)
 
 
 def trainer_saves_callback_states_per_checkpoint(args: Any) -> bool:

@@ -42,7 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .._compat import env_flag, require
+from .._compat import env_flag, require, version_tuple
 from .backend import FINISHED, Backend
 from .base import TrackerLogger
 from .records import ArtifactRecord, LogRecord, WarnOnce
@@ -114,15 +114,6 @@ def typed(value: str) -> Any:
         except ValueError:
             continue
     return value
-
-
-def version_of(module: Any) -> tuple[int, ...]:
-    """``(major, minor)`` of a module's ``__version__``."""
-    parts = []
-    for piece in str(getattr(module, "__version__", "0")).split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:
@@ -223,7 +214,7 @@ class WandbBackend(Backend):
             settings = settings_hiding_secret_args(self.settings, wandb, sys.argv[1:], self._warn)
             if settings is not None:
                 init["settings"] = settings
-            if version_of(wandb) >= (0, 19):
+            if version_tuple(wandb, 2) >= (0, 19):
                 init["reinit"] = "create_new"
             self.run = wandb.init(**{key: value for key, value in init.items() if value is not None})
             self._owns_run = True
