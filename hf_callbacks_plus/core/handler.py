@@ -19,7 +19,14 @@ from .._compat import TrainerCallbackBase
 from .callback import EVENTS, TrainerCallback
 from .state import TrainerControl, TrainerState
 
-__all__ = ["EVENTS", "CallbackHandler", "CallbackRef", "TrainerCallback", "ignores_event_kwargs"]
+__all__ = [
+    "EVENTS",
+    "EVENT_KWARGS",
+    "CallbackHandler",
+    "CallbackRef",
+    "TrainerCallback",
+    "ignores_event_kwargs",
+]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -75,7 +82,7 @@ def ignores_event_kwargs(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 #: The keyword arguments every event receives, in transformers' order.
-_EVENT_KWARGS = (
+EVENT_KWARGS = (
     "model",
     "processing_class",
     "optimizer",
@@ -138,7 +145,7 @@ class CallbackHandler(TrainerCallback):
         #: Incremented whenever the callback list changes (cached ``has_handlers`` results expire).
         self.revision = 0
         # The keyword arguments every event receives, kept up to date by the properties below.
-        self._event_kwargs: dict[str, Any] = dict.fromkeys(_EVENT_KWARGS)
+        self._event_kwargs: dict[str, Any] = dict.fromkeys(EVENT_KWARGS)
         self._event_values: tuple[Any, ...] = tuple(self._event_kwargs.values())
         self._callbacks = _CallbackList([], self._invalidate)
         for callback in callbacks:

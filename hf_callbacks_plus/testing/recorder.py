@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..core.callback import EVENTS, TrainerCallback
+from ..core.handler import EVENT_KWARGS
 
 __all__ = ["CONTROL_FLAGS", "EventRecorder", "TraceEvent", "diff_traces"]
 
 #: The ``TrainerControl`` flags recorded after each event, in this order.
 CONTROL_FLAGS = ("should_training_stop", "should_epoch_stop", "should_save", "should_evaluate", "should_log")
+#: Keyword arguments every event receives (``tokenizer`` on transformers < 4.46): not recorded.
+_SHARED_KWARGS = frozenset({*EVENT_KWARGS, "tokenizer"})
 _FLAG_LETTERS = {"should_training_stop": "T", "should_epoch_stop": "E", "should_save": "S",
                  "should_evaluate": "V", "should_log": "L"}  # fmt: skip
 
@@ -46,8 +49,12 @@ class TraceEvent:
         epoch: ``state.epoch`` (rounded to 10 decimals), or None.
         flags: The names of the control flags that were True after the event (in the order of
             `CONTROL_FLAGS`).
-        keys: Sorted keys of the event's ``logs`` or ``metrics`` (empty when it has none).
-        values: A shallow copy of ``logs``/``metrics``; not compared by ``==``.
+        keys: Sorted keys of the event's ``logs`` or ``metrics``; for a custom event without
+            them, of its own keyword arguments (``loss``, ``exception``, ``checkpoint``...).
+            Empty when it has none.
+        values: A shallow copy of what ``keys`` names; not compared by ``==``.
+        history_length: ``len(state.log_history)`` when the event fired (tells whether a
+            record was already appended, e.g. ``on_pre_log`` vs ``on_log``); not compared.
     """
 
     event: str
@@ -56,6 +63,7 @@ class TraceEvent:
     flags: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
     values: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+    history_length: int = field(default=0, compare=False, repr=False)
 
     def describe(self) -> str:
         """A one-line summary: ``on_log step=3 epoch=0.375 flags=L keys=[epoch, loss]``."""
@@ -75,6 +83,7 @@ class TraceEvent:
             self.flags,
             tuple(key for key in self.keys if key not in ignored),
             self.values,
+            self.history_length,
         )
 
 
@@ -111,8 +120,8 @@ class EventRecorder(TrainerCallback):
         data = kwargs.get("logs")
         if data is None:
             data = kwargs.get("metrics")
-        if data is None and "loss" in kwargs and event not in EVENTS:
-            data = {"loss": kwargs["loss"]}
+        if data is None and event not in EVENTS:  # a custom event: its own arguments
+            data = {key: value for key, value in kwargs.items() if key not in _SHARED_KWARGS} or None
         epoch = state.epoch
         self.events.append(
             TraceEvent(
@@ -122,6 +131,7 @@ class EventRecorder(TrainerCallback):
                 flags=tuple(flag for flag in CONTROL_FLAGS if getattr(control, flag, False)),
                 keys=tuple(sorted(data)) if isinstance(data, Mapping) else (),
                 values=dict(data) if isinstance(data, Mapping) else {},
+                history_length=len(getattr(state, "log_history", None) or ()),
             )
         )
 

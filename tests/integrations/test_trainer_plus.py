@@ -14,6 +14,7 @@ import transformers  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.core.handler import CallbackHandler  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus, TrainerPlusMixin  # noqa: E402
+from hf_callbacks_plus.testing import EventRecorder  # noqa: E402
 from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
 from tests.tiny_models import RegressionDataset, make_trainer  # noqa: E402
 
@@ -40,20 +41,6 @@ class AddEvalExtra(TrainerCallback):
             logs["eval_extra"] = 2.0 * logs["eval_loss"]
 
 
-class Recorder(TrainerCallback):
-    def __init__(self):
-        self.events = []
-
-    def on_pre_log(self, args, state, control, logs=None, **kwargs):
-        self.events.append(("on_pre_log", len(state.log_history), dict(logs)))
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.events.append(("on_log", len(state.log_history), dict(logs)))
-
-    def on_exception(self, args, state, control, exception=None, **kwargs):
-        self.events.append(("on_exception", state.global_step, exception))
-
-
 def test_handler_is_ours_with_same_callbacks_in_same_order(tmp_path):
     extra = AddEvalExtra()
     stock = make_trainer(tmp_path / "a", callbacks=[extra], report_to="tensorboard")
@@ -66,15 +53,16 @@ def test_handler_is_ours_with_same_callbacks_in_same_order(tmp_path):
 
 
 def test_pre_log_runs_before_history_and_on_log(tmp_path):
-    recorder = Recorder()
+    recorder = EventRecorder(custom_events=["on_pre_log"])
     trainer = make_trainer(tmp_path, callbacks=[recorder], trainer_class=TrainerPlus, **EVAL_EVERY)
     trainer.train()
-    names = [event[0] for event in recorder.events]
-    assert names[:2] == ["on_pre_log", "on_log"]
-    assert names.count("on_pre_log") == names.count("on_log") == len(trainer.state.log_history)
-    for pre, post in zip(recorder.events[::2], recorder.events[1::2]):
-        assert post[1] == pre[1] + 1  # the record was appended between on_pre_log and on_log
-    assert "epoch" in recorder.events[0][2]  # callbacks see the full record
+    events = [event for event in recorder.events if event.event in ("on_pre_log", "on_log")]
+    assert [event.event for event in events[:2]] == ["on_pre_log", "on_log"]
+    assert recorder.count("on_pre_log") == recorder.count("on_log") == len(trainer.state.log_history)
+    for pre, post in zip(events[::2], events[1::2]):
+        assert (pre.event, post.event) == ("on_pre_log", "on_log")
+        assert post.history_length == pre.history_length + 1  # appended between the two
+    assert "epoch" in events[0].keys  # callbacks see the full record
 
 
 def test_tensorboard_receives_fixed_logs_with_trainer_plus(tmp_path):
@@ -108,21 +96,15 @@ def test_on_training_loss_sees_every_micro_batch_and_raw_nan(tmp_path):
             item = super().__getitem__(index)
             return {**item, "labels": torch.tensor(float("nan"))} if index == 5 else item
 
-    class Losses(TrainerCallback):
-        def __init__(self):
-            self.values = []
-
-        def on_training_loss(self, args, state, control, loss=None, **kwargs):
-            self.values.append(loss)
-
-    losses = Losses()
+    losses = EventRecorder(custom_events=["on_training_loss"])
     trainer = make_trainer(tmp_path, callbacks=[losses], trainer_class=TrainerPlus, n_train=8,
                            per_device_train_batch_size=2, gradient_accumulation_steps=2,
                            num_train_epochs=1, logging_steps=1)
     trainer.train_dataset = NanLabels(8, seed=1)
     trainer.train()
-    assert len(losses.values) == 4  # 8 samples / batch 2: 4 micro-batches, 2 optimizer steps
-    assert any(math.isnan(v) for v in losses.values)  # before logging_nan_inf_filter
+    values = [event.values["loss"] for event in losses.of("on_training_loss")]
+    assert len(values) == 4  # 8 samples / batch 2: 4 micro-batches, 2 optimizer steps
+    assert any(math.isnan(v) for v in values)  # before logging_nan_inf_filter
 
 
 def test_no_training_loss_dispatch_without_a_listener(tmp_path):
@@ -145,13 +127,13 @@ def test_on_exception_then_reraised(tmp_path):
             if state.global_step == 2:
                 raise RuntimeError("boom at step 2")
 
-    recorder = Recorder()
+    recorder = EventRecorder(custom_events=["on_exception"])
     trainer = make_trainer(tmp_path, callbacks=[recorder, FailingAtStep2()], trainer_class=TrainerPlus)
     with pytest.raises(RuntimeError, match="boom at step 2"):
         trainer.train()
-    exceptions = [event for event in recorder.events if event[0] == "on_exception"]
-    assert len(exceptions) == 1 and exceptions[0][1] == 2
-    assert str(exceptions[0][2]) == "boom at step 2"
+    exceptions = recorder.of("on_exception")
+    assert len(exceptions) == 1 and exceptions[0].global_step == 2
+    assert str(exceptions[0].values["exception"]) == "boom at step 2"
 
 
 def test_custom_prefixes_and_eval_datasets_feed_the_grammar(tmp_path):

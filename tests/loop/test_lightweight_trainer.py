@@ -106,15 +106,11 @@ def test_logged_values_and_final_record(tmp_path):
 
 
 def test_nan_losses_are_filtered_from_logs_but_reach_on_training_loss(tmp_path):
-    seen = []
-
-    class Watch(TrainerCallback):
-        def on_training_loss(self, args, state, control, loss, **kwargs):
-            seen.append(loss)
-
+    recorder = EventRecorder(custom_events=["on_training_loss"])
     losses = iter([1.0, float("nan"), 3.0, 5.0])
-    trainer = make(tmp_path, [Watch()], max_steps=4, logging_steps=2, train_step=lambda batch: next(losses))
+    trainer = make(tmp_path, [recorder], max_steps=4, logging_steps=2, train_step=lambda batch: next(losses))
     trainer.train()
+    seen = [event.values["loss"] for event in recorder.of("on_training_loss")]
     assert math.isnan(seen[1]) and len(seen) == 4
     # transformers' rule: tr_loss += tr_loss / (1 + global_step - last_logged) = 1 + 1/2, over 2 steps
     assert trainer.state.log_history[0]["loss"] == pytest.approx(0.75)
@@ -122,19 +118,15 @@ def test_nan_losses_are_filtered_from_logs_but_reach_on_training_loss(tmp_path):
 
 
 def test_on_training_loss_receives_loss_scaled_by_accumulation(tmp_path):
-    seen = []
-
-    class Watch(TrainerCallback):
-        def on_training_loss(self, args, state, control, loss, **kwargs):
-            seen.append(loss)
-
+    recorder = EventRecorder(custom_events=["on_training_loss"])
     make(
         tmp_path,
-        [Watch()],
+        [recorder],
         train_data=[[2.0], [4.0], [6.0]],
         num_train_epochs=1,
         gradient_accumulation_steps=2,
     ).train()
+    seen = [event.values["loss"] for event in recorder.of("on_training_loss")]
     assert seen == [1.0, 2.0, 6.0]  # last accumulation has one batch
 
 

@@ -76,3 +76,22 @@ def test_diff_reports_length_and_honours_ignores():
     assert diff_traces(a, b[:1], ignore_keys={"total_flos"}) is None
     assert diff_traces(a, b, ignore_keys={"total_flos"}, ignore_events={"on_train_end"}) is None
     assert "keys:" in diff_traces(a, b[:1])
+
+
+def test_custom_events_record_their_own_arguments_and_the_history_length(tmp_path):
+    class FailAtStep2(TrainerCallback):  # injects the failure
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise RuntimeError("boom")
+
+    recorder = EventRecorder(custom_events=["on_pre_log", "on_exception"])
+    try:
+        run(tmp_path, recorder, FailAtStep2(), max_steps=4, logging_steps=1)
+    except RuntimeError:
+        pass
+    failure = recorder.of("on_exception")[0]
+    assert failure.keys == ("exception",) and str(failure.values["exception"]) == "boom"
+    assert "model" not in failure.values  # the arguments every event gets are not recorded
+    pre, log = recorder.of("on_pre_log")[0], recorder.of("on_log")[0]
+    assert (pre.history_length, log.history_length) == (0, 1)  # appended between the two
+    assert pre == TraceEvent("on_pre_log", pre.global_step, pre.epoch, pre.flags, pre.keys)  # not compared
