@@ -21,6 +21,7 @@ from ..metrics.keys import KeyGrammar
 from ..metrics.monitor import Monitor, check_mode
 from ..metrics.numbers import to_float
 from .best_weights import BestWeights
+from .console import tell
 from .distributed import broadcast_from_rank0, distributed_world_size
 from .early_stopping_diagnosis import (
     check_against_args,
@@ -30,7 +31,7 @@ from .early_stopping_diagnosis import (
     monitor_from_args,
 )
 from .early_stopping_policy import Progress, StoppingPolicy
-from .stop_reason import Decision, StopReason, stop_message
+from .stop_reason import Decision, StopReason, stop_message, summary_message
 
 __all__ = ["Decision", "EarlyStopping", "StopReason"]
 
@@ -39,9 +40,9 @@ logger = logging.getLogger("hf_callbacks_plus")
 _ARGUMENTS = (
     "monitor", "mode", "patience", "min_delta", "min_delta_mode", "baseline", "start_from_step",
     "start_from_epoch", "stopping_threshold", "divergence_threshold", "check_finite", "strict",
-    "restore_best", "reset_on_resume", "sync_decision", "report", "log_name",
+    "restore_best", "reset_on_resume", "sync_decision", "report", "log_name", "verbose",
 )
-_FLAGS = ("strict", "restore_best", "reset_on_resume", "sync_decision", "report")
+_FLAGS = ("strict", "restore_best", "reset_on_resume", "sync_decision", "report", "verbose")
 
 
 def _check_own_arguments(monitor: Any, flags: dict[str, Any], log_name: Any) -> None:
@@ -104,6 +105,11 @@ class EarlyStopping(SelfRestoringState):
             reason) to the next log record. Defaults to True.
         log_name: Report under ``early_stopping/<log_name>/...`` (give each instance its
             own when using several). Defaults to None (``early_stopping/...``).
+        verbose: Print one line to stderr when training stops (which rule, the value, the
+            best so far) and a summary at train end (stop step, reason, best value and
+            step), on the main process only; the lines also go to the ``hf_callbacks_plus``
+            logger at DEBUG. False: the stop line is only logged (INFO, WARNING for a
+            non-finite or diverging value) and there is no summary. Defaults to True.
 
     Raises:
         TypeError, ValueError: At construction for bad arguments; at train begin for a
@@ -135,6 +141,7 @@ class EarlyStopping(SelfRestoringState):
         sync_decision: bool = True,
         report: bool = True,
         log_name: Optional[str] = None,
+        verbose: bool = True,
     ) -> None:
         # the constructor arguments, saved with the state (``state_args``): first statement
         options = dict(locals())
@@ -286,7 +293,7 @@ class EarlyStopping(SelfRestoringState):
                                         options=self._options)
             control.should_training_stop = True
             warn = decision.reason in (StopReason.NON_FINITE, StopReason.DIVERGENCE_THRESHOLD)
-            logger.log(logging.WARNING if warn else logging.INFO, self.message)
+            tell(self.message, state, verbose=self.verbose, level=logging.WARNING if warn else logging.INFO)
         self._queue_report()
 
     def _queue_report(self) -> None:
@@ -404,7 +411,12 @@ class EarlyStopping(SelfRestoringState):
             self._best_weights.drop_snapshot()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Check the metric showed up; restore the best weights when asked."""
+        """Check the metric showed up; restore the best weights when asked; print the summary."""
+        if self.verbose and self._monitor is not None:
+            tell(summary_message(self.monitor_name, reason=self.reason, stopped_step=self.stopped_step,
+                                 last_step=int(getattr(state, "global_step", 0)), best_value=self.best_value,
+                                 best_step=self.best_step, label=self.log_name, options=self._options),
+                 state, verbose=True)
         if self._monitor is not None and not self._found and self._evaluations_seen > 0:
             if expected_prefix(self._monitor.monitor, self.grammar) != "":
                 self._fail(RuntimeError, "EarlyStopping: no evaluation of this run returned the monitored "

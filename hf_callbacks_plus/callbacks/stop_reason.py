@@ -1,5 +1,5 @@
 """Why ``EarlyStopping`` stopped (``StopReason``), what one observation decided (``Decision``) and
-the sentence that tells the user (``stop_message``)."""
+the sentences that tell the user (``stop_message`` at the stop, ``summary_message`` at train end)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional
 
-__all__ = ["Decision", "StopReason", "stop_message"]
+__all__ = ["Decision", "StopReason", "stop_message", "summary_message"]
 
 
 class StopReason(str, Enum):
@@ -101,3 +101,35 @@ def stop_message(reason: StopReason, name: Optional[str], value: float, step: in
         StopReason.NON_FINITE: f"{name} is {_shown(value)} (check_finite=True)",
     }
     return f"EarlyStopping stopped training at step {step}: {texts[reason]}. Best: {best}."
+
+
+def summary_message(name: Optional[str], *, reason: StopReason, stopped_step: Optional[int], last_step: int,
+                    best_value: Optional[float], best_step: Optional[int], label: Optional[str] = None,
+                    options: Optional[dict[str, Any]] = None) -> str:
+    """The end-of-training line: whether and when training stopped, why, and the best value.
+
+    Args:
+        name: The monitored metric.
+        reason: Why training stopped (``NOT_STOPPED`` when it ran to the end).
+        stopped_step: The global step of the stop, if any.
+        last_step: The global step training ended at.
+        best_value: The best value (None when nothing beat the baseline or nothing was seen).
+        best_step: The step of ``best_value``.
+        label: The instance's ``log_name``, shown to tell several instances apart. Defaults to None.
+        options: The constructor arguments (for the baseline). Defaults to None.
+
+    Returns:
+        One sentence starting with "EarlyStopping summary".
+    """
+    head = "EarlyStopping summary" + (f" [{label}]" if label else "")
+    if reason is StopReason.NOT_STOPPED:
+        outcome = f"no early stop (training ended at step {last_step})"
+    else:
+        outcome = f"stopped at step {stopped_step} ({reason.value})"
+    if best_value is not None:
+        best = f"best {name}={_shown(best_value)} at step {best_step}"
+    elif options and options.get("baseline") is not None:
+        best = f"no {name} value beat baseline={options['baseline']!r}"
+    else:
+        best = f"no finite {name} value was observed"
+    return f"{head}: {outcome}; {best}."

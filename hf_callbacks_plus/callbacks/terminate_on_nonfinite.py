@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 from ..core.callback import TrainerCallback
 from ..metrics.keys import KeyGrammar
 from ..metrics.numbers import to_float
+from .console import tell
 
 __all__ = ["NonFiniteError", "TerminateOnNonFinite"]
 
@@ -47,6 +48,9 @@ class TerminateOnNonFinite(TrainerCallback):
             evaluated. Defaults to None (the training loss only).
         check_training_loss: Watch the training loss (``on_training_loss`` and the logged
             ``loss``). Defaults to True.
+        verbose: Print one line to stderr when it stops training and a summary at train end,
+            on the main process only (also logged at DEBUG). False: the line is logged as a
+            WARNING only. Defaults to True.
 
     Raises:
         ValueError: ``action`` is not one of ``["stop", "raise"]``.
@@ -59,7 +63,7 @@ class TerminateOnNonFinite(TrainerCallback):
     """
 
     def __init__(self, action: str = "stop", monitor: Union[str, Iterable[str], None] = None,
-                 check_training_loss: bool = True) -> None:
+                 check_training_loss: bool = True, verbose: bool = True) -> None:
         if action not in ACTIONS:
             raise ValueError(f"TerminateOnNonFinite: action must be one of {list(ACTIONS)}, got {action!r}.")
         if isinstance(monitor, str):
@@ -81,6 +85,9 @@ class TerminateOnNonFinite(TrainerCallback):
                 "TerminateOnNonFinite: check_training_loss must be True or False, "
                 f"got {check_training_loss!r}."
             )
+        if not isinstance(verbose, bool):
+            raise TypeError(f"TerminateOnNonFinite: verbose must be True or False, got {verbose!r}.")
+        self.verbose = verbose
         self.action = action
         self.monitor = monitors
         self.check_training_loss = check_training_loss
@@ -97,7 +104,7 @@ class TerminateOnNonFinite(TrainerCallback):
         if self.action == "raise":
             raise NonFiniteError(message)
         if not control.should_training_stop:
-            logger.warning(message)
+            tell(message, state, verbose=self.verbose, level=logging.WARNING)
         control.should_training_stop = True
 
     def _watched(self, values: dict) -> list[tuple[str, Any]]:
@@ -125,6 +132,14 @@ class TerminateOnNonFinite(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Forget a previous trigger."""
         self.triggered = None
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """(verbose) Say at the end that this callback stopped the run, and why."""
+        if self.verbose and self.triggered is not None and self.action == "stop":
+            step, key, value = self.triggered
+            tell(f"TerminateOnNonFinite summary: stopped training at step {step} because {key} was "
+                 f"{value!r}; the run ended at step {int(getattr(state, 'global_step', 0))}.", state,
+                 verbose=True)
 
     def on_training_loss(self, args: Any, state: Any, control: Any, loss: Any = None, **kwargs: Any) -> None:
         """(TrainerPlus / LightweightTrainer) the raw loss of one micro-batch."""

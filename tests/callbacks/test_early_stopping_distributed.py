@@ -37,3 +37,8 @@ def test_every_rank_stops_at_rank0_step(tmp_path):
     for outcome in outcomes:
         assert (outcome["global_step"], outcome["stopped_step"]) == (16, 16), outcome
         assert (outcome["best_step"], outcome["best_value"]) == (10, 2.5), outcome
+    # verbose (the default): one stop line and one summary for the whole job, from rank 0 only
+    output = result.stdout + result.stderr
+    assert output.count("EarlyStopping stopped training at step 16") == 1, output[-3000:]
+    summary = "EarlyStopping summary: stopped at step 16 (patience); best eval_score=2.5 at step 10."
+    assert output.count(summary) == 1

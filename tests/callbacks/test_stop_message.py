@@ -25,3 +25,104 @@ def test_non_finite_and_threshold_messages():
     assert "eval_loss=0.05 reached stopping_threshold=0.1" in stop_message(
         StopReason.STOPPING_THRESHOLD, "eval_loss", 0.05, 3, best_value=0.05, best_step=3, wait=0,
         options=OPTIONS)
+
+
+# -- what the user sees on the console (verbose=True, the default) ------------------------------
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+
+from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping  # noqa: E402
+from hf_callbacks_plus.callbacks.terminate_on_nonfinite import TerminateOnNonFinite  # noqa: E402
+from tests.callbacks.early_stopping_helpers import scripted_loop, scripted_trainer  # noqa: E402
+
+STOP_LINE = ("EarlyStopping stopped training at step 10: eval_score=3.5 did not improve on the best 3 at "
+             "step 6 by more than 0.0 (absolute) for 2 evaluation(s) (patience=2). Best: 3 at step 6.")
+SUMMARY_LINE = "EarlyStopping summary: stopped at step 10 (patience); best eval_score=3 at step 6."
+
+
+def by_eval(*values):
+    return lambda step: values[min(max(step // 2 - 1, 0), len(values) - 1)]
+
+
+def lines_of(text, start):
+    return [line for line in text.splitlines() if line.startswith(start)]
+
+
+BOTH_LOOPS = ["lightweight", pytest.param("transformers", marks=pytest.mark.transformers)]
+
+
+@pytest.mark.parametrize("loop", BOTH_LOOPS)
+def test_a_stop_prints_one_line_and_a_summary_by_default(tmp_path, capfd, loop):
+    make = scripted_loop if loop == "lightweight" else scripted_trainer
+    stopper = EarlyStopping("eval_score", mode="min", patience=2)
+    make(tmp_path, by_eval(5, 4, 3, 3.5, 3.5), callbacks=[stopper]).train()
+    err = capfd.readouterr().err  # the real stderr of the process (no logging handler configured)
+    assert lines_of(err, "EarlyStopping stopped") == [STOP_LINE]
+    assert lines_of(err, "EarlyStopping summary") == [SUMMARY_LINE]
+    assert err.index(STOP_LINE) < err.index(SUMMARY_LINE)
+
+
+def test_summary_when_training_ran_to_the_end_and_with_a_log_name(tmp_path, capfd):
+    stopper = EarlyStopping("eval_score", mode="min", patience=50, log_name="patient")
+    scripted_loop(tmp_path, by_eval(5, 4, 3), callbacks=[stopper], max_steps=8).train()
+    err = capfd.readouterr().err
+    assert lines_of(err, "EarlyStopping stopped") == []
+    assert lines_of(err, "EarlyStopping summary") == [
+        "EarlyStopping summary [patient]: no early stop (training ended at step 8); "
+        "best eval_score=3 at step 6."]
+
+
+def test_verbose_false_prints_nothing_and_logs_the_stop(tmp_path, capfd, caplog):
+    stopper = EarlyStopping("eval_score", mode="min", patience=2, verbose=False)
+    with caplog.at_level(logging.INFO, logger="hf_callbacks_plus"):
+        scripted_loop(tmp_path, by_eval(5, 4, 3, 3.5, 3.5), callbacks=[stopper]).train()
+    assert "EarlyStopping" not in capfd.readouterr().err
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("EarlyStopping")]
+    assert logged == [STOP_LINE]
+
+
+def test_verbose_lines_also_reach_the_log_at_debug_only(tmp_path, capfd, caplog):
+    with caplog.at_level(logging.DEBUG, logger="hf_callbacks_plus"):
+        scripted_loop(tmp_path, by_eval(5, 4, 3, 3.5, 3.5), callbacks=[EarlyStopping("eval_score", mode="min",
+                                                                                   patience=2)]).train()
+    ours = [r for r in caplog.records if r.getMessage().startswith("EarlyStopping")]
+    assert [r.levelno for r in ours] == [logging.DEBUG, logging.DEBUG]
+    assert len(lines_of(capfd.readouterr().err, "EarlyStopping")) == 2
+
+
+def test_only_the_world_main_process_prints(tmp_path, capfd):
+    from hf_callbacks_plus import TrainerCallback
+
+    class OtherRank(TrainerCallback):  # what transformers sets on rank > 0
+        def on_train_begin(self, args, state, control, **kwargs):
+            state.is_world_process_zero = False
+
+    stopper = EarlyStopping("eval_score", mode="min", patience=2)
+    scripted_loop(tmp_path, by_eval(5, 4, 3, 3.5, 3.5), callbacks=[OtherRank(), stopper]).train()
+    assert stopper.stopped_step == 10 and "EarlyStopping" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("loop", BOTH_LOOPS)
+def test_terminate_on_nonfinite_prints_one_line_and_a_summary(tmp_path, capfd, loop):
+    guard = TerminateOnNonFinite(monitor="eval_score")
+    make = scripted_loop if loop == "lightweight" else scripted_trainer
+    make(tmp_path, by_eval(5, float("nan"), 3), callbacks=[guard]).train()
+    err = capfd.readouterr().err
+    assert lines_of(err, "TerminateOnNonFinite:") == [
+        "TerminateOnNonFinite: eval_score is nan at step 4 (logged); stopping training."]
+    assert lines_of(err, "TerminateOnNonFinite summary") == [
+        "TerminateOnNonFinite summary: stopped training at step 4 because eval_score was nan; "
+        "the run ended at step 4."]
+
+
+
+def test_terminate_on_nonfinite_not_verbose_logs_a_warning(tmp_path, capfd, caplog):
+    quiet = TerminateOnNonFinite(monitor="eval_score", verbose=False)
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        scripted_loop(tmp_path, by_eval(5, float("nan"), 3), callbacks=[quiet]).train()
+    assert "TerminateOnNonFinite" not in capfd.readouterr().err
+    levels = [r.levelno for r in caplog.records if "TerminateOnNonFinite" in r.getMessage()]
+    assert levels == [logging.WARNING]
+    with pytest.raises(TypeError, match="verbose must be True or False, got 1"):
+        TerminateOnNonFinite(verbose=1)
