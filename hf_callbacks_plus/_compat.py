@@ -27,7 +27,6 @@ __all__ = [
     "is_available",
     "trainer_saves_callback_states_per_checkpoint",
     "require",
-    "transformers_callback_module",
     "transformers_version",
     "version_tuple",
 ]
@@ -124,11 +123,6 @@ def _load_transformers_callback_module() -> Optional[ModuleType]:
 
 
 _TRANSFORMERS_CALLBACKS = _load_transformers_callback_module()
-
-
-def transformers_callback_module() -> Optional[ModuleType]:
-    """Return ``transformers.trainer_callback`` when transformers is usable, else None."""
-    return _TRANSFORMERS_CALLBACKS
 
 
 def version_tuple(version: Any, parts: int = 3) -> tuple[int, ...]:
