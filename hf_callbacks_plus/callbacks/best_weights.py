@@ -1,8 +1,18 @@
-"""Keep and restore the best weights: from a checkpoint when one exists, else from memory.
+"""Keep and restore the best weights: from a checkpoint when one exists, else from a copy.
 
-Used by ``EarlyStopping(restore_best=True)``. The in-memory copy is one CPU copy of the
-model's ``state_dict`` (as many bytes as the parameters and buffers); it is dropped as soon
-as a checkpoint holding the same weights is known to survive checkpoint rotation.
+Used by ``EarlyStopping(restore_best=True)``. What is kept:
+
+* a checkpoint of the best step (full model files, sharded files, a peft adapter
+  ``adapter_model.safetensors``, or the ``LightweightTrainer``'s ``model_state.pkl``) when it
+  exists and checkpoint rotation cannot delete it;
+* otherwise a CPU copy of **what training changes** only: the parameters with
+  ``requires_grad`` and the persistent buffers (for a LoRA model, the adapter: a few
+  thousand elements instead of the whole model). Every checkpoint written while that copy
+  is needed also gets it (``best_weights-<key>.safetensors``), so a run resumed after the
+  best step, even with the best checkpoint rotated away, still restores the best.
+
+A model whose parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3) is refused
+with a clear error: a copy taken on one rank would hold only its shard.
 """
 
 from __future__ import annotations
@@ -10,19 +20,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from typing import Any, Optional
 
-__all__ = ["BestWeights", "load_checkpoint_weights"]
+__all__ = ["BestWeights", "load_checkpoint_weights", "trainable_state"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
 #: ``model_state.pkl`` is what ``LightweightTrainer`` writes without a ``save_model_fn``.
 _SINGLE_FILES = ("model.safetensors", "pytorch_model.bin", "model_state.pkl")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: What peft's ``save_pretrained`` (and ``Trainer._save`` for a peft model) writes.
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
 
 def _has_weights(directory: str) -> bool:
-    return any(os.path.isfile(os.path.join(directory, name)) for name in _SINGLE_FILES + _INDEX_FILES)
+    names = _SINGLE_FILES + _INDEX_FILES + ADAPTER_FILES
+    return any(os.path.isfile(os.path.join(directory, name)) for name in names)
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -40,20 +54,40 @@ def _read_file(path: str) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def active_adapter(model: Any) -> Optional[str]:
+    """The first active adapter of a peft model (``PeftModel`` or a transformers model with
+    adapters), or None for a model without adapters."""
+    if not callable(getattr(model, "load_adapter", None)) or not getattr(model, "peft_config", None):
+        return None
+    adapters = getattr(model, "active_adapters", None)
+    if callable(adapters):
+        adapters = adapters()
+    if isinstance(adapters, str):
+        return adapters
+    if adapters:
+        return list(adapters)[0]
+    return getattr(model, "active_adapter", None) or None
+
+
 def load_checkpoint_weights(model: Any, directory: str) -> bool:
     """Load the weights saved in a checkpoint directory into ``model``.
 
     Handles ``model.safetensors``, ``pytorch_model.bin`` and their sharded variants (an
-    ``*.index.json`` next to the shards), as written by ``Trainer._save``, and the
-    ``model_state.pkl`` of ``LightweightTrainer``.
+    ``*.index.json`` next to the shards), as written by ``Trainer._save``, a peft adapter
+    (``adapter_model.safetensors``/``.bin``, loaded into the active adapter as
+    ``load_best_model_at_end`` does) and the ``model_state.pkl`` of ``LightweightTrainer``.
 
     Args:
-        model: A ``torch.nn.Module``.
+        model: A ``torch.nn.Module`` (a ``PeftModel`` for adapter checkpoints).
         directory: A ``checkpoint-N`` directory.
 
     Returns:
         True when weights were found and loaded.
     """
+    adapter = active_adapter(model)
+    if adapter is not None and any(os.path.isfile(os.path.join(directory, n)) for n in ADAPTER_FILES):
+        model.load_adapter(directory, adapter_name=adapter, is_trainable=True)
+        return True
     state_dict: dict[str, Any] = {}
     for name in _SINGLE_FILES:
         path = os.path.join(directory, name)
@@ -77,19 +111,70 @@ def load_checkpoint_weights(model: Any, directory: str) -> bool:
     return True
 
 
-class BestWeights:
-    """The best weights of a run: a checkpoint path and/or an in-memory CPU copy."""
+def _sharding(model: Any) -> Optional[str]:
+    """Why the model's parameters are sharded across processes, or None."""
+    if any(type(module).__name__ == "FullyShardedDataParallel" for module in model.modules()):
+        return "it is wrapped in FSDP (FullyShardedDataParallel)"
+    for parameter in model.parameters():
+        if type(parameter).__name__ == "DTensor" or hasattr(parameter, "_local_tensor"):
+            return "its parameters are DTensors (FSDP2 fully_shard / tensor parallel)"
+        if hasattr(parameter, "ds_id"):
+            return "its parameters are partitioned by DeepSpeed ZeRO-3"
+        if getattr(parameter, "_is_sharded", False):
+            return "its parameters are FSDP flat-parameter shards"
+    return None
 
-    def __init__(self) -> None:
+
+def _refuse_sharded(model: Any) -> None:
+    reason = _sharding(model)
+    if reason is not None:
+        raise RuntimeError(
+            f"EarlyStopping(restore_best=True) cannot keep the best weights of this model: {reason}, so "
+            "each process holds only a shard of the parameters. Use checkpoints with transformers' "
+            "load_best_model_at_end=True (it gathers the shards when loading), or restore_best=False."
+        )
+
+
+def trainable_state(model: Any) -> dict[str, Any]:
+    """CPU copies of what training changes: trainable parameters and persistent buffers.
+
+    Raises:
+        RuntimeError: The parameters are sharded across processes (FSDP, ZeRO-3): a copy
+            on one rank would hold only its shard.
+    """
+    _refuse_sharded(model)
+    buffers = {name for name, _ in model.named_buffers()}
+    return {
+        key: value.detach().to("cpu", copy=True)
+        for key, value in model.state_dict(keep_vars=True).items()
+        if getattr(value, "requires_grad", False) or key in buffers
+    }
+
+
+class BestWeights:
+    """The best weights of a run: a checkpoint path and/or a CPU copy of the trainable state.
+
+    Args:
+        key: Tells apart the files of several owners in one checkpoint (e.g. the state key
+            of an ``EarlyStopping``). Defaults to ``""``.
+    """
+
+    def __init__(self, key: str = "") -> None:
+        self.key = key
         self.snapshot: Optional[dict[str, Any]] = None
         self.snapshot_step: Optional[int] = None
 
+    @property
+    def file_name(self) -> str:
+        """Name of the copy written into checkpoints (``best_weights-<key>.safetensors``)."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key).strip("_") or "default"
+        return f"best_weights-{safe}.safetensors"
+
     def take_snapshot(self, model: Any, step: int) -> None:
-        """Copy ``model.state_dict()`` to CPU (costs one copy of the weights in RAM)."""
+        """Copy the trainable parameters and persistent buffers to CPU."""
         if model is None or not hasattr(model, "state_dict"):
             return
-        state_dict = model.state_dict()
-        self.snapshot = {key: value.detach().to("cpu", copy=True) for key, value in state_dict.items()}
+        self.snapshot = trainable_state(model)
         self.snapshot_step = step
 
     def drop_snapshot(self) -> None:
@@ -113,6 +198,66 @@ class BestWeights:
             ):
                 return candidate
         return None
+
+    def after_save(self, args: Any, state: Any, best_step: int) -> Optional[str]:
+        """Call after each checkpoint save; returns the best step's checkpoint when this is it.
+
+        The copy is dropped once a checkpoint of the best step exists that rotation cannot
+        delete (no ``save_total_limit``, or it is transformers' protected best checkpoint).
+        Until then every new checkpoint also gets the copy, for a resume after the best step.
+        """
+        path = None
+        if state.global_step == best_step:
+            path = self.checkpoint_for(best_step, args, state, None)
+            protected = path is not None and getattr(state, "best_model_checkpoint", None) == path
+            if path is not None and (getattr(args, "save_total_limit", None) is None or protected):
+                self.drop_snapshot()
+                return path
+        if (
+            self.snapshot is not None
+            and self.snapshot_step == best_step
+            and path is None
+            and getattr(state, "is_world_process_zero", True)
+        ):
+            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if os.path.isdir(folder):
+                from safetensors.torch import save_file
+
+                save_file(self.snapshot, os.path.join(folder, self.file_name),
+                          metadata={"step": str(best_step), "key": self.key})
+        return path
+
+    def on_train_begin(self, args: Any, state: Any, model: Any, best_step: Optional[int]) -> bool:
+        """Refuse a sharded model; after a resume, get back the copy of ``best_step``.
+
+        The copy comes from the file saved in the checkpoint being resumed, or, when that
+        checkpoint is the best step's own, from the model (the trainer loaded its weights).
+
+        Returns:
+            True when a copy was loaded.
+
+        Raises:
+            RuntimeError: The model's parameters are sharded across processes.
+        """
+        if model is not None and hasattr(model, "modules"):
+            _refuse_sharded(model)
+        if best_step is None or self.snapshot_step == best_step or not getattr(args, "output_dir", None):
+            return False
+        if state.global_step == best_step and model is not None:
+            self.take_snapshot(model, best_step)
+            return True
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", self.file_name)
+        if not os.path.isfile(path):
+            return False
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            metadata = handle.metadata() or {}
+            if metadata.get("step") != str(best_step):
+                return False
+            self.snapshot = {name: handle.get_tensor(name) for name in handle.keys()}
+        self.snapshot_step = best_step
+        return True
 
     def restore(self, model: Any, step: int, checkpoint: Optional[str]) -> str:
         """Load the best weights into ``model``; return where they came from.

@@ -368,6 +368,9 @@ class EarlyStopping(SelfRestoringState):
             logger.warning("%s (strict=False: continuing.)", problem)
         check_unique_state_key(state, type(self).__name__, self.state_key)
         super().on_train_begin(args, state, control, **kwargs)
+        if self.restore_best:
+            self._best_weights.key = self.state_key
+            self._best_weights.on_train_begin(args, state, kwargs.get("model"), self.best_step)
         if self.stopped:
             if self.reset_on_resume:
                 logger.info("EarlyStopping[%s]: the resumed run had stopped at step %s (%s); "
@@ -400,15 +403,11 @@ class EarlyStopping(SelfRestoringState):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Remember the checkpoint of the best step; drop the memory copy once it is safe."""
         super().on_save(args, state, control, **kwargs)
-        if self.best_step is None or state.global_step != self.best_step:
+        if self.best_step is None or (state.global_step != self.best_step and not self.restore_best):
             return
-        path = BestWeights.checkpoint_for(self.best_step, args, state, None)
-        if path is None:
-            return
-        self.best_checkpoint = path
-        protected = getattr(state, "best_model_checkpoint", None) == path
-        if getattr(args, "save_total_limit", None) is None or protected:
-            self._best_weights.drop_snapshot()
+        path = self._best_weights.after_save(args, state, self.best_step)
+        if path is not None:
+            self.best_checkpoint = path
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the metric showed up; restore the best weights when asked; print the summary."""

@@ -7,8 +7,10 @@ that always keeps the newest and the best checkpoint. ``resume_from_checkpoint=T
 ``hf_callbacks_plus.core.checkpoint_folders``; transformers takes the highest-numbered one).
 
 The model is saved through the user's ``save_model_fn(dir)`` / ``load_model_fn(dir)``
-hooks when given; otherwise a model with ``state_dict()``/``load_state_dict()`` is pickled
-to ``model_state.pkl`` (only load checkpoints you wrote yourself: pickle runs code).
+hooks when given; otherwise a peft model saves its adapter (``save_pretrained``:
+``adapter_model.safetensors``, as ``transformers.Trainer`` does) and any other model with
+``state_dict()``/``load_state_dict()`` is pickled to ``model_state.pkl`` (only load
+checkpoints you wrote yourself: pickle runs code).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ..callbacks.best_weights import active_adapter, load_checkpoint_weights
 from ..core.checkpoint_folders import (
     PREFIX_CHECKPOINT_DIR,
     checkpoint_folder,
@@ -122,6 +125,8 @@ class CheckpointMixin:
     def _save_model(self, output_dir: str) -> None:
         if self.save_model_fn is not None:
             self.save_model_fn(output_dir)
+        elif active_adapter(self.model) is not None and hasattr(self.model, "save_pretrained"):
+            self.model.save_pretrained(output_dir)  # a peft model: only the adapter, as Trainer saves it
         elif self.model is not None and callable(getattr(self.model, "state_dict", None)):
             with open(os.path.join(output_dir, MODEL_STATE_NAME), "wb") as handle:
                 pickle.dump(self.model.state_dict(), handle)
@@ -129,6 +134,8 @@ class CheckpointMixin:
     def _load_model(self, checkpoint: str) -> None:
         if self.load_model_fn is not None:
             self.load_model_fn(checkpoint)
+            return
+        if active_adapter(self.model) is not None and load_checkpoint_weights(self.model, checkpoint):
             return
         path = os.path.join(checkpoint, MODEL_STATE_NAME)
         if (

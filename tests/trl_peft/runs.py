@@ -43,7 +43,8 @@ def datasets(kind: str, with_subset_eval: bool) -> tuple[Any, Any]:
 
 
 def trainer(kind: str, output_dir: Any, *, base: Any = None, callbacks=(), peft: bool = False,
-            with_subset_eval: bool = True, model: Any = None, **overrides: Any) -> Any:
+            with_subset_eval: bool = True, model: Any = None, compute_metrics: Any = None,
+            **overrides: Any) -> Any:
     import trl
 
     base = base or {"sft": trl.SFTTrainer, "dpo": trl.DPOTrainer, "reward": trl.RewardTrainer}[kind]
@@ -51,6 +52,8 @@ def trainer(kind: str, output_dir: Any, *, base: Any = None, callbacks=(), peft:
     if model is None:
         model = tiny_lm.reward_model() if kind == "reward" else tiny_lm.causal_lm()
     kwargs: dict[str, Any] = {}
+    if compute_metrics is not None:
+        kwargs["compute_metrics"] = compute_metrics
     if kind == "dpo" and not peft:
         kwargs["ref_model"] = tiny_lm.causal_lm()  # same seed: the policy's initial weights
     if peft:
