@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from collections import Counter
 from pathlib import Path
@@ -15,15 +16,30 @@ pytestmark = [pytest.mark.distributed, pytest.mark.transformers, pytest.mark.mlf
               pytest.mark.slow]
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
+ACCELERATE = Path(sys.executable).with_name("accelerate")
 
 
-def test_two_ranks_one_tracker_run_same_stop_step_subset_split(tmp_path):
+def launcher(name):
+    """The command starting 2 CPU processes. ``accelerate launch --cpu`` starts ONE process (its
+    CPU multi-process path needs mpirun); ``--multi_gpu`` starts 2 through torch elastic and the
+    script's ``TrainingArguments(use_cpu=True)`` makes them a gloo (MULTI_CPU) group."""
+    if name == "torchrun":
+        return [str(TORCHRUN), "--standalone", "--nproc_per_node", "2"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "accelerate"])
+def test_two_ranks_one_tracker_run_same_stop_step_subset_split(tmp_path, launch):
     # min_delta=10: every evaluation after the first is a non-improvement, so with patience 2
     # the stop is at the third evaluation (step 9 on 2 ranks x 16 samples per step).
     result = run_example(
         tmp_path, "distributed.py", *TINY, "--runs-dir", str(tmp_path), "--epochs", "10",
         "--patience", "2", "--min-delta", "10", "--eval-batch-size", "8",
-        command=[str(TORCHRUN), "--standalone", "--nproc_per_node", "2"], timeout=300,
+        command=launcher(launch), timeout=300,
     )
     ranks = [json.loads((tmp_path / "demo" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
