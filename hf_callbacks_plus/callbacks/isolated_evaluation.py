@@ -64,6 +64,11 @@ TRAINER_ACCUMULATORS: dict[str, str] = {
 
 
 
+#: Counters of training progress a trainer's ``log`` attaches to every record (trl's
+#: ``num_tokens``: tokens trained on so far): not measurements of the evaluated data.
+RUN_COUNTERS = ("num_tokens", "num_input_tokens_seen")
+
+
 def register_trainer_accumulator(attribute: str, policy: str = "fresh") -> None:
     """Declare a trainer attribute that an isolated evaluation must not change.
 
@@ -245,7 +250,8 @@ def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str) -> dic
 
     Returns:
         ``{"<prefix>_<metric>": value}``: every metric the trainer's evaluation reports for
-        ``dataset`` (also those its ``log`` adds), without timing keys and ``epoch``.
+        ``dataset`` (also those its ``log`` adds), without timing keys, ``epoch`` and run
+        counters such as trl's ``num_tokens``.
     """
     with trainer_sandbox(trainer):
         raw = dict(trainer.evaluate(dataset, metric_key_prefix=metric_key_prefix))
@@ -253,7 +259,8 @@ def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str) -> dic
 
 
 def relabel_metrics(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """Keep ``<prefix>_*`` keys, rename ``eval_*`` ones to ``<prefix>_*``, drop timing keys."""
+    """Keep ``<prefix>_*`` keys, rename ``eval_*`` ones to ``<prefix>_*``, drop timing keys and
+    the run counters (`RUN_COUNTERS`)."""
     own = f"{prefix}_"
     result: dict[str, Any] = {}
     for key, value in raw.items():
@@ -262,4 +269,7 @@ def relabel_metrics(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     for key, value in raw.items():
         if not key.startswith(own) and key.startswith("eval_"):
             result.setdefault(own + key[len("eval_"):], value)
-    return {key: value for key, value in result.items() if key[len(own):] not in TIMING_NAMES}
+    return {
+        key: value for key, value in result.items()
+        if key[len(own):] not in TIMING_NAMES and key[len(own):] not in RUN_COUNTERS
+    }

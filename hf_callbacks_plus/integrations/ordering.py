@@ -94,11 +94,13 @@ class PreLogBridge(TrainerCallback):
             return None
         before = dict(logs)
         control = handler.on_pre_log(args, state, control, logs, **kwargs)
-        self._sync_history(state, before, logs)
+        self.sync_history(state, before, logs)
         return control
 
     @staticmethod
-    def _sync_history(state: Any, before: Mapping[str, Any], logs: dict) -> None:
+    def sync_history(state: Any, before: Mapping[str, Any], logs: dict) -> None:
+        """Make ``state.log_history[-1]`` (the record ``Trainer.log`` appended from ``before``)
+        match ``logs`` after ``on_pre_log`` changed it in place."""
         history = getattr(state, "log_history", None)
         if not history:
             return

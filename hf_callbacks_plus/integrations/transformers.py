@@ -7,7 +7,9 @@ trl's trainers, your own): put it first in the bases. It
   `CallbackHandler` (same callbacks, same order), so
   custom events (``call_event``) work;
 * fires ``on_pre_log`` in `log` before the record reaches ``state.log_history`` and
-  the report_to integrations (nested metric dicts are flattened first);
+  the report_to integrations (nested metric dicts are flattened first); when the subclass
+  overrides ``log`` itself (trl's trainers add their token accuracy, rewards... there), it
+  fires when the record reaches ``Trainer.log``, so callbacks see those metrics too;
 * fires ``on_training_loss`` with the raw per-micro-batch loss (only when a callback
   listens) and ``on_exception`` when ``train()`` raises (then re-raises);
 * fires ``on_resume_check`` before resuming (only when a callback listens): a callback can
@@ -34,7 +36,7 @@ from ..core.checkpoint_folders import newest_complete_checkpoint
 from ..core.handler import CallbackHandler
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
-from .ordering import bind_trainer, is_integration_callback, run_before_integrations
+from .ordering import PreLogBridge, bind_trainer, is_integration_callback, run_before_integrations
 
 transformers = require("transformers", "TrainerPlus")
 
@@ -68,6 +70,18 @@ class _PlusCallbackHandler(CallbackHandler):
         if self._legacy_tokenizer:
             kwargs.setdefault("tokenizer", self.processing_class)
         return super().call_event(event, args, state, control, **kwargs)
+
+    #: Set by ``TrainerPlusMixin.log`` when a subclass's own ``log`` sits between the mixin and
+    #: ``Trainer.log``: ``on_pre_log`` then fires here, once that ``log`` has added its metrics.
+    pre_log_on_log = False
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any, **kwargs: Any) -> Any:
+        if self.pre_log_on_log and isinstance(logs, dict):
+            self.pre_log_on_log = False
+            before = dict(logs)
+            control = self.on_pre_log(args, state, control, logs)
+            PreLogBridge.sync_history(state, before, logs)  # Trainer.log appended the record already
+        return super().on_log(args, state, control, logs, **kwargs)
 
 
 def _replace_handler(old: Any) -> CallbackHandler:
@@ -155,6 +169,14 @@ class TrainerPlusMixin:
         if handler.has_handlers("on_pre_log"):
             if getattr(self.state, "epoch", None) is not None:
                 logs["epoch"] = self.state.epoch  # Trainer.log sets it too; callbacks see it
+            if isinstance(handler, _PlusCallbackHandler) and _log_overridden_below(type(self)):
+                # trl's trainers (and any subclass overriding ``log``) add their own metrics in
+                # ``log``: fire on_pre_log when the record reaches ``Trainer.log``, after them
+                handler.pre_log_on_log = True
+                try:
+                    return super().log(logs, *args, **kwargs)
+                finally:
+                    handler.pre_log_on_log = False
             self.control = handler.on_pre_log(self.args, self.state, self.control, logs)
         return super().log(logs, *args, **kwargs)
 
@@ -293,6 +315,27 @@ class TrainerPlusMixin:
             self._load_from_checkpoint(checkpoint)
         self.state = state
         return TrainOutput(state.global_step, 0.0, skipped_metrics(state))
+
+
+_LOG_OVERRIDES: dict[type, bool] = {}
+
+
+def _log_overridden_below(cls: type) -> bool:
+    """True when a class between ``TrainerPlusMixin`` and ``transformers.Trainer`` in the MRO
+    defines ``log`` (cached per class)."""
+    result = _LOG_OVERRIDES.get(cls)
+    if result is None:
+        mro = cls.__mro__
+        start = mro.index(TrainerPlusMixin) + 1 if TrainerPlusMixin in mro else len(mro)
+        result = False
+        for base in mro[start:]:
+            if base is transformers.Trainer:
+                break
+            if "log" in vars(base):
+                result = True
+                break
+        _LOG_OVERRIDES[cls] = result
+    return result
 
 
 _SIGNATURES: dict[tuple[type, str], inspect.Signature] = {}

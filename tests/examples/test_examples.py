@@ -109,3 +109,35 @@ def test_resume_example_same_stop_step_same_tracker_runs(tmp_path, monkeypatch):
     steps = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")
              if r["event"] == "log" and "eval/loss" in r["curves"]]
     assert steps == [3, 6, 9]
+
+
+@pytest.mark.transformers
+@pytest.mark.mlflow
+@pytest.mark.wandb
+@pytest.mark.slow
+def test_trl_sft_lora_example(tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    tiny(monkeypatch)
+    out = run_example(tmp_path, "trl_sft_lora.py", str(tmp_path)).stdout
+    assert "LoRA: 896 trainable parameters of 27232" in out
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if ": train subset" in line}
+    assert set(lines) == {"loss", "mean_token_accuracy", "entropy"}  # SFT's own metrics, with gaps
+    best = re.search(r"best eval_loss ([\d.]+) at step (\d+)", out)
+    restored = re.search(r"eval_loss after restoring the best adapter: ([\d.]+)", out)
+    assert best and restored and restored.group(1) == best.group(1)
+
+    curves = [r["curves"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "log"
+              and "eval/loss" in r["curves"]]
+    assert len(curves) == 4
+    for name in ("train_subset/loss", "train_subset/mean_token_accuracy", "train_subset/entropy",
+                 "gap/mean_token_accuracy", "eval/mean_token_accuracy"):
+        assert all(name in c for c in curves), name
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("trl-sft-lora").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id,
+                                                      "train_subset/mean_token_accuracy")] == [4, 8, 12, 16]
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
