@@ -15,13 +15,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plot = commands.add_parser(
         "plot",
-        help="plot learning curves from a trainer_state.json",
+        help="plot learning curves from a trainer_state.json, a metrics.jsonl or a run directory",
         description="One panel per metric: train-subset and eval curves, training loss, the gap, "
         "the best step and the early-stopping point.",
     )
-    plot.add_argument("state", help="trainer_state.json, or an output/checkpoint directory holding one")
+    plot.add_argument("state", help="trainer_state.json, metrics.jsonl (JsonlLogger), or a run/checkpoint "
+                                    "directory holding one")
     plot.add_argument("-o", "--output", default="curves.png", help="PNG to write (default: curves.png)")
-    plot.add_argument("-m", "--metrics", nargs="+", default=None, help="metric names to plot, in order")
+    plot.add_argument("-m", "--metrics", nargs="+", default=None,
+                      help="metrics to plot, in order: bare, prefixed or rendered names (accuracy, "
+                           "eval_accuracy, eval/accuracy)")
     plot.add_argument("--title", default=None, help="figure title")
     plot.add_argument("--extras", action="store_true", help="also plot learning_rate and grad_norm")
     plot.add_argument("--columns", type=int, default=2, help="panels per row (default: 2)")

@@ -1,20 +1,22 @@
-"""Learning curves from a ``log_history`` or a ``trainer_state.json``.
+"""Learning curves from a ``log_history``, a ``trainer_state.json``, a run directory or the
+package's own JSONL log (``metrics.jsonl`` of `JsonlLogger`).
 
 One panel per metric: the eval curve (one per eval dataset), the train-subset curve
-(`TrainSubsetEvaluation`), curves of custom
-prefixes (``val``...), the running training loss on the ``loss`` panel, the generalization
-gap (the logged ``gap_<metric>`` on a right-hand axis, else the shaded area between the
-train-subset and eval curves), and vertical markers at the best step and at the
-early-stopping point (``early_stopping/best_step``, ``early_stopping/stopped_step``, else
-the trainer state's ``best_global_step``/``best_model_checkpoint``). Every key is read
-through the key grammar. Needs matplotlib (``pip install 'hf-callbacks-plus[plot]'``).
+(`TrainSubsetEvaluation`), curves of custom prefixes (``val``...), the running metrics of
+the training batches ("training": the loss, trl's ``mean_token_accuracy``,
+``rewards/chosen``...; never drawn as the train subset), the generalization gap (the logged
+``gap_<metric>`` on a right-hand axis, else the shaded area between the train-subset and eval
+curves), and vertical markers at the best step and at the early-stopping point
+(``early_stopping/best_step``, ``early_stopping/stopped_step``, else the trainer state's
+``best_global_step``/``best_model_checkpoint``). Every key is read through the key grammar;
+every series has its own colour, the same on every panel; the legend sits outside the panels.
+Needs matplotlib (``pip install 'hf-callbacks-plus[plot]'``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -23,8 +25,9 @@ from typing import Any, Optional, Union
 
 from ._compat import require
 from .metrics.keys import TIMING_NAMES, TRAIN_SUBSET_PREFIX, KeyGrammar
+from .metrics.numbers import to_float
 
-__all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learning_curves"]
+__all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learning_curves", "series_colors"]
 
 #: Metric names that are timings, not learning curves.
 _TIMING = {*TIMING_NAMES, "epoch", "step", "total_flos"}
@@ -58,32 +61,66 @@ def load_log_history(source: Source) -> tuple[list[dict[str, Any]], dict[str, An
     """Return ``(log_history, trainer_state)`` from a path, a state dict or a history list.
 
     Args:
-        source: A ``trainer_state.json`` path, a directory holding one (an output dir: its
-            newest ``checkpoint-N`` is used), a trainer state dict, or a ``log_history`` list.
+        source: A ``trainer_state.json`` path; a JSONL log written by `JsonlLogger`
+            (``metrics.jsonl``: its ``log`` lines become records keyed by rendered names); a
+            run directory (its ``trainer_state.json``, else its ``metrics.jsonl``, else the
+            newest ``checkpoint-N/trainer_state.json``); a trainer state dict; or a
+            ``log_history`` list.
 
     Raises:
-        FileNotFoundError: No ``trainer_state.json`` at the path.
+        FileNotFoundError: Nothing to read at the path.
+        ValueError: The file is neither a trainer state nor a JSONL log.
         TypeError: ``source`` is none of the above.
     """
     if isinstance(source, (str, os.PathLike)):
         path = _state_path(Path(source))
-        state = json.loads(path.read_text())
-        return list(state.get("log_history", [])), state
+        text = path.read_text(encoding="utf-8")
+        try:
+            state = json.loads(text)
+        except json.JSONDecodeError:  # several JSON documents: one per line
+            return _read_jsonl(path, text), {}
+        if isinstance(state, Mapping) and "event" in state:  # a JSONL log of a single line
+            return _read_jsonl(path, text), {}
+        if not isinstance(state, Mapping):
+            raise ValueError(f"plot_learning_curves: {str(path)!r} holds no trainer state (a JSON object).")
+        return list(state.get("log_history", [])), dict(state)
     if isinstance(source, Mapping):
         return list(source.get("log_history", [])), dict(source)
     if isinstance(source, Sequence) and all(isinstance(record, Mapping) for record in source):
         return [dict(record) for record in source], {}
     raise TypeError(
-        "plot_learning_curves: source must be a path to trainer_state.json, a trainer state dict or a "
-        f"log_history list of dicts, got {type(source).__name__}."
+        "plot_learning_curves: source must be a path to trainer_state.json, metrics.jsonl or a run "
+        f"directory, a trainer state dict or a log_history list of dicts, got {type(source).__name__}."
     )
+
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
+    """The ``log`` lines of a `JsonlLogger` file as records: ``{"step": N, <rendered>: value}``."""
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"plot_learning_curves: {str(path)!r} line {number} is not JSON ({error.msg}); "
+                             "expected a trainer_state.json or a JSONL log of JsonlLogger.") from None
+        is_log = isinstance(event, Mapping) and event.get("event") == "log"
+        if is_log and isinstance(event.get("curves"), Mapping):
+            values = {key: _NON_FINITE.get(value, value) if isinstance(value, str) else value
+                      for key, value in event["curves"].items()}
+            records.append({**values, "step": event.get("step")})
+    return records
 
 
 def _state_path(path: Path) -> Path:
     if path.is_dir():
-        direct = path / "trainer_state.json"
-        if direct.is_file():
-            return direct
+        for name in ("trainer_state.json", "metrics.jsonl"):
+            if (path / name).is_file():
+                return path / name
         found = path.glob("checkpoint-*/trainer_state.json")
         checkpoints = sorted(
             (p for p in found if p.parent.name.split("-")[-1].isdigit()),
@@ -92,17 +129,12 @@ def _state_path(path: Path) -> Path:
         if checkpoints:
             return checkpoints[-1]
         raise FileNotFoundError(
-            f"plot_learning_curves: no trainer_state.json in {str(path)!r} or its checkpoints."
+            f"plot_learning_curves: no trainer_state.json or metrics.jsonl in {str(path)!r} or its "
+            "checkpoints."
         )
     if not path.is_file():
         raise FileNotFoundError(f"plot_learning_curves: {str(path)!r} does not exist.")
     return path
-
-
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    return float(value)
 
 
 def collect_curves(
@@ -131,11 +163,11 @@ def collect_curves(
         if grammar.is_summary_record(record):
             continue
         step = record.get("step")
-        if _number(step) is None:
+        if to_float(step) is None:
             continue
         step = int(step)
         for key, raw_value in record.items():
-            value = _number(raw_value)
+            value = to_float(raw_value)
             if value is None or key == "step":
                 continue
             parsed = grammar.parse(key)
@@ -191,10 +223,13 @@ def plot_learning_curves(
 
     Args:
         source: ``log_history`` (list of dicts), a trainer state dict, or a path to a
-            ``trainer_state.json`` (or to a directory holding one or checkpoints).
+            ``trainer_state.json``, to a JSONL log of `JsonlLogger` (``metrics.jsonl``) or to
+            a run directory (see `load_log_history`).
         output: Where to save the PNG. Defaults to None (only return the figure).
-        metrics: Metric names to plot (``["loss", "accuracy"]``), in this order. Defaults
-            to every metric that has a curve, ``loss`` first.
+        metrics: Metrics to plot, in this order: bare (``"accuracy"``), prefixed
+            (``"eval_accuracy"``, ``"train_subset_accuracy"``) or rendered (``"eval/accuracy"``)
+            names all name the panel ``accuracy``. Defaults to every metric that has a
+            curve, ``loss`` first.
         grammar: Key grammar (eval dataset names, custom prefixes). Defaults to one
             learned from the records.
         title: Figure title. Defaults to None.
@@ -219,6 +254,7 @@ def plot_learning_curves(
     if not isinstance(columns, int) or columns < 1:
         raise ValueError(f"plot_learning_curves: columns must be an int >= 1, got {columns!r}.")
     history, state = load_log_history(source)
+    grammar = grammar or KeyGrammar()
     curves = collect_curves(history, state, grammar, include_training_extras)
     available = sorted(curves.series, key=lambda name: (name != "loss", name))
     if not available:
@@ -226,72 +262,111 @@ def plot_learning_curves(
             f"plot_learning_curves: no metric to plot in {len(history)} log records "
             "(numeric keys with a step, outside the end-of-training summary)."
         )
-    if metrics is None:
-        chosen = available
-    else:
-        missing = [name for name in metrics if name not in curves.series]
-        if missing:
-            raise ValueError(f"plot_learning_curves: no curve for metrics {missing}; available: {available}.")
-        chosen = list(metrics)
+    chosen = available if metrics is None else _panels_for(metrics, curves, grammar, available)
     columns = min(columns, len(chosen))
     rows = math.ceil(len(chosen) / columns)
-    figure = Figure(figsize=(6.0 * columns, 3.6 * rows), layout="constrained")
+    figure = Figure(figsize=(6.0 * columns + 2.2, 3.6 * rows), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    colors = series_colors(label for name in chosen for label in curves.series[name])
+    legend: dict[str, Any] = {}
     for axis, name in zip(axes, chosen):
-        _draw_panel(axis, name, curves)
+        for handle, label in zip(*_draw_panel(axis, name, curves, colors)):
+            legend.setdefault(label, handle)
     for axis in axes[len(chosen):]:
         axis.set_visible(False)
     if title:
         figure.suptitle(title)
+    # one legend for the figure, outside every panel: it never covers data
+    figure.legend(list(legend.values()), list(legend), loc="outside right upper", fontsize=8)
     if output is not None:
         figure.savefig(os.fspath(output), dpi=dpi)
     return figure
 
 
-_STYLES = {"training loss": {"color": "#9e9e9e", "linewidth": 1.0, "alpha": 0.8},
-           "train subset": {"color": "#1f77b4", "marker": "o", "markersize": 3},
-           "eval": {"color": "#ff7f0e", "marker": "s", "markersize": 3}}
+def _panels_for(metrics: Sequence[str], curves: LearningCurves, grammar: KeyGrammar,
+                available: list[str]) -> list[str]:
+    """The panel of each requested name (bare, prefixed or rendered), in order, once each."""
+    chosen: list[str] = []
+    missing = []
+    for wanted in metrics:
+        panel = wanted if wanted in curves.series else grammar.parse(wanted).name
+        if panel not in curves.series:
+            missing.append(wanted)
+        elif panel not in chosen:
+            chosen.append(panel)
+    if missing:
+        raise ValueError(f"plot_learning_curves: no curve for metrics {missing}; available: {available}.")
+    return chosen
 
 
-_GAP_COLOR = "#9467bd"
+#: Fixed colours of the series every run has; markers: best step green, early stop red.
+FIXED_COLORS = {"training loss": "#7f7f7f", "training": "#8c564b", "train subset": "#1f77b4",
+                "eval": "#ff7f0e", "gap": "#9467bd"}
+_BEST_COLOR, _STOP_COLOR = "#2ca02c", "#d62728"
+#: Colours for the other series (eval datasets, custom prefixes), none equal to a fixed one.
+_MORE_COLORS = ("#e377c2", "#17becf", "#bcbd22", "#ad494a", "#637939", "#7b4173", "#8c6d31", "#e6550d",
+                "#31a354", "#000000", "#ce6dbd", "#843c39")
 
 
-def _draw_panel(axis: Any, name: str, curves: LearningCurves) -> None:
+def series_colors(labels: Any) -> dict[str, tuple[str, str]]:
+    """A distinct ``(colour, line style)`` for every series label, stable across panels.
+
+    Args:
+        labels: The series labels of the figure (any iterable, duplicates allowed).
+
+    Returns:
+        ``{label: (colour, linestyle)}``; two labels never share both.
+    """
+    out = {label: (color, "-") for label, color in FIXED_COLORS.items()}
+    others = sorted({label for label in labels} - set(FIXED_COLORS))
+    styles = ("-", "--", "-.", ":")
+    for index, label in enumerate(others):
+        out[label] = (_MORE_COLORS[index % len(_MORE_COLORS)], styles[(index // len(_MORE_COLORS)) % 4])
+    return out
+
+
+def _draw_panel(axis: Any, name: str, curves: LearningCurves,
+                colors: Mapping[str, tuple[str, str]]) -> tuple[list[Any], list[str]]:
+    from matplotlib.ticker import MaxNLocator
+
     series = curves.series[name]
     for label, points in series.items():
         if label == "gap":
             continue
         steps, values = zip(*sorted(points))
-        axis.plot(steps, values, label=label, **_STYLES.get(label, {"marker": ".", "markersize": 3}))
+        color, style = colors[label]
+        running = label in ("training loss", "training")
+        axis.plot(steps, values, label=label, color=color, linestyle=style,
+                  linewidth=1.0 if running else 1.5, alpha=0.8 if running else 1.0,
+                  marker="." if running else "o", markersize=3)
+    handles, labels = [], []
     if "gap" in series:
         twin = axis.twinx()
         steps, values = zip(*sorted(series["gap"]))
-        twin.plot(steps, values, color=_GAP_COLOR, linestyle=":", marker="^", markersize=3,
-                  label="gap (right)")
-        twin.set_ylabel("gap = train - eval", color=_GAP_COLOR)
-        twin.tick_params(axis="y", colors=_GAP_COLOR)
+        twin.plot(steps, values, color=colors["gap"][0], linestyle=":", marker="^", markersize=3,
+                  label="gap (right axis)")
+        twin.set_ylabel("gap = train subset - eval", color=colors["gap"][0])
+        twin.tick_params(axis="y", colors=colors["gap"][0])
         handles, labels = twin.get_legend_handles_labels()
-        legend_axis = twin  # drawn last: the legend stays above every curve
     else:
-        handles, labels = [], []
-        legend_axis = axis
-        _shade_gap(axis, series)
+        _shade_gap(axis, series, colors["gap"][0])
     if curves.best_step is not None:
-        axis.axvline(curves.best_step, color="#2ca02c", linestyle="--", linewidth=1,
+        axis.axvline(curves.best_step, color=_BEST_COLOR, linestyle="--", linewidth=1,
                      label=f"best step {curves.best_step}")
     if curves.stopped_step is not None:
-        axis.axvline(curves.stopped_step, color="#d62728", linestyle="-.", linewidth=1,
+        axis.axvline(curves.stopped_step, color=_STOP_COLOR, linestyle="-.", linewidth=1,
                      label=f"early stop {curves.stopped_step}")
     axis.set_title(name)
     axis.set_xlabel("step")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(True, alpha=0.3)
     own_handles, own_labels = axis.get_legend_handles_labels()
-    legend_axis.legend(own_handles + handles, own_labels + labels, fontsize=8, loc="best")
+    return own_handles + handles, own_labels + labels
 
 
-def _shade_gap(axis: Any, series: Mapping[str, list[tuple[int, float]]]) -> None:
+def _shade_gap(axis: Any, series: Mapping[str, list[tuple[int, float]]], color: str) -> None:
     train, evaluation = dict(series.get("train subset", [])), dict(series.get("eval", []))
     common = sorted(set(train) & set(evaluation))
     if len(common) >= 2:
         axis.fill_between(common, [train[s] for s in common], [evaluation[s] for s in common],
-                          color=_GAP_COLOR, alpha=0.12, label="gap")
+                          color=color, alpha=0.12, label="gap (shaded)")

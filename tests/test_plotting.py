@@ -14,7 +14,13 @@ from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation  # no
 from hf_callbacks_plus.cli import main  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
-from hf_callbacks_plus.plotting import collect_curves, load_log_history, plot_learning_curves  # noqa: E402
+from hf_callbacks_plus.loggers.jsonl import JsonlLogger  # noqa: E402
+from hf_callbacks_plus.plotting import (  # noqa: E402
+    FIXED_COLORS,
+    collect_curves,
+    load_log_history,
+    plot_learning_curves,
+)
 from tests.tiny_models import make_trainer  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -37,7 +43,8 @@ def run_dir(tmp_path_factory):
     trainer = make_trainer(
         output, trainer_class=TrainerPlus, eval_strategy="steps", eval_steps=4, logging_steps=2,
         max_steps=24, learning_rate=0.05, save_strategy="steps", save_steps=4,
-        callbacks=[TrainSubsetEvaluation(size=16, gap_metrics=True), ReportEarlyStop()],
+        callbacks=[TrainSubsetEvaluation(size=16, gap_metrics=True), ReportEarlyStop(),
+                   JsonlLogger(output / "logs" / "metrics.jsonl")],
     )
     trainer.train()
     return output
@@ -60,10 +67,40 @@ def test_png_written(run_dir, tmp_path):
     assert output.read_bytes()[:8] == PNG_MAGIC
     visible = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
     assert [axis.get_title() for axis in visible] == ["loss", "mae", "mse"]
-    legend = next(axis.get_legend() for axis in figure.axes if axis.get_legend() and axis.bbox.bounds ==
-                  visible[2].bbox.bounds)
-    labels = {text.get_text() for text in legend.get_texts()}
-    assert {"eval", "train subset", "best step 8", "early stop 16", "gap (right)"} <= labels
+    (legend,) = figure.legends  # one legend for the figure
+    labels = [text.get_text() for text in legend.get_texts()]
+    expected = {"training loss", "eval", "train subset", "best step 8", "early stop 16", "gap (right axis)"}
+    assert expected <= set(labels)
+    assert len(labels) == len(set(labels))
+    assert_legend_covers_no_panel(figure)
+
+
+def assert_legend_covers_no_panel(figure):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [legend.get_window_extent(renderer) for legend in figure.legends]
+    boxes += [axis.get_legend().get_window_extent(renderer) for axis in figure.axes if axis.get_legend()]
+    assert boxes
+    for box in boxes:
+        for axis in figure.axes:
+            if axis.get_visible():
+                assert not box.overlaps(axis.get_window_extent(renderer)), (box, axis.get_title())
+
+
+def line_colors(figure):
+    """``{label: (colour, linestyle)}`` of every drawn line, checked to be the same on every panel."""
+    out = {}
+    for axis in figure.axes:
+        for line in axis.get_lines():
+            label = line.get_label()
+            if label.startswith("_"):
+                continue
+            style = (line.get_color(), line.get_linestyle())
+            assert out.setdefault(label, style) == style, label
+    return out
 
 
 def test_several_eval_datasets_and_custom_prefix():
@@ -76,6 +113,102 @@ def test_several_eval_datasets_and_custom_prefix():
     curves = collect_curves(history)
     assert set(curves.series["acc"]) == {"eval (a)", "eval (b)", "val"}
     assert set(curves.series["loss"]) == {"training loss"}
+
+
+def test_every_series_has_its_own_colour(tmp_path):
+    history = [
+        {"loss": 1.0, "step": 1},
+        {"eval_a_acc": 0.5, "eval_a_runtime": 0.1, "eval_b_acc": 0.4, "eval_b_runtime": 0.1,
+         "train_subset_acc": 0.6, "step": 2},
+        {"val_acc": 0.45, "val_runtime": 0.1, "holdout_acc": 0.3, "holdout_runtime": 0.1, "step": 2},
+        {"eval_a_acc": 0.55, "eval_b_acc": 0.42, "train_subset_acc": 0.7, "val_acc": 0.5, "holdout_acc": 0.35,
+         "step": 4},
+    ]
+    figure = plot_learning_curves(history, tmp_path / "colours.png")
+    colors = line_colors(figure)
+    assert {"eval (a)", "eval (b)", "val", "holdout", "train subset", "training loss"} <= set(colors)
+    assert len(set(colors.values())) == len(colors)  # a custom prefix never looks like the train subset
+    assert colors["train subset"][0] == FIXED_COLORS["train subset"]
+    assert_legend_covers_no_panel(figure)
+
+
+def test_metric_names_bare_prefixed_and_rendered(run_dir, tmp_path):
+    source = run_dir / "checkpoint-16" / "trainer_state.json"
+    for names in (["mse"], ["eval_mse"], ["eval/mse"], ["train_subset_mse"], ["train_subset/mse"],
+                  ["gap_mse"]):
+        figure = plot_learning_curves(source, metrics=names)
+        assert [axis.get_title() for axis in figure.axes if axis.get_title()] == ["mse"], names
+    figure = plot_learning_curves(source, metrics=["eval/loss", "mae", "loss"])  # same panel once
+    assert [axis.get_title() for axis in figure.axes if axis.get_title()] == ["loss", "mae"]
+    with pytest.raises(ValueError, match=r"no curve for metrics \['eval/f1'\]"):
+        plot_learning_curves(source, metrics=["eval/f1"])
+
+
+def test_the_packages_jsonl_log_and_a_run_directory(run_dir, tmp_path):
+    jsonl = run_dir / "logs" / "metrics.jsonl"
+    assert len(jsonl.read_text().splitlines()) > 2  # several JSON documents: json.load alone fails
+    from_state = collect_curves(*load_log_history(run_dir / "checkpoint-16" / "trainer_state.json"))
+    for source in (jsonl, run_dir / "logs"):
+        curves = collect_curves(*load_log_history(source))
+        assert set(curves.series) == set(from_state.series)
+        for name, series in from_state.series.items():
+            assert set(curves.series[name]) == set(series), name
+            for label, points in series.items():
+                assert [s for s, _ in curves.series[name][label]] == [s for s, _ in points], (name, label)
+                assert [v for _, v in curves.series[name][label]] == pytest.approx([v for _, v in points])
+        assert (curves.best_step, curves.stopped_step) == (8, 16)
+    assert plot_learning_curves(jsonl, tmp_path / "jsonl.png") is not None
+    assert (tmp_path / "jsonl.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_jsonl_line_that_is_not_json_is_named(tmp_path):
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text('{"event": "log", "step": 1, "curves": {"train/loss": 1.0}, "summary": {}}\n{oops\n')
+    with pytest.raises(ValueError, match=r"line 2 is not JSON"):
+        load_log_history(bad)
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text('{"event": "log", "step": 1, "curves": {"train/loss": "NaN"}, "summary": {}}\n'
+                   '{"event": "log", "step": 2, "curves": {"train/loss": 0.5}, "summary": {}}\n')
+    points = collect_curves(*load_log_history(nan)).series["loss"]["training loss"]
+    assert points[1] == (2, 0.5) and points[0][1] != points[0][1]  # NaN kept as a gap in the curve
+
+
+# what trl 1.16's DPOTrainer logs (bare in training records, eval_ in evaluation records), with a
+# train-subset evaluation and gap metrics of ours
+DPO_HISTORY = [
+    {"loss": 0.69, "rewards/chosen": 0.01, "rewards/rejected": -0.01, "rewards/accuracies": 0.5,
+     "rewards/margins": 0.02, "logps/chosen": -40.0, "logps/rejected": -41.0, "logits/chosen": -1.0,
+     "logits/rejected": -1.1, "mean_token_accuracy": 0.2, "entropy": 3.0, "num_tokens": 512.0,
+     "grad_norm": 1.0, "learning_rate": 1e-4, "epoch": 0.5, "step": 2},
+    {"eval_loss": 0.68, "eval_rewards/chosen": 0.02, "eval_rewards/accuracies": 0.55,
+     "eval_mean_token_accuracy": 0.21,
+     "eval_runtime": 0.1, "eval_samples_per_second": 10.0, "eval_steps_per_second": 1.0, "epoch": 0.5,
+     "train_subset_loss": 0.66, "train_subset_rewards/chosen": 0.03, "train_subset_rewards/accuracies": 0.6,
+     "gap_rewards/accuracies": 0.05, "step": 2},
+    {"loss": 0.6, "rewards/chosen": 0.1, "rewards/accuracies": 0.7, "mean_token_accuracy": 0.25, "step": 4},
+    {"eval_loss": 0.62, "eval_rewards/chosen": 0.08, "eval_rewards/accuracies": 0.65,
+     "eval_mean_token_accuracy": 0.23,
+     "eval_runtime": 0.1, "train_subset_loss": 0.58, "train_subset_rewards/chosen": 0.12,
+     "train_subset_rewards/accuracies": 0.75, "gap_rewards/accuracies": 0.1, "step": 4},
+    {"train_runtime": 3.0, "train_samples_per_second": 5.0, "train_steps_per_second": 1.0, "total_flos": 0.0,
+     "train_loss": 0.65, "epoch": 1.0, "step": 4},
+]
+
+
+def test_trl_runs_draw_running_metrics_as_training_never_as_train_subset(tmp_path):
+    curves = collect_curves(DPO_HISTORY)
+    assert set(curves.series["rewards/accuracies"]) == {"training", "eval", "train subset", "gap"}
+    assert curves.series["rewards/accuracies"]["training"] == [(2, 0.5), (4, 0.7)]
+    assert curves.series["rewards/accuracies"]["train subset"] == [(2, 0.6), (4, 0.75)]
+    assert set(curves.series["mean_token_accuracy"]) == {"training", "eval"}
+    assert set(curves.series["loss"]) == {"training loss", "eval", "train subset"}
+    assert "logps/chosen" in curves.series and "num_tokens" not in curves.series  # a counter: an extra
+    assert not any(name.startswith(("runtime", "train_summary")) for name in curves.series)
+    figure = plot_learning_curves(DPO_HISTORY, tmp_path / "dpo.png",
+                                  metrics=["loss", "eval/rewards/accuracies", "mean_token_accuracy"])
+    assert [axis.get_title() for axis in figure.axes if axis.get_title()] == [
+        "loss", "rewards/accuracies", "mean_token_accuracy"]
+    assert_legend_covers_no_panel(figure)
 
 
 def test_errors_name_the_problem(tmp_path):
@@ -105,3 +238,10 @@ def test_cli_plot(run_dir, tmp_path, capsys):
     state = json.loads((run_dir / "checkpoint-16" / "trainer_state.json").read_text())
     (tmp_path / "s.json").write_text(json.dumps(state))
     assert main(["plot", str(tmp_path / "s.json"), "-o", str(output), "-m", "mse", "--extras"]) == 0
+    # the package's JSONL log and a directory holding it; prefixed and rendered names
+    for source in (run_dir / "logs" / "metrics.jsonl", run_dir / "logs", run_dir):
+        command = ["plot", str(source), "-o", str(output), "-m", "eval_mse", "eval/mae", "loss"]
+        assert main(command) == 0, source
+        assert output.read_bytes()[:8] == PNG_MAGIC
+    assert main(["plot", str(run_dir), "-o", str(output), "-m", "eval/nope"]) == 1
+    assert "no curve for metrics ['eval/nope']" in capsys.readouterr().err
