@@ -82,3 +82,51 @@ def test_trainer_numbers_unchanged_and_subset_metrics_are_its_own(kind, wiring, 
             # trl labels its own eval metrics "eval_<name>" whatever the dataset name
             assert record[f"{prefix}_{name}"] == pytest.approx(sub[f"eval_{name}"], rel=1e-6), name
         assert record["gap_loss"] == pytest.approx(record[f"{prefix}_loss"] - record["eval_main_loss"])
+
+
+def reward_words(completions, **kwargs):
+    """A trivial GRPO reward: the number of words of each completion."""
+    return [float(len(completion.split())) for completion in completions]
+
+
+def grpo_run(output_dir, wiring=None):
+    import trl
+
+    prompts = [" ".join(text.split()[:3]) for text in runs.tiny_lm.texts()]
+    from datasets import Dataset
+
+    train = Dataset.from_list([{"prompt": p} for p in prompts[:16]])
+    held_out = Dataset.from_list([{"prompt": p} for p in prompts[1000:1004]])
+    args = trl.GRPOConfig(
+        output_dir=str(output_dir), max_steps=4, eval_strategy="steps", eval_steps=2, logging_steps=2,
+        per_device_train_batch_size=4, per_device_eval_batch_size=4, num_generations=2,
+        num_generations_eval=2, max_completion_length=4, learning_rate=1e-2, report_to="none", use_cpu=True,
+        disable_tqdm=True, seed=0, save_strategy="no")
+    subset = TrainSubsetEvaluation(size=4, gap_metrics=True)
+    callbacks = [subset, EarlyStopping("eval_reward", mode="max", patience=50)] if wiring else []
+    base = trl.GRPOTrainer
+    if wiring == "mixin":
+        base = type("PlusGRPOTrainer", (TrainerPlusMixin, trl.GRPOTrainer), {})
+    trainer = base(model=runs.tiny_lm.causal_lm(), reward_funcs=reward_words, args=args, train_dataset=train,
+                   eval_dataset=held_out, processing_class=runs.tiny_lm.tokenizer(), callbacks=callbacks)
+    if wiring == "run_before_integrations":
+        run_before_integrations(trainer, *callbacks)
+    trainer.train()
+    timing = ("step_time",)
+    return subset, [{k: v for k, v in r.items() if k not in timing} for r in runs.history(trainer)]
+
+
+@pytest.mark.parametrize("wiring", ["run_before_integrations", "mixin"])
+def test_grpo_numbers_unchanged_and_subset_rewards_reported(wiring, tmp_path, tmp_path_factory):
+    """GRPO generates completions (sampling: random generators) at every evaluation."""
+    if "grpo" not in _BASELINES:
+        _BASELINES["grpo"] = grpo_run(tmp_path_factory.mktemp("baseline-grpo"))[1]
+    subset, ours = grpo_run(tmp_path, wiring)
+    runs.assert_same_numbers(_BASELINES["grpo"], ours, (f"{subset.prefix}_", "gap_", "early_stopping/"))
+    evaluations = [r for r in ours if "eval_loss" in r]
+    assert len(evaluations) == 2
+    for record in evaluations:
+        for name in ("reward", "reward_std", "rewards/reward_words/mean", "completions/mean_length"):
+            assert f"{subset.prefix}_{name}" in record, name
+        gap = record[f"{subset.prefix}_reward"] - record["eval_reward"]
+        assert record["gap_reward"] == pytest.approx(gap)
