@@ -126,3 +126,18 @@ def test_terminate_on_nonfinite_not_verbose_logs_a_warning(tmp_path, capfd, capl
     assert levels == [logging.WARNING]
     with pytest.raises(TypeError, match="verbose must be True or False, got 1"):
         TerminateOnNonFinite(verbose=1)
+
+
+@pytest.mark.transformers
+def test_the_stop_line_stays_whole_next_to_a_progress_bar(tmp_path, capfd):
+    """With transformers' tqdm progress bar the line goes through ``tqdm.write``: one intact line."""
+    stopper = EarlyStopping("eval_score", mode="min", patience=2)
+    scripted_trainer(tmp_path, by_eval(5, 4, 3, 3.5, 3.5), callbacks=[stopper], disable_tqdm=False).train()
+    err = capfd.readouterr().err
+    assert "it/s" in err or "%|" in err  # the bar was drawn
+    import re
+
+    shown = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", err)  # tqdm's cursor moves around its bar
+    # splitlines also splits at "\r": a line printed into the bar's own line would not be whole
+    assert [line for line in shown.splitlines() if "EarlyStopping stopped" in line] == [STOP_LINE]
+    assert shown.count(SUMMARY_LINE) == 1
