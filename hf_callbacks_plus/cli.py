@@ -1,10 +1,11 @@
-"""Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png``."""
+"""Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png`` and
+``hf-callbacks-plus replay <spill file or dir> [--dry-run]``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = ["build_parser", "main"]
 
@@ -28,7 +29,41 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--title", default=None, help="figure title")
     plot.add_argument("--extras", action="store_true", help="also plot learning_rate and grad_norm")
     plot.add_argument("--columns", type=int, default=2, help="panels per row (default: 2)")
+    add_replay_command(commands)
     return parser
+
+
+def add_replay_command(commands: Any) -> None:
+    """Register ``replay``: send a logger's spilled records to their runs."""
+    replay = commands.add_parser(
+        "replay",
+        help="send records a logger spilled (backend down or too slow) to their runs",
+        description="Send every record of a spill file (or of every spill file under a folder, such "
+        "as <output_dir>/.tracker_spill) to the run it belongs to, in order, and set the run's final "
+        "status. Steps the run already holds are skipped, and delivered records leave the file: "
+        "running it twice sends nothing twice.",
+    )
+    replay.add_argument("path", help="a spill file (*.jsonl) or a folder holding spill files")
+    replay.add_argument("--dry-run", action="store_true", help="list what would be sent; send nothing")
+    replay.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI to send to (the spill file keeps it with credentials "
+                        "masked; default: the recorded one, or MLFLOW_TRACKING_URI when it matches)")
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Run ``replay``; 0 when everything was sent (or listed), 1 otherwise."""
+    from .loggers.replay import replay_spill
+
+    try:
+        results = replay_spill(args.path, dry_run=args.dry_run, tracking_uri=args.tracking_uri)
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as error:
+        print(f"hf-callbacks-plus replay: {error}", file=sys.stderr)
+        return 1
+    failed = [result for result in results if result.error]
+    if not args.dry_run:
+        print(f"replayed {len(results) - len(failed)} run(s)" + (f", {len(failed)} failed (kept in the file)"
+                                                               if failed else ""))
+    return 1 if failed else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -41,6 +76,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         The exit status: 0 on success, 1 on a user error (printed to stderr).
     """
     args = build_parser().parse_args(argv)
+    if args.command == "replay":
+        return run_replay(args)
     if args.command == "plot":
         from .plotting import plot_learning_curves
 

@@ -14,7 +14,7 @@ Capability attributes tell the worker the backend's limits, so it batches up to 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from .records import ArtifactRecord, LogRecord
 
@@ -89,3 +89,8 @@ class Backend:
     def is_transient(self, error: BaseException) -> bool:
         """Tell whether an error is worth retrying. Defaults to True."""
         return True
+
+    def target(self) -> dict[str, Any]:
+        """What the records are for, saved beside a spill file so ``hf-callbacks-plus replay`` can
+        rebuild the backend: ``{"logger": ..., ...}``, credentials masked. Defaults to the name."""
+        return {"logger": self.name}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -66,7 +67,10 @@ def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
     if tracker is None:
         return
     try:
-        tracker.close(FAILED if tracker.training else FINISHED)
+        if tracker.training:  # on_train_end never came: the training raised (stock Trainer)
+            tracker.close_after_exception()
+        else:
+            tracker.close(FINISHED)
     except Exception as error:  # never raise at interpreter exit
         logger.warning("%s: could not close at exit: %s", type(tracker).__name__, error)
 
@@ -82,8 +86,10 @@ class TrackerLogger(SelfRestoringState):
         flush_timeout: Seconds to wait at train end / exception / exit for the backend to take
             the remaining records; what is still unsent goes to the spill file. Defaults to 30.
         spill_dir: Directory of the spill file. Defaults to ``<output_dir>/.tracker_spill``.
-        max_memory_records: Records kept in memory while the backend is unreachable before
-            spilling to disk. Defaults to 10000.
+        max_memory_records: Records kept in memory (backend unreachable or slower than the
+            training) before spilling to disk. Defaults to 10000.
+        max_memory_points: Metric points kept in memory before spilling to disk: bounds the
+            memory of heavy records (500 metrics per step). Defaults to 200000 (tens of MB).
         backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30.0).
         grammar: The key grammar to render keys with. Defaults to a new ``KeyGrammar()``, which
             learns evaluation prefixes and dataset names from the metrics it sees.
@@ -104,6 +110,7 @@ class TrackerLogger(SelfRestoringState):
         max_memory_records: int = 10_000,
         backoff: tuple[float, float] = (0.5, 30.0),
         grammar: Optional[KeyGrammar] = None,
+        max_memory_points: int = 200_000,
     ) -> None:
         super().__init__()
         if nonfinite not in NONFINITE_POLICIES:
@@ -112,6 +119,8 @@ class TrackerLogger(SelfRestoringState):
             raise ValueError(f"flush_timeout must be a number >= 0, got {flush_timeout!r}")
         if not isinstance(max_memory_records, int) or max_memory_records < 1:
             raise ValueError(f"max_memory_records must be an int >= 1, got {max_memory_records!r}")
+        if not isinstance(max_memory_points, int) or max_memory_points < 1:
+            raise ValueError(f"max_memory_points must be an int >= 1, got {max_memory_points!r}")
         if len(backoff) != 2 or not 0 < backoff[0] <= backoff[1]:
             raise ValueError(f"backoff must be (initial, max) with 0 < initial <= max, got {backoff!r}")
         self.log_config = log_config
@@ -119,6 +128,7 @@ class TrackerLogger(SelfRestoringState):
         self.flush_timeout = float(flush_timeout)
         self.spill_dir = spill_dir
         self.max_memory_records = max_memory_records
+        self.max_memory_points = max_memory_points
         self.backoff = (float(backoff[0]), float(backoff[1]))
         self._own_grammar = grammar is not None
         self.grammar = grammar if grammar is not None else KeyGrammar()
@@ -164,12 +174,16 @@ class TrackerLogger(SelfRestoringState):
 
     @property
     def spill_path(self) -> Path:
-        """The JSONL file records are spilled to while the backend is unreachable."""
+        """The JSONL file records are spilled to while they cannot be delivered.
+
+        Named after `state_key` (credentials masked), with every character other than letters,
+        digits, ``_``, ``.`` and ``-`` replaced by ``_``: one flat file name.
+        """
         base = self.spill_dir or (
             os.path.join(self._output_dir, ".tracker_spill") if self._output_dir
             else os.path.join(tempfile.gettempdir(), "hf_callbacks_plus_spill")
         )
-        return Path(base) / f"{self.state_key}.jsonl"
+        return Path(base) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.state_key)}.jsonl"
 
     @property
     def worker(self) -> Optional[BackgroundWorker]:
@@ -181,12 +195,16 @@ class TrackerLogger(SelfRestoringState):
         worker = self._worker
         return True if worker is None else worker.flush(self.flush_timeout if timeout is None else timeout)
 
-    def close(self, status: str = FINISHED, timeout: Optional[float] = None) -> bool:
+    def close(self, status: str = FINISHED, timeout: Optional[float] = None, grace: float = 5.0) -> bool:
         """Send what is left, close the run with ``status`` and stop the worker.
+
+        Bounded: after ``timeout`` seconds (plus ``grace`` for a backend call in flight) what is
+        not delivered is in the spill file, with one warning saying how to replay it.
 
         Args:
             status: ``"FINISHED"`` or ``"FAILED"``. Defaults to "FINISHED".
-            timeout: Seconds to wait for the backend. Defaults to ``flush_timeout``.
+            timeout: Seconds to keep sending. Defaults to ``flush_timeout``.
+            grace: Extra seconds for a backend call in flight at the deadline. Defaults to 5.
 
         Returns:
             True when everything was delivered and the run was closed.
@@ -198,21 +216,23 @@ class TrackerLogger(SelfRestoringState):
             self.training = False
         if worker is None:
             return True
-        return worker.close(self.flush_timeout if timeout is None else timeout, status)
+        return worker.close(self.flush_timeout if timeout is None else timeout, status, grace)
 
     # -- checkpointed state -----------------------------------------------------------
     def state_attributes(self) -> dict[str, Any]:
-        """Run id, last logged step per metric and whether the config was logged.
+        """Run id, last delivered step per metric, records still pending, whether the config was logged.
 
-        Called when a checkpoint is saved: while the backend is reachable it first waits (at
-        most ``flush_timeout`` seconds) for the run to be open and the queued records
-        to be sent, so the checkpoint holds the run id and exact steps.
+        Called when a checkpoint is saved; it never waits for the backlog: ``last_steps`` holds
+        what was delivered so far and ``pending`` how many records were still queued (they are
+        delivered later, or spilled and replayed). Only a run whose id is not known yet (MLflow
+        assigns it when the run opens, right after train begin) is waited for, at most
+        ``min(flush_timeout, 5)`` seconds and only while the backend is reachable.
         """
         worker = self._worker
-        if worker is not None and worker.healthy:
-            worker.flush(self.flush_timeout)
+        if worker is not None and self.run_id is None and worker.healthy:
+            worker.wait_started(min(self.flush_timeout, 5.0))
         return {"run_id": self.run_id, "last_steps": self.ledger.last_steps(),
-                "params_logged": self._params_logged}
+                "pending": 0 if worker is None else worker.pending, "params_logged": self._params_logged}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         """Restore the run id and the logged steps from a checkpoint."""
@@ -262,9 +282,22 @@ class TrackerLogger(SelfRestoringState):
             self.close(FINISHED)
 
     def on_exception(self, args: Any, state: Any, control: Any, exception: Any = None, **kwargs: Any):
-        """Flush and close the run FAILED (TrainerPlus and LightweightTrainer fire this)."""
+        """Close the run FAILED without holding the exception back (TrainerPlus and
+        LightweightTrainer fire this): at most ``min(flush_timeout, 2)`` seconds while the backend
+        answers, none while it is unreachable; the rest goes to the spill file."""
         if is_main_process(state):
-            self.close(FAILED)
+            self.close_after_exception()
+
+    def close_after_exception(self) -> bool:
+        """Close the run FAILED quickly: at most ``min(flush_timeout, 2)`` seconds while the backend
+        answers, none while it is unreachable; what is left goes to the spill file.
+
+        Returns:
+            True when everything was delivered and the run was closed.
+        """
+        worker = self._worker
+        timeout = min(self.flush_timeout, 2.0) if worker is not None and worker.healthy else 0.0
+        return self.close(FAILED, timeout=timeout, grace=1.0)
 
     # -- internals ---------------------------------------------------------------------
     def _open(self) -> BackgroundWorker:
@@ -278,8 +311,8 @@ class TrackerLogger(SelfRestoringState):
             renderer = RecordRenderer(self.grammar, self.nonfinite, self._warn, type(self).__name__)
             self._worker = BackgroundWorker(
                 backend, self.ledger, self.spill_path, renderer=renderer, name=type(self).__name__,
-                max_memory_records=self.max_memory_records,
-                backoff_initial=self.backoff[0], backoff_max=self.backoff[1],
+                max_memory_records=self.max_memory_records, max_memory_points=self.max_memory_points,
+                backoff_initial=self.backoff[0], backoff_max=self.backoff[1], target=backend.target(),
             )
             return self._worker
 

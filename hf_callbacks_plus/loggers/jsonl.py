@@ -94,6 +94,13 @@ class JsonlBackend(Backend):
     def finish(self, status: str, run_id: str) -> None:
         self._append([{"event": "finish", "status": status, "time": time.time()}])
 
+    def is_transient(self, error: BaseException) -> bool:
+        """A file that cannot be written (permissions, read-only disk, not a directory) stays so."""
+        return not isinstance(error, OSError)
+
+    def target(self) -> dict[str, Any]:
+        return {"logger": self.name, "path": str(self._file())}
+
 
 class JsonlLogger(TrackerLogger):
     """Writes every log event as one JSON line; works in any trainer, needs nothing installed.

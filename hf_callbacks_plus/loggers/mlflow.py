@@ -28,8 +28,8 @@ from urllib.parse import urlparse
 from .._compat import env_flag, require
 from .backend import Backend
 from .base import TrackerLogger
-from .records import LogRecord
-from .secrets import mask_secrets, remember_credentials, unmask_url
+from .records import LogRecord, WarnOnce
+from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
 
 __all__ = ["KNOWN_TRACKING_SCHEMES", "MLflowBackend", "MLflowLogger", "validate_tracking_uri"]
 
@@ -116,6 +116,7 @@ class MLflowBackend(Backend):
         http_timeout: Seconds per HTTP request, set as ``MLFLOW_HTTP_REQUEST_TIMEOUT`` when unset.
         http_max_retries: MLflow's own HTTP retries, set as ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``
             when unset.
+        warn: Warns once per key. Defaults to a new `WarnOnce`.
     """
 
     name = "MLflowLogger"
@@ -130,8 +131,9 @@ class MLflowBackend(Backend):
 
     def __init__(self, mlflow: Any, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str], tags: dict[str, str], max_log_params: Optional[int],
-                 http_timeout: int, http_max_retries: int) -> None:
+                 http_timeout: int, http_max_retries: int, warn: Optional[WarnOnce] = None) -> None:
         self._mlflow = mlflow
+        self._warn = warn or WarnOnce()
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name = run_name
@@ -226,7 +228,15 @@ class MLflowBackend(Backend):
     def store_config(self, params: dict[str, str], run_id: str) -> None:
         from mlflow.entities import Param
 
-        items = [(clean_mlflow_name(key)[: self.max_name_length], value) for key, value in params.items()]
+        items = []
+        for key, value in params.items():
+            name = clean_mlflow_name(key)
+            if len(name) > self.max_name_length:  # cut, two keys could collide: drop it alone
+                self._warn(("long-param", key), "MLflowLogger: config key %r is longer than MLflow's %d "
+                           "characters; it is not logged (the other params are).", key[:80] + "...",
+                           self.max_name_length)
+                continue
+            items.append((name, value))
         if self.max_log_params is not None:
             logged = self._params_sent.get(run_id, 0)
             items = items[: max(0, self.max_log_params - logged)]
@@ -243,6 +253,10 @@ class MLflowBackend(Backend):
 
     def finish(self, status: str, run_id: str) -> None:
         self.client.set_terminated(run_id, status=status)
+
+    def target(self) -> dict[str, Any]:
+        return {"logger": self.name, "tracking_uri": mask_url_credentials(self.tracking_uri),
+                "experiment_name": self.experiment_name}
 
     def is_transient(self, error: BaseException) -> bool:
         code = getattr(error, "error_code", None)
@@ -328,7 +342,7 @@ class MLflowLogger(TrackerLogger):
         self.http_max_retries = http_max_retries
         self.backend: MLflowBackend = MLflowBackend(
             self._mlflow, self.tracking_uri, self.experiment_name, self.run_name, self.tags, max_log_params,
-            http_timeout, http_max_retries)
+            http_timeout, http_max_retries, self._warn)
 
     @property
     def state_key(self) -> str:
@@ -339,11 +353,6 @@ class MLflowLogger(TrackerLogger):
         """Constructor kwargs that rebuild this logger (credentials in the URI masked: a logger
         rebuilt from them in this process gets the real URI back, see ``unmask_url``)."""
         return {"tracking_uri": self.safe_tracking_uri, "experiment_name": self.experiment_name}
-
-    @property
-    def spill_path(self):  # noqa: D102 - the state key holds ':' and '/', keep the file name simple
-        path = super().spill_path
-        return path.with_name(re.sub(r"[^\w.\-]", "_", path.name))
 
     @staticmethod
     def clean_name(name: str) -> str:

@@ -3,8 +3,9 @@
 No threads and no backend here:
 
 * the records: `RawLog` (the ``logs`` dict copied on the training thread by ``on_log``) and
-  the records the worker sends and spills, `LogRecord`, `ParamsRecord`, `TagsRecord` and
-  `ArtifactRecord` (told apart by type; `record_from_json` reads a spilled one back);
+  the records the worker sends and spills, `LogRecord`, `ParamsRecord`, `TagsRecord`,
+  `ArtifactRecord` and `FinishRecord` (told apart by type; `record_from_json` reads a spilled
+  one back);
 * `RecordRenderer`: turns a `RawLog` into a `LogRecord` on the worker thread (keys rendered
   by the key grammar, values normalized, secret strings redacted);
 * value policy (documented in ``docs/loggers.md``): ``bool`` -> 1.0/0.0; ints, floats, numpy
@@ -33,6 +34,7 @@ from .secrets import REDACTED, is_vocabulary_token, looks_like_secret, mask_secr
 __all__ = [
     "NONFINITE_POLICIES",
     "ArtifactRecord",
+    "FinishRecord",
     "LogRecord",
     "NameSanitizer",
     "ParamsRecord",
@@ -45,6 +47,7 @@ __all__ = [
     "flatten_config",
     "normalize_value",
     "record_from_json",
+    "record_to_json",
     "truncate",
 ]
 
@@ -119,8 +122,21 @@ class ArtifactRecord:
     kind = "artifact"
 
 
-Record = Union[LogRecord, ParamsRecord, TagsRecord, ArtifactRecord]
-_KINDS: dict[str, Any] = {cls.kind: cls for cls in (LogRecord, ParamsRecord, TagsRecord, ArtifactRecord)}
+@dataclass
+class FinishRecord:
+    """The run's final status, kept in the spill file when it could not be set (replay sets it)."""
+
+    status: str
+    #: The logging session (one ``train()``) that produced it; None: the current one.
+    session: Optional[str] = None
+    #: The run it belongs to (set when it is spilled); None: the open run.
+    run_id: Optional[str] = None
+    kind = "finish"
+
+
+Record = Union[LogRecord, ParamsRecord, TagsRecord, ArtifactRecord, FinishRecord]
+_KINDS: dict[str, Any] = {cls.kind: cls for cls in (LogRecord, ParamsRecord, TagsRecord, ArtifactRecord,
+                                                    FinishRecord)}
 
 
 def record_to_json(record: Record) -> dict[str, Any]:
@@ -162,7 +178,10 @@ def normalize_value(value: Any) -> tuple[str, Any]:
     """
     if isinstance(value, str):
         return "text", value
-    number = to_float(value, accept_bool=True)
+    try:
+        number = to_float(value, accept_bool=True)
+    except OverflowError:  # an int beyond float's range (10**400)
+        return "drop", value
     return ("drop", value) if number is None else ("number", number)
 
 
@@ -221,6 +240,9 @@ class RecordRenderer:
                     target[name] = number
                 elif kind == "text":
                     texts[name] = REDACTED if looks_like_secret(name, number) else mask_secrets(number)
+                elif isinstance(value, int):
+                    self.warn(("drop", name), "%s: %r = %s... is too large for a float; this value is not "
+                              "logged (the other metrics are).", self.owner, name, str(value)[:20])
                 else:
                     self.warn(("drop", name), "%s: %r has a value of type %s that is neither a number nor "
                               "a string; it is not logged.", self.owner, name, type(value).__name__)
@@ -240,7 +262,8 @@ class NameSanitizer:
         max_length: Longest accepted name, or None. Defaults to None.
 
     Two different names that clean to the same string keep distinct names: the later one
-    gets a ``_2``, ``_3``... suffix, with one warning per name.
+    gets a ``_2``, ``_3``... suffix (cutting the name so that it stays within ``max_length``),
+    with one warning per name.
     """
 
     def __init__(self, clean: Callable[[str], str], max_length: Optional[int] = None) -> None:
@@ -260,7 +283,9 @@ class NameSanitizer:
         candidate = cleaned
         counter = 2
         while candidate in self._owner and self._owner[candidate] != name:
-            candidate = f"{cleaned}_{counter}"
+            suffix = f"_{counter}"  # the suffixed name respects the limit too
+            base = cleaned if self._max_length is None else cleaned[: self._max_length - len(suffix)]
+            candidate = f"{base}{suffix}"
             counter += 1
         if candidate != name:
             if candidate != cleaned:

@@ -304,6 +304,11 @@ class WandbBackend(Backend):
                 current.append(tag)
         self.run.tags = tuple(current)
 
+    def target(self) -> dict[str, Any]:
+        project = self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface"
+        return {"logger": self.name, "project": project, "entity": self.init.get("entity"),
+                "dir": self.init.get("dir"), "mode": self.init.get("mode")}
+
     def log_artifact(self, record: ArtifactRecord, run_id: str) -> None:
         folder = Path(record.path)
         if not folder.is_dir():

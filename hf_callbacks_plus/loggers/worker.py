@@ -5,20 +5,23 @@ The training thread only calls `BackgroundWorker.submit` (one ``SimpleQueue.put`
 `Backend`, then sends records in order, in batches, planning each batch with the
 `StepLedger` (resume boundary, repeats) and marking what was delivered. When the backend
 fails with a *transient* error, the worker keeps the records in memory (up to
-``max_memory_records``), then appends the overflow to a JSONL spill file, and retries with
-exponential backoff; when the backend answers again it replays memory, then the file, in
-order. Records still unsent when the worker is closed are written to the spill file, which
-the next worker writing to the same spill path replays first.
+``max_memory_records`` records and ``max_memory_points`` metric points), then appends the
+overflow to a JSONL spill file, and retries with exponential backoff; when the backend answers
+again it replays memory, then the file, in order.
 
-The spill file (`SpillFile`): every spilled record carries the id of the run it belongs to
-(``run_id``) and the session that wrote it (``session``), so a later run replays each record
-into its own run:
+Closing is bounded: `BackgroundWorker.close` gives the worker ``timeout`` seconds, whether the
+backend is down or merely slow; what is not delivered by then goes to the spill file, with
+one warning saying where it is and how to replay it (``hf-callbacks-plus replay``, or the next
+run writing to the same spill path). When the run's final status could not be set, a
+`FinishRecord` in the spill file carries it, and the replay sets it.
 
-* ``<name>.jsonl``: records of the current worker (and, until the worker partitions it at
-  start, records left by earlier ones), read back in order;
-* ``<name>.held.jsonl``: records of other runs that the backend cannot write to now (W&B
-  writes only to its open run); kept, and replayed by the run they belong to when it is
-  resumed. A backend that writes to any run (MLflow) gets them at once.
+A record the backend rejects (a permanent error) is isolated: a batch is resent record by
+record, a log record is split key by key (halving), so only the rejected key is dropped, with
+one warning. No exception escapes the worker thread; an unwritable spill directory falls back
+to a temporary one, with one warning.
+
+The spill file is `SpillFile` (`hf_callbacks_plus.loggers.spill`): each spilled record
+carries its run id, so a later run replays it into its own run.
 
 One warning when the backend becomes unreachable and one when it is back, never one per step.
 """
@@ -26,9 +29,7 @@ One warning when the backend becomes unreachable and one when it is back, never 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -40,6 +41,7 @@ from .backend import FINISHED, Backend
 from .ledger import StepLedger, plan_batch
 from .records import (
     ArtifactRecord,
+    FinishRecord,
     LogRecord,
     NameSanitizer,
     ParamsRecord,
@@ -47,11 +49,10 @@ from .records import (
     Record,
     RecordRenderer,
     TagsRecord,
-    record_from_json,
-    record_to_json,
 )
+from .spill import SpillFile, replay_hint
 
-__all__ = ["BackgroundWorker", "SpillFile"]
+__all__ = ["BackgroundWorker", "deliver", "send_to_run"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -63,138 +64,77 @@ class _Stop:
 _STOP = _Stop()
 
 
-# -- spill file --------------------------------------------------------------------------
-def _read_records(path: Path, name: str) -> list[Record]:
-    records: list[Record] = []
-    if path.exists():
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                record = _parse(line, name, path)
-                if record is not None:
-                    records.append(record)
-    return records
+def points(record: Record) -> int:
+    """Metric points and summary values a record holds (1 for other records)."""
+    if isinstance(record, LogRecord):
+        return max(1, len(record.metrics) + len(record.summary))
+    return 1
 
 
-def _parse(line: str, name: str, path: Path) -> Optional[Record]:
-    if not line.strip():
-        return None
-    try:
-        record = record_from_json(json.loads(line))
-    except (json.JSONDecodeError, TypeError):
-        record = None
-    if record is None:
-        logger.warning("%s: skipping a corrupt line in %s", name, path)
-    return record
-
-
-def _dump(record: Record) -> str:
-    return json.dumps(record_to_json(record), allow_nan=True) + "\n"
-
-
-def _write(path: Path, records: list[Record]) -> None:
-    if not records:
-        path.unlink(missing_ok=True)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.writelines(_dump(record) for record in records)
-    os.replace(tmp, path)
-
-
-class SpillFile:
-    """The JSONL spill file (and the held file beside it) of one logger.
+# -- delivery ----------------------------------------------------------------------------
+def deliver(backend: Backend, planned: list[tuple[Record, Optional[LogRecord]]], run_id: str,
+            delivered: Optional[Callable[[LogRecord, LogRecord], None]] = None,
+            finish: bool = True) -> None:
+    """Hand planned records (see `plan_batch`) to the backend; consecutive log records go in one call.
 
     Args:
-        path: The spill file.
-        name: Shown in warnings.
+        backend: Where to send.
+        planned: ``(record, planned log record or None)`` pairs.
+        run_id: The run to write to.
+        delivered: Called for each log record once the backend took it. Defaults to None.
+        finish: Apply `FinishRecord` statuses (replaying another run); the open run's own
+            status is set when its worker closes. Defaults to True.
     """
+    logs: list[tuple[LogRecord, LogRecord]] = []
 
-    def __init__(self, path: Path, name: str) -> None:
-        self.path = Path(path)
-        self.held_path = self.path.with_name(f"{self.path.stem}.held{self.path.suffix}")
-        self.name = name
-        self.offset = 0  # bytes of ``path`` already loaded into memory
+    def send_logs() -> None:
+        if logs:
+            backend.log([item for _, item in logs], run_id)
+            if delivered is not None:
+                for record, item in logs:
+                    delivered(record, item)
+            logs.clear()
 
-    def exists(self) -> bool:
-        """True while the spill file holds records not yet loaded."""
-        return self.path.exists()
+    for record, item in planned:
+        if item is not None:
+            logs.append((record, item))  # type: ignore[arg-type]
+            continue
+        send_logs()
+        if isinstance(record, ParamsRecord):
+            params = list(record.params.items())
+            size = backend.max_params_per_batch or len(params) or 1
+            for index in range(0, len(params), size):
+                backend.store_config(dict(params[index:index + size]), run_id)
+        elif isinstance(record, TagsRecord):
+            backend.set_tags(record.tags, run_id)
+        elif isinstance(record, ArtifactRecord):
+            backend.log_artifact(record, run_id)
+        elif isinstance(record, FinishRecord) and finish:
+            backend.finish(record.status, run_id)
+    send_logs()
 
-    def leftover(self) -> int:
-        """Records left by earlier runs (spill and held files)."""
-        count = 0
-        for path in (self.path, self.held_path):
-            if path.exists():
-                with open(path, encoding="utf-8") as handle:
-                    count += sum(1 for line in handle if line.strip())
-        return count
 
-    def append(self, records: list[Record]) -> None:
-        """Append records at the end of the spill file."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.writelines(_dump(record) for record in records)
+def send_to_run(backend: Backend, sanitize: Callable[[str], str], run_id: Optional[str],
+                records: list[Record]) -> str:
+    """Send records an earlier session left in a spill file to *their* run; return its id.
 
-    def load(self, pending: deque[Record], limit: int, on_corrupt: Callable[[], None]) -> None:
-        """Move records from the file into ``pending`` (up to ``limit`` in memory); delete it at its end."""
-        if not self.path.exists():
-            return
-        with open(self.path, encoding="utf-8") as handle:
-            handle.seek(self.offset)
-            while len(pending) < limit:
-                line = handle.readline()
-                if not line:
-                    break
-                self.offset = handle.tell()
-                if line.strip():
-                    record = _parse(line, self.name, self.path)
-                    if record is None:
-                        on_corrupt()
-                    else:
-                        pending.append(record)
-            at_end = not handle.readline()
-        if at_end:
-            self.path.unlink()
-            self.offset = 0
-
-    def rewrite(self, first: list[Record], stamp: Callable[[Record], Record]) -> int:
-        """Write ``first`` then the records not loaded yet (stamped) as the new spill file.
-
-        Returns:
-            The number of records in the file.
-        """
-        rest: list[Record] = []
-        if self.path.exists():
-            with open(self.path, encoding="utf-8") as handle:
-                handle.seek(self.offset)
-                for line in handle:
-                    record = _parse(line, self.name, self.path)
-                    if record is not None:
-                        rest.append(stamp(record))
-        _write(self.path, first + rest)
-        self.offset = 0
-        return len(first) + len(rest)
-
-    def partition(self, is_own: Callable[[Record], bool]) -> dict[Optional[str], list[Record]]:
-        """Keep this run's records in the spill file; return the others grouped by run id, in order.
-
-        Reads the held file first (older), then the spill file. Call it once, before loading.
-        """
-        others: dict[Optional[str], list[Record]] = {}
-        own = []
-        for record in _read_records(self.held_path, self.name) + _read_records(self.path, self.name):
-            if is_own(record):
-                own.append(record)
-            else:
-                others.setdefault(record.run_id, []).append(record)
-        self.held_path.unlink(missing_ok=True)
-        _write(self.path, own)
-        self.offset = 0
-        return others
-
-    def hold(self, records: list[Record]) -> None:
-        """Keep records of other runs in the held file (replacing it)."""
-        _write(self.held_path, records)
+    Steps that run already holds are skipped (so sending twice sends nothing new), and its
+    final status is set when the records carry one. Records of a run that never opened (the
+    backend was down from its start) get a new run of their own (`Backend.recovery_run`),
+    closed FINISHED unless a status was recorded. A backend that writes only to its open run
+    reopens the run (``start(run_id, resume=True)``) and closes it.
+    """
+    if backend.can_write_other_runs:
+        target = backend.recovery_run() if run_id is None else run_id
+    else:
+        target = backend.start(run_id, True)
+    held = backend.logged_steps(target)
+    planned = list(plan_batch(records, held, sanitize, backend.summary_as_curves))
+    deliver(backend, planned, target)
+    has_status = any(isinstance(record, FinishRecord) for record in records)
+    if not has_status and (run_id is None or not backend.can_write_other_runs):
+        backend.finish(FINISHED, target)
+    return target
 
 
 # -- worker ------------------------------------------------------------------------------
@@ -208,13 +148,17 @@ class BackgroundWorker:
         renderer: Turns submitted `RawLog` data into log records. Defaults to None (only
             records are submitted).
         name: Shown in warnings and in the thread name. Defaults to the backend's name.
-        max_memory_records: Records kept in memory while the backend is down. Defaults to 10000.
+        max_memory_records: Records kept in memory before spilling to disk. Defaults to 10000.
+        max_memory_points: Metric points kept in memory before spilling to disk (bounds the
+            memory of heavy records: 500 metrics per step). Defaults to 200000.
         batch_size: Most records handed to the backend at once. Defaults to 64.
         backoff_initial: First retry delay in seconds, doubled after each failure. Defaults to 0.5.
         backoff_max: Longest retry delay in seconds. Defaults to 30.
+        target: What the records are for (``Backend.target()``), saved beside the spill file
+            for ``hf-callbacks-plus replay``. Defaults to None.
 
     Raises:
-        ValueError: ``max_memory_records`` < 1 or a bad backoff.
+        ValueError: ``max_memory_records`` or ``max_memory_points`` < 1, or a bad backoff.
     """
 
     def __init__(
@@ -225,12 +169,15 @@ class BackgroundWorker:
         renderer: Optional[RecordRenderer] = None,
         name: Optional[str] = None,
         max_memory_records: int = 10_000,
+        max_memory_points: int = 200_000,
         batch_size: int = 64,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
+        target: Optional[dict[str, Any]] = None,
     ) -> None:
-        if max_memory_records < 1:
-            raise ValueError(f"max_memory_records must be >= 1, got {max_memory_records!r}")
+        if max_memory_records < 1 or max_memory_points < 1:
+            raise ValueError(f"max_memory_records and max_memory_points must be >= 1, got "
+                             f"{max_memory_records!r} and {max_memory_points!r}")
         if backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError(
                 f"backoff must satisfy 0 < backoff_initial <= backoff_max, got "
@@ -240,35 +187,41 @@ class BackgroundWorker:
         self.backend = backend
         self.ledger = ledger
         self.renderer = renderer
-        self.spill_path = Path(spill_path)
-        self._spill = SpillFile(self.spill_path, self.name)
+        self._spill = SpillFile(Path(spill_path), self.name, target)
         self._sanitize = NameSanitizer(backend.clean_name, backend.max_name_length)
         self._session = ledger.session
         self._max_memory = max_memory_records
+        self._max_points = max_memory_points
         self._batch_size = batch_size
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: deque[Record] = deque()
-        self._started = False
-        self._deadline: Optional[float] = None  # set by close(): give up retrying after it
+        self._pending_points = 0
+        self._started = threading.Event()
+        self._failed = False  # the run could not start: records go to the spill file
+        self._deadline: Optional[float] = None  # set by close(): give up after it
         self._condition = threading.Condition()
+        self._spill_lock = threading.Lock()
+        self._abandoned = False
         self._submitted = 0
-        self._settled = 0  # sent, dropped or spilled at close
+        self._settled = 0  # sent, dropped or spilled
         self._spilled_total = 0
         self._down_since: Optional[float] = None
-        self._warned_permanent: set[str] = set()
+        self._warned_permanent: set[tuple[str, str]] = set()
         self._isolate = 0
         self._status: Optional[str] = None  # set by close(): the run's final status
         self._finish_ok = True
         self.sent = 0
         self.dropped = 0
         self.failures = 0
+        #: Most metric points held in memory at once (the backlog's peak).
+        self.peak_points = 0
         leftover = self._spill.leftover()
         if leftover:
             self._submitted += leftover
             logger.warning("%s: replaying %d record(s) left in %s by a previous run, each into its own run.",
-                           self.name, leftover, self.spill_path)
+                           self.name, leftover, self._spill.path)
         self._thread = threading.Thread(target=self._run, name=f"hf-callbacks-plus-{self.name}", daemon=True)
         self._thread.start()
 
@@ -283,13 +236,13 @@ class BackgroundWorker:
         self._queue.put(item)
 
     def flush(self, timeout: Optional[float] = None) -> bool:
-        """Wait until every record submitted so far is sent (or dropped).
+        """Wait until every record submitted so far is sent (or dropped, or spilled).
 
         Args:
             timeout: Longest wait in seconds; None waits forever. Defaults to None.
 
         Returns:
-            True when everything was sent, False on timeout.
+            True when everything was settled, False on timeout.
         """
         target = self._submitted
         end = None if timeout is None else time.monotonic() + timeout
@@ -301,15 +254,28 @@ class BackgroundWorker:
                 self._condition.wait(remaining if remaining is None else min(remaining, 0.5))
         return self._settled >= target
 
-    def close(self, timeout: float, status: Optional[str] = FINISHED) -> bool:
-        """Send what is left (for at most ``timeout`` seconds), finish the run, stop the thread.
+    def wait_started(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until the run is open. Never waits on the backlog."""
+        return self._started.wait(timeout)
 
-        Records still unsent at the deadline are written to the spill file for the next run.
+    @property
+    def pending(self) -> int:
+        """Records submitted and not yet sent, dropped or spilled (read without locking)."""
+        return max(0, self._submitted - self._settled)
+
+    def close(self, timeout: float, status: Optional[str] = FINISHED, grace: float = 5.0) -> bool:
+        """Send what is left for at most ``timeout`` seconds, finish the run, stop the thread.
+
+        The deadline holds whether the backend is down or slow: records still unsent then are
+        written to the spill file, with one warning saying how to replay them. When the
+        worker is stuck in a backend call ``grace`` seconds past the deadline, this thread
+        writes what it still holds to the spill file itself.
 
         Args:
-            timeout: Seconds to keep trying.
+            timeout: Seconds to keep sending.
             status: The run's final status (``"FINISHED"``/``"FAILED"``), or None to leave the
                 run open. Defaults to "FINISHED".
+            grace: Extra seconds for a backend call in flight at the deadline. Defaults to 5.
 
         Returns:
             True when every record was sent and the run was finished.
@@ -320,18 +286,26 @@ class BackgroundWorker:
         self._finish_ok = status is None
         self._deadline = time.monotonic() + max(0.0, timeout)
         self._queue.put(_STOP)
-        self._thread.join(timeout + 5.0)
-        return not self._thread.is_alive() and self._finish_ok and not self._spill.exists()
+        self._thread.join(max(0.0, timeout) + grace)
+        if self._thread.is_alive():
+            self._abandon()
+            return False
+        return self._finish_ok and not self._spill.exists()
 
     @property
     def healthy(self) -> bool:
-        """False while the backend is unreachable."""
-        return self._down_since is None
+        """False while the backend is unreachable, or when the run could not start."""
+        return self._down_since is None and not self._failed
 
     @property
     def spilled(self) -> int:
         """Records written to the spill file so far."""
         return self._spilled_total
+
+    @property
+    def spill_path(self) -> Path:
+        """The spill file (it moves to a temporary directory when its own is not writable)."""
+        return self._spill.path
 
     # -- worker thread -----------------------------------------------------------------
     def _settle(self, count: int) -> None:
@@ -343,55 +317,90 @@ class BackgroundWorker:
         return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # never let an exception escape the worker thread
+            logger.exception("%s: the logging worker hit an unexpected error; what it holds is spilled.",
+                             self.name)
+        if not self._abandoned:
+            try:
+                self._shutdown()
+            except Exception:
+                logger.exception("%s: could not write the spill file.", self.name)
+
+    def _loop(self) -> None:
         stopping = False
         backoff = self._backoff_initial
-        while True:
-            idle = self._started and not self._pending and not self._spill.exists()
+        while not self._abandoned:
+            if self._failed:  # the run cannot start: keep what comes in the spill file
+                stopping = self._drain(block=not stopping) or stopping
+                if self._pending:
+                    self._spill_pending()
+                if stopping:
+                    return
+                continue
+            started = self._started.is_set()
+            idle = started and not self._pending and not self._spill.exists()
             stopping = self._drain(block=idle and not stopping) or stopping
-            if not self._started:
+            if not started:
                 outcome = self._attempt(self._start_run, None)
                 if outcome == "ok":
-                    self._started = True
+                    self._started.set()
                     backoff = self._backoff_initial
                     self._replay_other_runs()
                     continue
                 if outcome == "fatal":
-                    break
+                    self._failed = True
+                    continue
             else:
                 if not self._pending:
-                    self._spill.load(self._pending, self._max_memory, lambda: self._settle(1))
+                    self._load_from_file()
                 if not self._pending:
                     if stopping:
-                        break
+                        return
                     continue
-                size = 1 if self._isolate > 0 else self._batch_size
-                batch = [self._pending[i] for i in range(min(size, len(self._pending)))]
-                outcome = self._attempt(self._send, batch)
-                if outcome in ("ok", "dropped"):
-                    for _ in batch:
-                        self._pending.popleft()
-                    if outcome == "ok":
-                        self.sent += len(batch)
-                    else:
-                        self.dropped += len(batch)
-                    self._isolate = max(0, self._isolate - len(batch))
-                    self._settle(len(batch))
+                if stopping and self._expired():
+                    return  # the deadline holds for a slow backend too: the rest is spilled
+                outcome = self._send_next()
+                if outcome in ("ok", "dropped", "isolate"):
                     backoff = self._backoff_initial
-                    continue
-                if outcome == "isolate":
-                    self._isolate = len(batch)
                     continue
             # the backend is down: wait (moving incoming records to memory/spill), then retry
             if stopping and self._expired():
-                break
+                return
             wait_until = time.monotonic() + backoff
             if self._deadline is not None:
                 wait_until = min(wait_until, self._deadline)
-            while time.monotonic() < wait_until:
+            while time.monotonic() < wait_until and not self._abandoned:
                 remaining = max(0.0, wait_until - time.monotonic())
                 stopping = self._drain(block=True, timeout=remaining) or stopping
             backoff = min(backoff * 2, self._backoff_max)
-        self._shutdown()
+
+    def _send_next(self) -> str:
+        size = 1 if self._isolate > 0 else self._batch_size
+        batch = [self._pending[i] for i in range(min(size, len(self._pending)))]
+        outcome = self._attempt(self._send, batch)
+        if self._abandoned:
+            return outcome
+        if outcome in ("ok", "dropped"):
+            for record in batch:
+                self._pending.popleft()
+                self._pending_points -= points(record)
+            if outcome == "ok":
+                self.sent += len(batch)
+            self._isolate = max(0, self._isolate - len(batch))
+            self._settle(len(batch))
+        elif outcome == "isolate":
+            if len(batch) > 1:
+                self._isolate = len(batch)
+            else:  # one log record rejected: split it, so only the rejected key is dropped
+                record = self._pending.popleft()
+                halves = _split(record)
+                for half in reversed(halves):
+                    self._pending.appendleft(half)
+                self._submitted += len(halves) - 1
+                self._isolate = max(self._isolate - 1, 0) + len(halves)
+        return outcome
 
     def _start_run(self) -> None:
         ledger = self.ledger
@@ -404,50 +413,7 @@ class BackgroundWorker:
         """Send records in order, skipping steps held before this session."""
         run_id = self.ledger.run_id
         planned = self.ledger.plan(batch, self._sanitize, self.backend.summary_as_curves)
-        self._deliver(planned, run_id, self.ledger.delivered)
-
-    def _deliver(self, planned: list[tuple[Record, Optional[LogRecord]]], run_id: str,
-                 delivered: Optional[Callable[[LogRecord, LogRecord], None]] = None) -> None:
-        """Hand planned records to the backend; consecutive log records go in one call."""
-        logs: list[tuple[LogRecord, LogRecord]] = []
-
-        def send_logs() -> None:
-            if logs:
-                self.backend.log([item for _, item in logs], run_id)
-                if delivered is not None:
-                    for record, item in logs:
-                        delivered(record, item)
-                logs.clear()
-
-        for record, item in planned:
-            if item is not None:
-                logs.append((record, item))  # type: ignore[arg-type]
-                continue
-            send_logs()
-            if isinstance(record, ParamsRecord):
-                params = list(record.params.items())
-                size = self.backend.max_params_per_batch or len(params) or 1
-                for index in range(0, len(params), size):
-                    self.backend.store_config(dict(params[index:index + size]), run_id)
-            elif isinstance(record, TagsRecord):
-                self.backend.set_tags(record.tags, run_id)
-            elif isinstance(record, ArtifactRecord):
-                self.backend.log_artifact(record, run_id)
-        send_logs()
-
-    def _send_to_run(self, run_id: Optional[str], records: list[Record]) -> None:
-        """Send records an earlier worker left in the spill file to *their* run.
-
-        Steps that run already holds are skipped. Records of a run that never opened (the
-        backend was down from its start) get a new run of their own (`Backend.recovery_run`).
-        """
-        created = run_id is None
-        target = self.backend.recovery_run() if run_id is None else run_id
-        held = self.backend.logged_steps(target)
-        planned = list(plan_batch(records, held, self._sanitize, self.backend.summary_as_curves))
-        self._deliver(planned, target)
-        if created:
-            self.backend.finish(FINISHED, target)
+        deliver(self.backend, planned, run_id, self.ledger.delivered, finish=False)
 
     def _attempt(self, function: Callable[..., None], batch: Optional[list[Record]]) -> str:
         """Run ``function``; return "ok", "transient", "dropped", "isolate" or "fatal"."""
@@ -456,16 +422,19 @@ class BackgroundWorker:
         except Exception as error:  # the backend must never crash training
             if not self.backend.is_transient(error):
                 if batch is None:
-                    logger.error("%s: could not start the run (%s: %s); nothing will be logged.",
-                                 self.name, type(error).__name__, error)
+                    logger.error("%s: could not start the run (%s: %s). Nothing will be sent to the backend; "
+                                 "the records are kept in %s.", self.name, type(error).__name__,
+                                 str(error)[:500], self._spill.path)
                     return "fatal"
-                if len(batch) > 1:
-                    return "isolate"  # resend one by one to find the rejected record
+                if len(batch) > 1 or _splittable(batch[0]):
+                    return "isolate"  # resend one by one (and key by key) to find what was rejected
                 key = type(error).__name__
-                if key not in self._warned_permanent:
-                    self._warned_permanent.add(key)
-                    logger.warning("%s: the backend rejected a record, which is dropped (%s: %s).",
-                                   self.name, key, str(error)[:300])
+                what = _describe(batch[0])
+                if (key, _key_of(batch[0])) not in self._warned_permanent:
+                    self._warned_permanent.add((key, _key_of(batch[0])))
+                    logger.warning("%s: the backend rejected %s, which is dropped; the rest is logged "
+                                   "(%s: %s).", self.name, what, key, str(error)[:300])
+                self.dropped += 1
                 return "dropped"
             self.failures += 1
             if self._down_since is None:
@@ -473,7 +442,7 @@ class BackgroundWorker:
                 logger.warning(
                     "%s: the backend is unreachable (%s: %s). Training continues; records are kept "
                     "in memory (up to %d), then spilled to %s, and replayed in order when it is back.",
-                    self.name, type(error).__name__, str(error)[:300], self._max_memory, self.spill_path,
+                    self.name, type(error).__name__, str(error)[:300], self._max_memory, self._spill.path,
                 )
             return "transient"
         if self._down_since is not None:
@@ -483,6 +452,9 @@ class BackgroundWorker:
             )
             self._down_since = None
         return "ok"
+
+    def _has_room(self, extra: int = 1) -> bool:
+        return len(self._pending) < self._max_memory and self._pending_points + extra <= self._max_points
 
     def _drain(self, block: bool, timeout: Optional[float] = None) -> bool:
         """Move queued records to memory or the spill file. Returns True when asked to stop."""
@@ -498,10 +470,12 @@ class BackgroundWorker:
                 pass
             elif isinstance(item, _Stop):
                 stop = True
-            elif self._spill.exists() or len(self._pending) >= self._max_memory:
+            elif self._spill.exists() or not (self._has_room(points(item)) or not self._pending):
                 self._append_to_file([item])
             else:
                 self._pending.append(item)
+                self._pending_points += points(item)
+                self.peak_points = max(self.peak_points, self._pending_points)
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
@@ -527,8 +501,25 @@ class BackgroundWorker:
         return dataclasses.replace(record, session=self._session, run_id=record.run_id or self.ledger.run_id)
 
     def _append_to_file(self, records: list[Record]) -> None:
-        self._spill.append([self._stamp(record) for record in records])
+        with self._spill_lock:
+            if self._abandoned:
+                return
+            self._spill.append([self._stamp(record) for record in records])
         self._spilled_total += len(records)
+        if self._failed:  # nothing will load them back in this process: they are settled there
+            self._settle(len(records))
+
+    def _spill_pending(self) -> None:
+        """The run cannot start: what is in memory goes to the spill file."""
+        records = list(self._pending)
+        self._pending.clear()
+        self._pending_points = 0
+        self._append_to_file(records)
+
+    def _load_from_file(self) -> None:
+        moved = self._spill.load(self._pending, lambda: self._has_room() or not self._pending,
+                                 lambda: self._settle(1))
+        self._pending_points += sum(points(record) for record in moved)
 
     def _replay_other_runs(self) -> None:
         """Once the run is open: send records of other runs to their run, or hold them."""
@@ -542,7 +533,7 @@ class BackgroundWorker:
         for run_id, records in self._spill.partition(is_own).items():
             if self.backend.can_write_other_runs:
                 try:
-                    self._send_to_run(run_id, records)
+                    send_to_run(self.backend, self._sanitize, run_id, records)
                     self.sent += len(records)
                     self._settle(len(records))
                     continue
@@ -557,14 +548,15 @@ class BackgroundWorker:
             runs = sorted({str(record.run_id) for record in held})
             logger.warning(
                 "%s: %d record(s) in the spill file belong to other run(s) (%s), and this backend can only "
-                "write to the open run %s; they are kept in %s and replayed when their run is resumed "
-                "(delete the file to discard them).",
-                self.name, len(held), ", ".join(runs), current, self._spill.held_path,
+                "write to the open run %s; they are kept in %s and replayed when their run is resumed, "
+                "or %s.", self.name, len(held), ", ".join(runs), current, self._spill.held_path,
+                replay_hint(self._spill.held_path),
             )
 
-    def _shutdown(self) -> None:
+    def _unsent(self) -> list[Record]:
         unsent = list(self._pending)
         self._pending.clear()
+        self._pending_points = 0
         try:
             while True:
                 item = self._queue.get_nowait()
@@ -574,20 +566,88 @@ class BackgroundWorker:
                     unsent.append(item)
         except queue.Empty:
             pass
-        if unsent or self._spill.exists():
-            kept = self._spill.rewrite([self._stamp(record) for record in unsent], self._stamp)
-            self._spilled_total += len(unsent)
-            logger.warning(
-                "%s: the backend did not come back in time; %d record(s) are kept in %s and will be "
-                "replayed by the next run that uses this output directory.",
-                self.name, kept, self.spill_path,
-            )
+        return unsent
+
+    def _keep(self, unsent: list[Record], status_set: bool) -> None:
+        """Write what is unsent (and the final status, when not set) to the spill file; one warning."""
+        keep_status = self._status is not None and not status_set and (
+            unsent or self._spill.exists() or self._failed or not self._started.is_set())
+        if not unsent and not self._spill.exists() and not keep_status:
+            return
+        kept = self._spill.rewrite([self._stamp(record) for record in unsent], self._stamp)
+        if keep_status:  # after every record of the run: a replay sets it last
+            self._spill.append([self._stamp(FinishRecord(self._status))])
+            kept += 1
+        self._spilled_total += len(unsent)
+        reason = ("the run could not start" if self._failed else
+                  "the backend was unreachable" if self._down_since is not None else
+                  "the backend was too slow to take them within the close deadline")
+        logger.warning(
+            "%s: %d record(s) were not delivered (%s); they are kept in %s. The next run writing to "
+            "this spill path replays them, or %s.", self.name, kept, reason, self._spill.path,
+            replay_hint(self._spill.path),
+        )
+
+    def _shutdown(self) -> None:
+        status_set = False
+        if self._status is not None and self._started.is_set() and not self._failed:
+            try:  # records may be left: the run gets its status now, a replay sends the rest
+                self.backend.finish(self._status, self.ledger.run_id)
+                status_set = True
+            except Exception as error:
+                logger.warning("%s: could not set the run's final status %s (%s: %s); it is kept in the "
+                               "spill file.", self.name, self._status, type(error).__name__, str(error)[:300])
+        with self._spill_lock:
+            if not self._abandoned:
+                self._keep(self._unsent(), status_set)
         with self._condition:  # what is left is kept for the next run: nothing to wait for
             self._settled = max(self._settled, self._submitted)
             self._condition.notify_all()
-        if self._status is not None and self._started:
-            try:
-                self.backend.finish(self._status, self.ledger.run_id)
-                self._finish_ok = True
-            except Exception as error:
-                logger.warning("%s: could not close the run: %s", self.name, error)
+        self._finish_ok = status_set or self._status is None
+
+    def _abandon(self) -> None:
+        """Training thread: the worker is stuck in a backend call past the deadline; keep its records."""
+        with self._spill_lock:
+            if self._abandoned or not self._thread.is_alive():
+                return
+            self._abandoned = True
+            unsent = self._unsent()
+            self._keep(unsent, status_set=False)
+        logger.warning("%s: the backend did not answer within the close deadline; the records it was "
+                       "sending are in the spill file too (a replay skips the steps the run already holds).",
+                       self.name)
+
+
+def _splittable(record: Record) -> bool:
+    return isinstance(record, LogRecord) and len(record.metrics) + len(record.summary) > 1
+
+
+def _split(record: Record) -> list[Record]:
+    """Two log records with half of the keys each (a rejected record is bisected to its bad key)."""
+    if not _splittable(record):
+        return [record]
+    items = [("m", key, value) for key, value in record.metrics.items()] + [
+        ("s", key, value) for key, value in record.summary.items()]
+    middle = len(items) // 2
+    halves = []
+    for part in (items[:middle], items[middle:]):
+        halves.append(dataclasses.replace(
+            record, metrics={key: value for kind, key, value in part if kind == "m"},
+            summary={key: value for kind, key, value in part if kind == "s"}))
+    return halves
+
+
+def _describe(record: Record) -> str:
+    if isinstance(record, LogRecord):
+        keys = [*record.metrics, *record.summary]
+        return f"{keys[0]!r} at step {record.step}" if len(keys) == 1 else f"a record at step {record.step}"
+    return f"a {record.kind} record"
+
+
+def _key_of(record: Record) -> str:
+    """What one warning is about: the metric name of a one-key log record, else the record kind."""
+    if isinstance(record, LogRecord):
+        keys = [*record.metrics, *record.summary]
+        if len(keys) == 1:
+            return keys[0]
+    return record.kind

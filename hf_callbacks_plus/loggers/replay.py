@@ -1,0 +1,181 @@
+"""Replay spill files into their runs: what ``hf-callbacks-plus replay`` does.
+
+A logger spills the records it could not deliver (backend down, too slow for the close
+deadline, run that could not start) to ``<spill dir>/<logger>.jsonl`` (and ``.held.jsonl``),
+with a ``.target.json`` beside them naming the logger and its target. `replay_spill` sends
+every record to the run it belongs to, in order, skipping the steps that run already holds,
+sets the run's final status when the records carry one, and removes what was delivered from
+the file: replaying twice sends nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from .backend import Backend
+from .records import FinishRecord, LogRecord, NameSanitizer, Record, WarnOnce
+from .spill import read_records, write_records
+from .worker import send_to_run
+
+__all__ = ["ReplayedRun", "backend_for", "find_spill_files", "replay_spill"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+
+@dataclass
+class ReplayedRun:
+    """What one run got (or would get, with ``dry_run``) from one spill file."""
+
+    file: Path
+    logger: str
+    run_id: Optional[str]
+    log_records: int = 0
+    points: int = 0
+    steps: tuple[int, int] = (0, 0)
+    other_records: int = 0
+    status: Optional[str] = None
+    #: The run the records went to (a new one for records whose run never opened).
+    sent_to: Optional[str] = None
+    error: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line for the console."""
+        run = self.run_id or "(never opened: a new run)"
+        parts = [f"{self.logger} run {run}: {self.log_records} log record(s), {self.points} point(s)"]
+        if self.log_records:
+            parts.append(f"steps {self.steps[0]}-{self.steps[1]}")
+        if self.other_records:
+            parts.append(f"{self.other_records} params/tags record(s)")
+        parts.append(f"final status {self.status}" if self.status else "no final status recorded")
+        if self.sent_to and self.sent_to != self.run_id:
+            parts.append(f"sent to run {self.sent_to}")
+        if self.error:
+            parts.append(f"NOT sent: {self.error}")
+        return ", ".join(parts)
+
+
+def find_spill_files(path: Union[str, Path]) -> list[Path]:
+    """The spill files at ``path``: the file itself, or every ``*.jsonl`` spill file under a folder.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or holds no spill file.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"replay: {str(root)!r} does not exist")
+    if root.is_file():
+        return [root]
+    found = sorted(file for file in root.rglob("*.jsonl") if _target_path(file).exists())
+    if not found:
+        raise FileNotFoundError(f"replay: no spill file (a *.jsonl with a .target.json beside it) under "
+                                f"{str(root)!r}")
+    held_first = sorted(found, key=lambda file: (not file.stem.endswith(".held"), str(file)))
+    return held_first
+
+
+def _target_path(file: Path) -> Path:
+    stem = file.stem[: -len(".held")] if file.stem.endswith(".held") else file.stem
+    return file.with_name(f"{stem}.target.json")
+
+
+def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> Backend:
+    """Rebuild the backend a spill file's target names.
+
+    Args:
+        target: The ``.target.json`` content (``{"logger": "MLflowLogger", ...}``).
+        tracking_uri: MLflow tracking URI to use instead of the recorded one (which has its
+            credentials masked: the real one is read from ``MLFLOW_TRACKING_URI`` when it
+            matches). Defaults to None.
+
+    Raises:
+        ValueError: Unknown logger, or a masked URI whose real value is unknown.
+    """
+    name = target.get("logger")
+    if name == "MLflowLogger":
+        from .._compat import require
+        from .mlflow import MLflowBackend, validate_tracking_uri
+        from .secrets import unmask_url
+
+        uri = tracking_uri or unmask_url(target.get("tracking_uri"), "MLFLOW_TRACKING_URI")
+        return MLflowBackend(require("mlflow", "replay"), validate_tracking_uri(uri),
+                             target.get("experiment_name"), None, {}, None, 10, 0)
+    if name == "JsonlLogger":
+        from .jsonl import JsonlBackend
+
+        file = Path(str(target.get("path")))
+        return JsonlBackend(lambda: file)
+    if name == "WandbLogger":
+        from .._compat import require
+        from .wandb import WandbBackend
+
+        init = {key: target.get(key) for key in ("project", "entity", "dir", "mode")}
+        return WandbBackend(require("wandb", "replay"), {**init, "resume": "allow"}, None, "false",
+                            WarnOnce())
+    raise ValueError(f"replay: unknown logger {name!r} in the target file; expected MLflowLogger, "
+                     "WandbLogger or JsonlLogger.")
+
+
+def _groups(records: list[Record]) -> Iterator[tuple[Optional[str], list[Record]]]:
+    by_run: dict[Optional[str], list[Record]] = {}
+    for record in records:
+        by_run.setdefault(record.run_id, []).append(record)
+    yield from by_run.items()
+
+
+def _summary(file: Path, name: str, run_id: Optional[str], records: list[Record]) -> ReplayedRun:
+    logs = [record for record in records if isinstance(record, LogRecord)]
+    statuses = [record.status for record in records if isinstance(record, FinishRecord)]
+    steps = [record.step for record in logs]
+    return ReplayedRun(file, name, run_id, len(logs), sum(len(r.metrics) + len(r.summary) for r in logs),
+                       (min(steps), max(steps)) if steps else (0, 0),
+                       len(records) - len(logs) - len(statuses), statuses[-1] if statuses else None)
+
+
+def replay_spill(path: Union[str, Path], dry_run: bool = False, tracking_uri: Optional[str] = None,
+                 report: Callable[[str], None] = print) -> list[ReplayedRun]:
+    """Send spilled records to their runs, exactly once.
+
+    Args:
+        path: A spill file or a folder holding spill files (``<output_dir>/.tracker_spill``).
+        dry_run: Only list what would be sent. Defaults to False.
+        tracking_uri: MLflow tracking URI to use instead of the recorded one. Defaults to None.
+        report: Receives one line per run. Defaults to ``print``.
+
+    Returns:
+        One entry per (file, run).
+
+    Raises:
+        FileNotFoundError: No spill file at ``path``.
+        ValueError: A target names an unknown logger, or its URI cannot be unmasked.
+    """
+    results: list[ReplayedRun] = []
+    for file in find_spill_files(path):
+        target_file = _target_path(file)
+        target = json.loads(target_file.read_text(encoding="utf-8")) if target_file.exists() else {}
+        name = str(target.get("logger", "unknown logger"))
+        records = read_records(file, name)
+        backend = None if dry_run else backend_for(target, tracking_uri)
+        left: list[Record] = []
+        for run_id, group in _groups(records):
+            entry = _summary(file, name, run_id, group)
+            if backend is not None:
+                try:
+                    sanitize = NameSanitizer(backend.clean_name, backend.max_name_length)
+                    entry.sent_to = send_to_run(backend, sanitize, run_id, group)
+                except Exception as error:  # keep this run's records, go on with the others
+                    entry.error = f"{type(error).__name__}: {str(error)[:300]}"
+                    left.extend(group)
+            results.append(entry)
+            report(("would send " if dry_run else "") + entry.describe())
+        if not dry_run:
+            write_records(file, left)
+            stem = target_file.name[: -len(".target.json")]
+            if not any(file.with_name(f"{stem}{suffix}").exists() for suffix in (".jsonl", ".held.jsonl")):
+                target_file.unlink(missing_ok=True)  # nothing left to replay
+    return results

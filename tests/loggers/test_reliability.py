@@ -1,0 +1,214 @@
+"""Loggers under a slow backend, at exit, at a save, after an exception, with a run that cannot
+start and with a spill directory or output file that cannot be written (real MLflow sqlite
+store, real files).
+
+Fault injection, named as such: ``SlowBackend`` wraps the real MLflow backend and adds 200 ms
+to every ``log`` call; ``FaultInjectingBackend`` makes chosen calls raise ``ConnectionError``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from hf_callbacks_plus.cli import main as cli  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from hf_callbacks_plus.loggers.jsonl import JsonlLogger  # noqa: E402
+from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
+from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
+from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
+from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
+
+pytestmark = pytest.mark.mlflow
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def SlowBackend(backend, delay=0.2):  # noqa: N802 - a fault-injecting wrapper, named as a class
+    """The real backend, 200 ms slower per ``log`` call (a slow but working tracking server)."""
+    return FaultInjectingBackend(backend, slow=("log",), delay=delay)
+
+
+def train(out, callbacks, steps, fail_at=None, save_steps=None):
+    args = LoopArguments(output_dir=str(out), max_steps=steps, logging_steps=1, disable_tqdm=True,
+                         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500)
+    calls = {"n": 0}
+
+    def step(batch):
+        calls["n"] += 1
+        if calls["n"] == fail_at:
+            raise RuntimeError("user code failed")
+        return 1.0 / calls["n"]
+
+    return LightweightTrainer(args, train_step=step, train_data=[[1.0]] * steps, callbacks=callbacks,
+                              learning_rate_fn=lambda: 0.1).train()
+
+
+def spilled(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def loss_steps(client, run_id):
+    return [m.step for m in client.get_metric_history(run_id, "train/loss")]
+
+
+def test_slow_backend_exit_is_bounded_spills_the_rest_and_replay_sends_it_once(tmp_path, sqlite_uri, caplog):
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=1.0)
+    logger.backend = SlowBackend(logger.backend)
+    steps = 3000
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        start = time.monotonic()
+        train(tmp_path, [logger], steps)
+        elapsed = time.monotonic() - start
+    assert elapsed < 5.0, elapsed  # flush_timeout 1 s + one call in flight, not "until sent"
+    client = MlflowClient(sqlite_uri)
+    delivered = loss_steps(client, logger.run_id)
+    records = spilled(logger.spill_path)
+    kept = [r["step"] for r in records if r["kind"] == "log" and "train/loss" in r["metrics"]]
+    assert 0 < len(delivered) < steps
+    assert sorted(delivered + kept) == list(range(1, steps + 1))  # nothing lost, nothing twice
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+    warnings = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
+    assert len(warnings) == 1 and f"hf-callbacks-plus replay {logger.spill_path}" in warnings[0]
+    assert "too slow" in warnings[0]
+
+    target = logger.spill_path.with_name(logger.spill_path.stem + ".target.json")
+    assert json.loads(target.read_text())["tracking_uri"] == sqlite_uri
+    backup = {path: path.read_text() for path in (logger.spill_path, target)}
+    assert cli(["replay", str(logger.spill_path.parent), "--dry-run"]) == 0
+    assert logger.spill_path.exists()  # a dry run sends nothing
+    assert cli(["replay", str(logger.spill_path.parent)]) == 0
+    assert loss_steps(client, logger.run_id) == list(range(1, steps + 1))
+    assert not logger.spill_path.exists()
+    # the same records again (a second replay of a copy): nothing is sent twice
+    for path, text in backup.items():
+        path.write_text(text)
+    assert cli(["replay", str(logger.spill_path)]) == 0
+    assert loss_steps(client, logger.run_id) == list(range(1, steps + 1))
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+
+
+def test_a_checkpoint_save_never_waits_for_the_backlog(tmp_path, sqlite_uri):
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=10.0)
+    logger.backend = SlowBackend(logger.backend)
+    durations = []
+
+    class TimeSaves(TrainerCallback):
+        """Listed after the logger: times how long the checkpoint state of the logger takes."""
+
+        def on_save(self, args, state, control, **kwargs):
+            start = time.monotonic()
+            durations.append((logger.state_attributes(), time.monotonic() - start))
+
+    train(tmp_path, [logger, TimeSaves()], 3000, save_steps=1000)
+    assert len(durations) == 3
+    assert all(seconds < 0.5 for _, seconds in durations), durations
+    assert durations[0][0]["pending"] > 0 and durations[0][0]["run_id"] == logger.run_id
+
+
+def test_an_exception_with_the_server_down_re_raises_at_once_and_keeps_the_failed_status(tmp_path):
+    from tests.loggers.conftest import free_port
+
+    logger = MLflowLogger(tracking_uri=f"http://127.0.0.1:{free_port()}", log_params=False,
+                          backoff=(0.05, 0.1))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="user code failed"):
+        train(tmp_path, [logger], 20, fail_at=10)
+    assert time.monotonic() - start < 8.0  # flush_timeout is 30 s: the exception does not wait for it
+    records = spilled(logger.spill_path)
+    assert [r["step"] for r in records if r["kind"] == "log" and "train/loss" in r["metrics"]] == list(
+        range(1, 10))
+    assert records[-1]["kind"] == "finish" and records[-1]["status"] == "FAILED"
+
+
+def test_a_run_that_cannot_start_says_so_once_and_keeps_the_records(tmp_path, sqlite_uri, caplog):
+    errors = []
+    previous = threading.excepthook
+    threading.excepthook = lambda info: errors.append(info.exc_value)
+    try:
+        with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+            logger = MLflowLogger(tracking_uri=sqlite_uri, run_id="0123456789abcdef0123456789abcdef",
+                                  log_params=False)
+            start = time.monotonic()
+            train(tmp_path, [logger], 5)
+            elapsed = time.monotonic() - start
+    finally:
+        threading.excepthook = previous
+    assert not errors, errors  # the worker thread never dies
+    assert elapsed < 10.0
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "could not start the run" in m]) == 1, messages
+    assert not [m for m in messages if "unreachable" in m]
+    assert "0123456789abcdef0123456789abcdef" in next(m for m in messages if "could not start" in m)
+    assert [r["step"] for r in spilled(logger.spill_path) if "train/loss" in r.get("metrics", {})] == [
+        1, 2, 3, 4, 5]
+
+
+def test_a_deleted_experiment_says_so_once(tmp_path, sqlite_uri, caplog):
+    client = MlflowClient(sqlite_uri)
+    client.delete_experiment(client.create_experiment("gone"))
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        logger = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="gone", log_params=False)
+        train(tmp_path, [logger], 3)
+    messages = [r.getMessage() for r in caplog.records if "could not start the run" in r.getMessage()]
+    assert len(messages) == 1 and "deleted" in messages[0].lower(), messages
+
+
+def test_an_unwritable_spill_dir_falls_back_to_a_temp_dir_and_says_so(tmp_path, sqlite_uri, caplog):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the spill directory should be")
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.3, backoff=(0.01, 0.05),
+                          spill_dir=str(blocker / "spill"), max_memory_records=2)
+    logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "finish"))
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train(tmp_path, [logger], 6)
+    moved = [r.getMessage() for r in caplog.records if "cannot write the spill file" in r.getMessage()]
+    assert len(moved) == 1, moved
+    fallback = Path(moved[0].rsplit("using ", 1)[1][: -len(" instead.")])
+    records = spilled(fallback)
+    assert [r["step"] for r in records if r["kind"] == "log" and "train/loss" in r["metrics"]] == list(
+        range(1, 7))
+    assert str(fallback) in [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()][0]
+
+
+def test_jsonl_on_an_unwritable_path_says_what_is_wrong_without_waiting(tmp_path, caplog):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        logger = JsonlLogger(path=str(blocker / "metrics.jsonl"))
+        start = time.monotonic()
+        train(tmp_path / "out", [logger], 4)
+        elapsed = time.monotonic() - start
+    assert elapsed < 5.0  # not flush_timeout (30 s) of retries against a file that cannot be written
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "unreachable" in m], messages
+    (error,) = [m for m in messages if "could not start the run" in m]
+    assert "Error" in error and str(blocker) in error
+    assert [r["step"] for r in spilled(logger.spill_path) if "train/loss" in r.get("metrics", {})] == [
+        1, 2, 3, 4]
+
+
+def test_a_replayed_run_gets_its_final_status(tmp_path, sqlite_uri):
+    """The outage outlasts training: the run stays RUNNING until the replay sets FAILED."""
+    logger = MLflowLogger(tracking_uri=sqlite_uri, flush_timeout=0.3, backoff=(0.01, 0.05))
+    logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "store_config", "finish"))
+    with pytest.raises(RuntimeError):
+        train(tmp_path, [logger], 6, fail_at=5)
+    client = MlflowClient(sqlite_uri)
+    assert client.get_run(logger.run_id).info.status == "RUNNING"
+    assert cli(["replay", str(tmp_path / ".tracker_spill")]) == 0
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FAILED" and loss_steps(client, logger.run_id) == [1, 2, 3, 4]
+    assert run.data.params["max_steps"] == "6"
