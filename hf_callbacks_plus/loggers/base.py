@@ -289,14 +289,19 @@ class TrackerLogger(SelfRestoringState):
             self.close_after_exception()
 
     def close_after_exception(self) -> bool:
-        """Close the run FAILED quickly: at most ``min(flush_timeout, 2)`` seconds while the backend
-        answers, none while it is unreachable; what is left goes to the spill file.
+        """Close the run FAILED quickly: while the backend answers, wait for the run to be open (at
+        most ``min(flush_timeout, 10)`` seconds) then at most ``min(flush_timeout, 2)`` seconds for
+        the backlog; none while it is unreachable. What is left goes to the spill file.
 
         Returns:
             True when everything was delivered and the run was closed.
         """
         worker = self._worker
-        timeout = min(self.flush_timeout, 2.0) if worker is not None and worker.healthy else 0.0
+        timeout = 0.0
+        if worker is not None and worker.healthy:
+            # the run must exist to take its status (W&B opens it in seconds); not the backlog
+            worker.wait_started(min(self.flush_timeout, 10.0))
+            timeout = min(self.flush_timeout, 2.0) if worker.healthy else 0.0
         return self.close(FAILED, timeout=timeout, grace=1.0)
 
     # -- internals ---------------------------------------------------------------------

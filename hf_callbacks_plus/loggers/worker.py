@@ -255,8 +255,13 @@ class BackgroundWorker:
         return self._settled >= target
 
     def wait_started(self, timeout: float) -> bool:
-        """Wait (at most ``timeout`` seconds) until the run is open. Never waits on the backlog."""
-        return self._started.wait(timeout)
+        """Wait (at most ``timeout`` seconds) until the run is open; stop waiting as soon as the
+        backend is unreachable or the run cannot start. Never waits on the backlog."""
+        end = time.monotonic() + timeout
+        while not self._started.wait(0.05):
+            if not self.healthy or not self._thread.is_alive() or time.monotonic() >= end:
+                return False
+        return True
 
     @property
     def pending(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -236,3 +237,44 @@ def test_explicit_run_id_continues_the_given_run(tmp_path: Path, monkeypatch: py
     # a new training into the given run: steps 2 and 4 are already held, 6 is new
     assert earlier.steps("train/loss") == [2, 4] and continued.steps("train/loss") == [6]
     assert continued.exit_code == 0
+
+
+CRASH_TIMING_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {repo!r})
+    from transformers import TrainerCallback
+    from tests.loggers.wandb_helpers import fast_logger
+    from tests.tiny_models import make_trainer
+
+    class FailingAtStep3(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.global_step == 3:
+                print("CRASH", time.time(), flush=True)
+                raise RuntimeError("boom at step 3")
+
+    make_trainer({out!r}, callbacks=[fast_logger(project="crash"), FailingAtStep3()], max_steps=6,
+                 logging_steps=1).train()
+    """
+)
+
+
+@pytest.mark.slow  # two subprocesses: only interpreter exit shows how a stock Trainer's crash ends
+def test_stock_trainer_crash_ends_the_run_failed_every_time_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    repo = str(Path(__file__).resolve().parents[2])
+    for index in range(2):
+        root = offline_env(monkeypatch, tmp_path / f"wb{index}")
+        script = CRASH_TIMING_SCRIPT.format(repo=repo, out=str(tmp_path / f"out{index}"))
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        stdout, stderr = process.communicate(timeout=300)
+        ended = time.time()
+        crashed_at = float(next(line for line in stdout.splitlines() if line.startswith("CRASH")).split()[1])
+        assert process.returncode != 0 and "boom at step 3" in stderr
+        assert ended - crashed_at < 20.0, (ended - crashed_at, stderr[-2000:])  # flush_timeout is 60 s
+        (run,) = runs(root)
+        assert run.exit_code == 1 and run.steps("train/loss") == [1, 2, 3]

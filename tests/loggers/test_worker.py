@@ -199,3 +199,22 @@ def test_send_other_receives_each_runs_records(tmp_path):
     worker.submit(record(1))
     assert worker.flush(10) and worker.close(5)
     assert sink.other == [("run-a", [0])] and sink.received == [1]
+
+
+def test_memory_is_bounded_in_metric_points_with_a_slow_backend(tmp_path):
+    """500 metrics per record and a backend slower than the training: the backlog in memory stays
+    under ``max_memory_points``, the overflow waits on disk, and everything arrives in order."""
+
+    class SlowBackend(FailingBackend):  # fault injection: 10 ms per call
+        def log(self, records, run_id):
+            time.sleep(0.01)
+            super().log(records, run_id)
+
+    sink = SlowBackend()
+    worker = make_worker(sink, tmp_path, max_memory_points=20_000)
+    for i in range(400):
+        worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
+    assert worker.flush(60)
+    assert sink.received == list(range(400))
+    assert 0 < worker.peak_points <= 20_000 and worker.spilled > 0
+    assert worker.close(5)
