@@ -9,6 +9,14 @@ measured in one run:
 
 Run: ``.venv/bin/python benchmarks/bench_loggers.py [--calls 300] [--no-server] [--no-wandb] [--no-mlflow]``.
 Not a test: it prints a table (median and p95 per call, ratio transformers / ours).
+
+``--heavy`` measures load instead (issue 12): 500 metrics per record, a record every step, 2000
+steps, ours vs the stock callback on each backend, each in its own subprocess (so the peak
+memory is its own): training-thread µs per record, delivery throughput (points/s into the
+store), peak RSS growth during the run (the backlog), delivered / expected points (and what
+was spilled and reported instead), and the wait at the end of training::
+
+    .venv/bin/python benchmarks/bench_loggers.py --heavy [--steps 2000] [--metrics 500]
 """
 
 from __future__ import annotations
@@ -181,13 +189,176 @@ def summarize(rows: list[Row]) -> None:
         print(f"{backend:<22} {name:<34} {median * 1e3:>10.4f} {p95 * 1e3:>8.4f} {ratio:>7.1f}x")
 
 
+# -- heavy load -------------------------------------------------------------------------
+def heavy_logs(steps: int, metrics: int) -> list[dict[str, Any]]:
+    """One record per step: ``loss`` plus ``metrics - 1`` other training metrics."""
+    return [{"loss": 1.0 / step, **{f"metric_{k:03d}": k + step / steps for k in range(metrics - 1)}}
+            for step in range(1, steps + 1)]
+
+
+def _count_mlflow_points(db: Path, run_id: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(str(db)) as connection:
+        return connection.execute("select count(*) from metrics where run_uuid = ?", (run_id,)).fetchone()[0]
+
+
+def _spilled_points(folder: Path) -> int:
+    import json
+
+    total = 0
+    for file in folder.rglob("*.jsonl"):
+        for line in file.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "log":
+                total += len(record.get("metrics", {}))
+    return total
+
+
+def heavy_one(implementation: str, backend: str, uri: str, steps: int, metrics: int, root: Path) -> dict:
+    """One (implementation, backend) measurement in this process; returns the figures."""
+    import resource
+
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    logs = heavy_logs(steps, metrics)
+    out = root / f"{implementation}-{backend}"
+    args = TrainingArguments(output_dir=str(out), report_to="none", use_cpu=True)
+    state, control = TrainerState(), TrainerControl()
+    state.is_world_process_zero = True
+    expected = steps * metrics
+    if backend.startswith("mlflow"):
+        os.environ.update(MLFLOW_TRACKING_URI=uri, MLFLOW_EXPERIMENT_NAME="heavy", MLFLOW_MAX_LOG_PARAMS="0")
+        if implementation == "ours":
+            from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+            callback = MLflowLogger(log_params=False)
+        else:
+            from transformers.integrations import MLflowCallback
+
+            callback = MLflowCallback()
+    else:
+        os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(out / "wandb"))
+        (out / "wandb").mkdir(parents=True, exist_ok=True)
+        import wandb
+
+        settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_machine_info=True,
+                                  x_save_requirements=False, disable_git=True)
+        wandb.setup(settings=settings)
+        if implementation == "ours":
+            from hf_callbacks_plus.loggers.wandb import WandbLogger
+
+            callback = WandbLogger(project="heavy", settings=settings, log_config=False,
+                                   dir=str(out / "wandb"))
+        else:
+            from transformers.integrations import WandbCallback
+
+            callback = WandbCallback()
+    callback.on_train_begin(args, state, control, model=None)
+    if implementation == "ours":
+        callback.worker.wait_started(120)
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    on_thread = []
+    start = time.perf_counter()
+    for step, entry in enumerate(logs, start=1):
+        state.global_step = step
+        record = dict(entry)
+        begin = time.perf_counter()
+        callback.on_log(args, state, control, logs=record)
+        on_thread.append(time.perf_counter() - begin)
+    train_end = time.perf_counter()
+    peak_points = callback.worker.peak_points if implementation == "ours" else None
+    callback.on_train_end(args, state, control, model=None)
+    if implementation == "stock" and backend.startswith("mlflow"):
+        import mlflow
+
+        run_id = mlflow.last_active_run().info.run_id if mlflow.active_run() is None else None
+        if mlflow.active_run() is not None:
+            run_id = mlflow.active_run().info.run_id
+            mlflow.end_run()
+    elif implementation == "ours" and backend.startswith("mlflow"):
+        run_id = callback.run_id
+    end = time.perf_counter()
+    peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024
+    if backend.startswith("mlflow"):
+        db = Path(uri.replace("sqlite:///", "")) if uri.startswith("sqlite") else root / "server.db"
+        delivered = _count_mlflow_points(db, run_id)
+    else:
+        from hf_callbacks_plus.loggers.wandb_runfile import find_wandb_runs, read_wandb_run
+
+        run = read_wandb_run(find_wandb_runs(out / "wandb")[-1], wait=60)
+        delivered = sum(1 for row in run.history for key in row
+                        if key.startswith(("train/loss", "train/metric_")))
+    spilled = _spilled_points(out / ".tracker_spill") if (out / ".tracker_spill").exists() else 0
+    return {"implementation": implementation, "backend": backend,
+            "us_per_record": statistics.median(on_thread) * 1e6, "points_per_s": delivered / (end - start),
+            "peak_mb": peak_mb, "peak_points": peak_points,
+            "delivered": delivered, "spilled": spilled, "expected": expected, "end_wait_s": end - train_end}
+
+
+def heavy(steps: int, metrics: int, backends: list[str]) -> None:
+    """Every (backend, implementation) pair in its own subprocess; prints one table."""
+    import json
+
+    root = Path(tempfile.mkdtemp(prefix="bench_loggers_heavy_"))
+    server = None
+    results = []
+    try:
+        for backend in backends:
+            uri = ""
+            if backend == "mlflow sqlite":
+                uri = f"sqlite:///{root / 'store.db'}"
+            elif backend == "mlflow server":
+                server = Server(root)
+                uri = server.uri
+            for implementation in ("stock", "ours"):
+                done = subprocess.run(
+                    [sys.executable, __file__, "--heavy-one", implementation, backend, uri, str(steps),
+                     str(metrics), str(root)], capture_output=True, text=True, timeout=3600)
+                lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+                if done.returncode != 0 or not lines:
+                    print(f"{backend} {implementation} failed:\n{done.stderr[-3000:]}")
+                    continue
+                results.append(json.loads(lines[-1]))
+                print(json.dumps(results[-1]), flush=True)
+            if server is not None:
+                server.stop()
+                server = None
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"\n{steps} steps x {metrics} metrics per record, one record per step")
+    print(f"{'backend':<15} {'impl':<6} {'us/record':>10} {'points/s':>9} {'peak MB':>8} {'delivered':>16} "
+          f"{'spilled':>8} {'end wait s':>10}")
+    for row in results:
+        share = f"{row['delivered']}/{row['expected']}"
+        print(f"{row['backend']:<15} {row['implementation']:<6} {row['us_per_record']:>10.1f} "
+              f"{row['points_per_s']:>9.0f} {row['peak_mb']:>8.1f} {share:>16} {row['spilled']:>8} "
+              f"{row['end_wait_s']:>10.1f}")
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--heavy-one":
+        import json
+
+        implementation, backend, uri, steps, metrics, root = sys.argv[2:8]
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        print(json.dumps(heavy_one(implementation, backend, uri, int(steps), int(metrics), Path(root))))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="on_log calls per row (default 300)")
     parser.add_argument("--no-server", action="store_true", help="skip the mlflow server rows")
     parser.add_argument("--no-wandb", action="store_true", help="skip the W&B offline rows")
     parser.add_argument("--no-mlflow", action="store_true", help="skip the MLflow rows (sqlite and server)")
+    parser.add_argument("--heavy", action="store_true", help="the load benchmark (see the module docstring)")
+    parser.add_argument("--steps", type=int, default=2000, help="--heavy: records (steps), default 2000")
+    parser.add_argument("--metrics", type=int, default=500, help="--heavy: metrics per record, default 500")
     options = parser.parse_args()
+    if options.heavy:
+        backends = [] if options.no_mlflow else (
+            ["mlflow sqlite"] + ([] if options.no_server else ["mlflow server"]))
+        heavy(options.steps, options.metrics, backends + ([] if options.no_wandb else ["wandb offline"]))
+        return
     logs = make_logs(options.calls)
     root = Path(tempfile.mkdtemp(prefix="bench_loggers_"))
     rows: list[Row] = []

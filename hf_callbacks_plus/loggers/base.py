@@ -290,8 +290,9 @@ class TrackerLogger(SelfRestoringState):
 
     def close_after_exception(self) -> bool:
         """Close the run FAILED quickly: while the backend answers, wait for the run to be open (at
-        most ``min(flush_timeout, 10)`` seconds) then at most ``min(flush_timeout, 2)`` seconds for
-        the backlog; none while it is unreachable. What is left goes to the spill file.
+        most ``min(flush_timeout, 20)`` seconds: W&B takes seconds on a busy machine), then at most
+        ``min(flush_timeout, 2)`` seconds for the backlog; none while it is unreachable. What is
+        left goes to the spill file.
 
         Returns:
             True when everything was delivered and the run was closed.
@@ -300,7 +301,7 @@ class TrackerLogger(SelfRestoringState):
         timeout = 0.0
         if worker is not None and worker.healthy:
             # the run must exist to take its status (W&B opens it in seconds); not the backlog
-            worker.wait_started(min(self.flush_timeout, 10.0))
+            worker.wait_started(min(self.flush_timeout, 20.0))
             timeout = min(self.flush_timeout, 2.0) if worker.healthy else 0.0
         return self.close(FAILED, timeout=timeout, grace=1.0)
 

@@ -61,10 +61,11 @@ class ReplayedRun:
 
 
 def find_spill_files(path: Union[str, Path]) -> list[Path]:
-    """The spill files at ``path``: the file itself, or every ``*.jsonl`` spill file under a folder.
+    """The spill files at ``path``: the file itself, or every ``*.jsonl`` spill file under a folder
+    (one with a ``.target.json`` beside it; none when everything was replayed already).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist or holds no spill file.
+        FileNotFoundError: ``path`` does not exist.
     """
     root = Path(path)
     if not root.exists():
@@ -72,9 +73,6 @@ def find_spill_files(path: Union[str, Path]) -> list[Path]:
     if root.is_file():
         return [root]
     found = sorted(file for file in root.rglob("*.jsonl") if _target_path(file).exists())
-    if not found:
-        raise FileNotFoundError(f"replay: no spill file (a *.jsonl with a .target.json beside it) under "
-                                f"{str(root)!r}")
     held_first = sorted(found, key=lambda file: (not file.stem.endswith(".held"), str(file)))
     return held_first
 
@@ -151,11 +149,14 @@ def replay_spill(path: Union[str, Path], dry_run: bool = False, tracking_uri: Op
         One entry per (file, run).
 
     Raises:
-        FileNotFoundError: No spill file at ``path``.
+        FileNotFoundError: ``path`` does not exist.
         ValueError: A target names an unknown logger, or its URI cannot be unmasked.
     """
     results: list[ReplayedRun] = []
-    for file in find_spill_files(path):
+    files = find_spill_files(path)
+    if not files:
+        report(f"nothing to replay in {path}")
+    for file in files:
         target_file = _target_path(file)
         target = json.loads(target_file.read_text(encoding="utf-8")) if target_file.exists() else {}
         name = str(target.get("logger", "unknown logger"))

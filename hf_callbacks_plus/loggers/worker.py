@@ -586,6 +586,7 @@ class BackgroundWorker:
         self._spilled_total += len(unsent)
         reason = ("the run could not start" if self._failed else
                   "the backend was unreachable" if self._down_since is not None else
+                  "the run did not open within the close deadline" if not self._started.is_set() else
                   "the backend was too slow to take them within the close deadline")
         logger.warning(
             "%s: %d record(s) were not delivered (%s); they are kept in %s. The next run writing to "
