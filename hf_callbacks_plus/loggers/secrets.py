@@ -98,6 +98,9 @@ _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[
 _NOT_SET = frozenset({"", "None", "none", "null", "False", "false", "True", "true"})
 # Secret environment variables shorter than this are not searched for (``1``, ``true``...).
 _MIN_ENV_SECRET = 8
+# Shell variables whose names read as secrets but hold the working directory ("pwd" is also a
+# password abbreviation): masking them would hide every path under the current directory.
+_NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
 
 
 def is_secret_key(key: str) -> bool:
@@ -159,7 +162,7 @@ def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str
     """
     environ = os.environ if environ is None else environ
     values = {value for name, value in environ.items()
-              if len(value) >= _MIN_ENV_SECRET and is_secret_key(name)}
+              if len(value) >= _MIN_ENV_SECRET and name not in _NOT_SECRET_ENV and is_secret_key(name)}
     return sorted(values, key=len, reverse=True)
 
 

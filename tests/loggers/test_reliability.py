@@ -212,3 +212,19 @@ def test_a_replayed_run_gets_its_final_status(tmp_path, sqlite_uri):
     run = client.get_run(logger.run_id)
     assert run.info.status == "FAILED" and loss_steps(client, logger.run_id) == [1, 2, 3, 4]
     assert run.data.params["max_steps"] == "6"
+
+
+def test_the_replay_hint_shows_the_real_path_under_the_cwd(tmp_path, sqlite_uri, monkeypatch, caplog):
+    """``PWD`` holds the working directory, not a password: paths under it are not masked."""
+    from hf_callbacks_plus.loggers.secrets import install_log_filter, mask_secrets
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PWD", str(tmp_path))
+    assert mask_secrets(f"{tmp_path}/out") == f"{tmp_path}/out"
+    install_log_filter()
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.2, backoff=(0.01, 0.05))
+    logger.backend = FaultInjectingBackend(logger.backend, failing=("log",))
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train(tmp_path / "out", [logger], 2)
+    (warning,) = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
+    assert f"hf-callbacks-plus replay {logger.spill_path}" in warning and str(tmp_path) in warning
