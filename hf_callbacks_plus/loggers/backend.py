@@ -35,6 +35,9 @@ class Backend:
     max_params_per_batch: Optional[int] = None
     #: Longest metric name the backend accepts (None: no limit).
     max_name_length: Optional[int] = None
+    #: Most metric points per call (MLflow ``log_batch``: 1000); the worker's batches stay within
+    #: it, so each batch is one call and the close deadline is checked between calls (None: no limit).
+    max_metrics_per_batch: Optional[int] = None
     #: Send numeric summary values as curve points at the current step (backends without a
     #: run summary, such as MLflow); they are then deduplicated per step like curves.
     summary_as_curves: bool = False

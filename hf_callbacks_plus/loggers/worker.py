@@ -383,7 +383,14 @@ class BackgroundWorker:
 
     def _send_next(self) -> str:
         size = 1 if self._isolate > 0 else self._batch_size
-        batch = [self._pending[i] for i in range(min(size, len(self._pending)))]
+        limit = self.backend.max_metrics_per_batch or float("inf")
+        batch: list[Record] = []
+        total = 0
+        for record in self._pending:  # up to the backend's limit per call: one call per batch
+            if batch and (len(batch) >= size or total + points(record) > limit):
+                break
+            batch.append(record)
+            total += points(record)
         outcome = self._attempt(self._send, batch)
         if self._abandoned:
             return outcome
