@@ -353,11 +353,14 @@ def main() -> None:
     parser.add_argument("--heavy", action="store_true", help="the load benchmark (see the module docstring)")
     parser.add_argument("--steps", type=int, default=2000, help="--heavy: records (steps), default 2000")
     parser.add_argument("--metrics", type=int, default=500, help="--heavy: metrics per record, default 500")
+    parser.add_argument("--only", choices=["mlflow sqlite", "mlflow server", "wandb offline"], default=None,
+                        help="--heavy: measure this backend only")
     options = parser.parse_args()
     if options.heavy:
         backends = [] if options.no_mlflow else (
             ["mlflow sqlite"] + ([] if options.no_server else ["mlflow server"]))
-        heavy(options.steps, options.metrics, backends + ([] if options.no_wandb else ["wandb offline"]))
+        backends += [] if options.no_wandb else ["wandb offline"]
+        heavy(options.steps, options.metrics, [options.only] if options.only else backends)
         return
     logs = make_logs(options.calls)
     root = Path(tempfile.mkdtemp(prefix="bench_loggers_"))
