@@ -38,11 +38,13 @@ from typing import Any
 from ..metrics.keys import TIMING_NAMES
 
 __all__ = [
-    "accumulators_set_aside",
+    "RUN_COUNTERS",
     "TRAINER_ACCUMULATORS",
+    "accumulators_set_aside",
     "close_prediction_bars",
     "isolated_evaluate",
     "register_trainer_accumulator",
+    "relabel_metrics",
     "trainer_sandbox",
 ]
 
