@@ -57,7 +57,6 @@ __all__ = [
     "TIMING_NAMES",
     "TRAINING_LOOP_KEYS",
     "TRAIN_SUBSET_PREFIX",
-    "TRL_RUNNING_KEYS",
     "KeyGrammar",
     "MetricKey",
     "add_prefix",
@@ -145,18 +144,6 @@ def did_you_mean(wanted: str, available: Iterable[str], limit: int = 3) -> list[
 #: Keys the training loop itself logs without a prefix.
 TRAINING_LOOP_KEYS = frozenset(
     {"loss", "learning_rate", "grad_norm", "epoch", "num_input_tokens_seen", "num_tokens"}
-)
-
-#: Running metrics trl's trainers log bare in training records and with ``eval_`` in
-#: evaluation records (SFT, DPO, Reward, GRPO in trl 1.16). Bare keys render under ``train/``
-#: in any case; this list is what plots treat as "measured on training batches".
-TRL_RUNNING_KEYS = frozenset(
-    {
-        "mean_token_accuracy", "entropy", "num_tokens", "aux_loss",  # SFT (+ DPO)
-        "min_reward", "mean_reward", "max_reward", "accuracy", "margin",  # Reward
-        "reward", "reward_std", "frac_reward_zero_std", "kl", "policy_loss", "entropy_coef",  # GRPO
-        "cispo_clip_ratio",
-    }
 )
 
 #: First segments of metric names that contain ``/`` without being rendered keys: trl's
