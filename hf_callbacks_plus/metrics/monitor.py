@@ -79,7 +79,7 @@ def infer_mode(name: str) -> Optional[str]:
     producer), return None.
 
     Args:
-        name: A metric key (``"eval_loss"``, ``"eval/squad/f1"``, ``"train_accuracy"``).
+        name: A metric key (``"eval_loss"``, ``"eval/squad/f1"``, ``"train_subset_accuracy"``).
 
     Returns:
         ``"min"``, ``"max"`` or None.
