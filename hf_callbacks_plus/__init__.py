@@ -36,6 +36,7 @@ _EXPORTS = {
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",
     "MLflowLogger": "hf_callbacks_plus.loggers.mlflow",
     "WandbLogger": "hf_callbacks_plus.loggers.wandb",
+    "TensorBoardLogger": "hf_callbacks_plus.loggers.tensorboard",
     "replace_report_to_callbacks": "hf_callbacks_plus.loggers.swap",
     # transformers integration
     "TrainerPlus": "hf_callbacks_plus.integrations.transformers",

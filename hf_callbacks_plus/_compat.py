@@ -41,6 +41,8 @@ EXTRA_FOR = {
     "mlflow": "mlflow",
     "tqdm": "progress",
     "matplotlib": "plot",
+    "tensorboard": "tensorboard",
+    "tensorboardX": "tensorboard",
 }
 
 

@@ -276,6 +276,17 @@ class TrackerLogger(SelfRestoringState):
         if metrics:
             self.grammar.learn_from_metrics(metrics)
 
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
+        """Log ``trainer.predict()`` metrics (``test_*`` -> ``test/...``) at the current step.
+
+        ``predict`` logs nothing itself (no ``on_log``); the stock ``WandbCallback`` logs these
+        metrics, and so do our loggers. After training, the run is reopened like for
+        ``evaluate()``.
+        """
+        if metrics:
+            self.grammar.learn_from_metrics(metrics)
+            self.on_log(args, state, control, logs=dict(metrics))
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Flush and close the run FINISHED."""
         if is_main_process(state):

@@ -1,4 +1,4 @@
-"""Swap the stock ``WandbCallback``/``MLflowCallback`` that ``report_to`` added for our loggers."""
+"""Swap the stock W&B / MLflow / TensorBoard callbacks that ``report_to`` added for our loggers."""
 
 from __future__ import annotations
 
@@ -17,34 +17,45 @@ def _stock_classes() -> dict[str, Any]:
     except ImportError:  # transformers missing or broken: nothing to swap
         return {}
     return {name: getattr(integration_utils, cls, None)
-            for name, cls in (("mlflow", "MLflowCallback"), ("wandb", "WandbCallback"))}
+            for name, cls in (("mlflow", "MLflowCallback"), ("wandb", "WandbCallback"),
+                              ("tensorboard", "TensorBoardCallback"))}
 
 
-def _build(kind: str) -> TrackerLogger:
+def _build(kind: str, stock: Any) -> TrackerLogger:
     if kind == "mlflow":
         from .mlflow import MLflowLogger
 
         return MLflowLogger()
+    if kind == "tensorboard":
+        from .tensorboard import TensorBoardLogger
+
+        return TensorBoardLogger(log_dir=getattr(stock, "logging_dir", None))
     from .wandb import WandbLogger
 
     return WandbLogger()
 
 
 def replace_report_to_callbacks(
-    trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True
+    trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True,
+    tensorboard: LoggerChoice = True,
 ) -> list[tuple[Any, TrackerLogger]]:
-    """Replace a Trainer's stock MLflow/W&B callbacks with our loggers, at the same position.
+    """Replace a Trainer's stock MLflow/W&B/TensorBoard callbacks with our loggers, in place.
 
-    ``TrainingArguments(report_to=["mlflow", "wandb"])`` makes the Trainer add transformers'
-    ``MLflowCallback``/``WandbCallback``. This swaps each for `MLflowLogger` /
-    `WandbLogger` (built from the same environment variables), keeping its place in the
-    callback list, and attaches the trainer to the new logger (eval dataset names, model).
+    ``TrainingArguments(report_to=["mlflow", "wandb", "tensorboard"])`` makes the Trainer add
+    transformers' ``MLflowCallback``/``WandbCallback``/``TensorBoardCallback``. This swaps each
+    for `MLflowLogger` / `WandbLogger` / `TensorBoardLogger` (built from the same environment
+    variables; the TensorBoard one writes to the stock callback's ``TENSORBOARD_LOGGING_DIR``),
+    keeping its place in the callback list, and attaches the trainer to the new logger (eval
+    dataset names, model). The stock callbacks put every key that does not start with
+    ``eval_``/``test_`` under ``train/`` (W&B, TensorBoard) or keep the raw keys (MLflow); ours
+    put every metric in its section.
 
     Args:
         trainer: A ``transformers.Trainer`` (or ``TrainerPlus``) after ``__init__``.
         mlflow: True to build an ``MLflowLogger()``, a logger instance to use it, False to keep
             the stock callback. Defaults to True.
         wandb: The same for W&B. Defaults to True.
+        tensorboard: The same for TensorBoard. Defaults to True.
 
     Returns:
         The ``(stock callback, our logger)`` pairs that were swapped.
@@ -60,7 +71,7 @@ def replace_report_to_callbacks(
     handler = getattr(trainer, "callback_handler", None)
     if handler is None or not hasattr(handler, "callbacks"):
         raise TypeError(f"trainer must have a callback_handler (a Trainer), got {type(trainer).__name__}")
-    choices = {"mlflow": mlflow, "wandb": wandb}
+    choices = {"mlflow": mlflow, "wandb": wandb, "tensorboard": tensorboard}
     for name, choice in choices.items():
         if not isinstance(choice, (bool, TrackerLogger)):
             raise TypeError(f"{name} must be True, False or a TrackerLogger instance, got {choice!r}")
@@ -72,7 +83,7 @@ def replace_report_to_callbacks(
             continue
         for index, callback in enumerate(list(callbacks)):
             if isinstance(callback, stock_class):
-                new = choice if isinstance(choice, TrackerLogger) else _build(kind)
+                new = choice if isinstance(choice, TrackerLogger) else _build(kind, callback)
                 callbacks[index] = new
                 if hasattr(new, "attach_trainer"):
                     new.attach_trainer(trainer)

@@ -1,0 +1,151 @@
+"""``TensorBoardLogger``: TensorBoard event files with every metric in its own section.
+
+transformers' ``TensorBoardCallback`` renders keys with ``rewrite_logs``, which sends every key
+that does not start with ``eval_``/``test_`` to ``train/``: the train-subset metrics become
+``train/train_subset_loss``, the gaps ``train/gap_loss``, the early-stopping diagnostics
+``train/early_stopping/wait`` and the run totals ``train/train_loss``. That cannot be fixed
+from outside the callback. This logger writes the same event files through the shared key
+grammar instead (``train/loss``, ``train_subset/loss``, ``gap/loss``, ``eval/loss``,
+``eval/<set>/loss``, ``test/loss``, ``early_stopping/wait``, ``train_summary/train_loss``),
+from a background thread, like every tracker logger.
+
+The writer is ``torch.utils.tensorboard.SummaryWriter`` (needs the ``tensorboard`` package),
+else ``tensorboardX.SummaryWriter``; ``pip install 'hf-callbacks-plus[tensorboard]'``.
+
+The log directory is ``log_dir``, else ``TENSORBOARD_LOGGING_DIR`` (as for the stock
+callback), else ``<output_dir>/runs/<run id>``: a resumed training writes to the same
+directory and TensorBoard discards the events the crashed process wrote after the checkpoint
+(the writer's ``purge_step``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .._compat import is_available, require
+from .backend import Backend
+from .base import TrackerLogger
+from .records import LogRecord
+
+__all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
+
+
+def summary_writer_class() -> Any:
+    """``torch.utils.tensorboard.SummaryWriter`` when tensorboard is installed, else tensorboardX's.
+
+    Raises:
+        ModuleNotFoundError: Neither is installed; the message names the extra to install.
+    """
+    if is_available("tensorboard") and is_available("torch"):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter
+    if is_available("tensorboardX"):
+        return require("tensorboardX", "TensorBoardLogger").SummaryWriter
+    require("tensorboard", "TensorBoardLogger")  # raises, naming the extra
+    raise ModuleNotFoundError("TensorBoardLogger needs torch with tensorboard, or tensorboardX.")
+
+
+class TensorBoardBackend(Backend):
+    """Writes scalars (curves and numeric totals) and texts (config, text values) to event files.
+
+    Args:
+        writer_class: The ``SummaryWriter`` class.
+        log_dir: Returns the directory of a run, given its id.
+    """
+
+    name = "TensorBoardLogger"
+    summary_as_curves = True
+
+    def __init__(self, writer_class: Any, log_dir: Callable[[str], str]) -> None:
+        self._writer_class = writer_class
+        self._log_dir = log_dir
+        self._writer: Any = None
+        #: Set at train begin when resuming: the checkpoint's step (events after it are purged).
+        self.resume_step: Optional[int] = None
+        #: The directory of the open run.
+        self.directory: Optional[str] = None
+
+    def start(self, run_id: Optional[str], resume: bool) -> str:
+        run_id = run_id or uuid.uuid4().hex[:12]
+        self.directory = self._log_dir(run_id)
+        kwargs: dict[str, Any] = {}
+        if resume and self.resume_step is not None:
+            kwargs["purge_step"] = self.resume_step + 1
+        self._writer = self._writer_class(log_dir=self.directory, **kwargs)
+        return run_id
+
+    def log(self, records: list[LogRecord], run_id: str) -> None:
+        writer = self._writer
+        for record in records:
+            walltime = record.timestamp / 1000.0
+            for key, value in record.metrics.items():
+                writer.add_scalar(key, value, record.step, walltime=walltime)
+            for key, value in record.summary.items():
+                if isinstance(value, str):
+                    writer.add_text(key, value, record.step, walltime=walltime)
+                else:
+                    writer.add_scalar(key, value, record.step, walltime=walltime)
+        writer.flush()
+
+    def store_config(self, params: dict[str, str], run_id: str) -> None:
+        self._writer.add_text("config", "```json\n" + json.dumps(params, indent=1, sort_keys=True) + "\n```")
+        self._writer.flush()
+
+    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
+        self._writer.add_text("tags", json.dumps(tags, sort_keys=True))
+
+    def finish(self, status: str, run_id: str) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.add_text("status", status)
+            writer.close()
+
+
+class TensorBoardLogger(TrackerLogger):
+    """Writes TensorBoard event files with every metric in its section, from a background thread.
+
+    Args:
+        log_dir: The run's directory. Defaults to ``TENSORBOARD_LOGGING_DIR``, else
+            ``<output_dir>/runs/<run id>`` (the run id is kept in checkpoints, so a resumed
+            training continues the same directory).
+        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``flush_timeout``...).
+
+    Raises:
+        ModuleNotFoundError: Neither tensorboard (with torch) nor tensorboardX is installed
+            (``pip install 'hf-callbacks-plus[tensorboard]'``).
+        TypeError: ``log_dir`` is not a path.
+
+    Example:
+        >>> from hf_callbacks_plus import TensorBoardLogger
+        >>> trainer = Trainer(..., args=TrainingArguments(..., report_to="none"),  # doctest: +SKIP
+        ...                   callbacks=[TensorBoardLogger()])
+    """
+
+    def __init__(self, log_dir: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"log_dir must be a str or os.PathLike, got {type(log_dir).__name__}: "
+                            f"{log_dir!r}")
+        self.log_dir = None if log_dir is None else str(log_dir)
+        self.backend: TensorBoardBackend = TensorBoardBackend(summary_writer_class(), self._directory)
+
+    def _directory(self, run_id: str) -> str:
+        chosen = self.log_dir or os.environ.get("TENSORBOARD_LOGGING_DIR")
+        if chosen:
+            return os.path.expanduser(chosen)
+        return str(Path(self._output_dir or ".") / "runs" / run_id)
+
+    def state_args(self) -> dict[str, Any]:
+        """Constructor kwargs that rebuild this logger."""
+        return {"log_dir": self.log_dir}
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
+        """Remember the step resumed from (events after it are purged), then start."""
+        step = int(getattr(state, "global_step", 0) or 0)
+        self.backend.resume_step = step if step > 0 else None
+        return super().on_train_begin(args, state, control, model=model, **kwargs)
