@@ -162,12 +162,14 @@ def test_what_the_stock_integrations_write(tmp_path, trackers_env, sqlite_uri, m
     trainer.predict(RegressionDataset(16, seed=3))
     by_name = {type(callback).__name__: callback for callback in trainer.callback_handler.callbacks}
     by_name["ClearMLCallback"]._clearml_task.close()
+    # W&B reads WANDB_DIR once per process: find the run where the stock callback put it
+    wandb_run_dir = Path(by_name["WandbCallback"]._wandb.run.dir).parent
     by_name["WandbCallback"]._wandb.finish()
 
     wrong = {"train/train_subset_loss", "train/gap_loss", "train/early_stopping/wait", "train/train_loss"}
     tensorboard = set(read_scalars(out))
     assert wrong <= tensorboard and "train_subset/loss" not in tensorboard
-    (run,) = runs(trackers_env)
+    (run,) = runs(wandb_run_dir)
     assert wrong - {"train/train_loss"} <= {key for row in run.history for key in row}
     assert "train_loss" in run.summary  # WandbCallback puts the run totals in the summary, raw
     clearml = _clearml_metrics(tmp_path / "clearml")
