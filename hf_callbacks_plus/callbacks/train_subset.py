@@ -69,6 +69,13 @@ class TrainSubsetEvaluation(TrainerCallback):
         monitor ``train_subset_*``/``gap_*``. In a ``LightweightTrainer`` whose ``train_data`` is a
         sequence of batches (not a DataLoader), ``size`` counts batches.
 
+        The metrics are the trainer's own evaluation metrics on the subset (trl's
+        ``SFTTrainer``: loss, ``mean_token_accuracy``, ``entropy``; ``DPOTrainer``: its
+        rewards and log-probs...), and the trainer's own numbers stay exactly as without
+        this callback (see ``hf_callbacks_plus.callbacks.isolated_evaluation``). One WARNING
+        is logged when ``every="eval"`` meets ``eval_strategy="no"`` (at train begin) and
+        when the subset yields no metric (unlabeled samples and no ``compute_metrics``).
+
     Example:
         >>> callback = TrainSubsetEvaluation(size=512, stratify_by="label", gap_metrics=True)
         >>> trainer = TrainerPlus(model=model, args=args, train_dataset=train,
