@@ -27,7 +27,6 @@ from ..callbacks.best_weights import active_adapter, load_checkpoint_weights
 from ..core.checkpoint_folders import (
     PREFIX_CHECKPOINT_DIR,
     checkpoint_folder,
-    get_last_checkpoint,
     newest_complete_checkpoint,
 )
 from ..core.state import (
@@ -40,9 +39,7 @@ from ..core.state import (
 
 __all__ = [
     "MODEL_STATE_NAME",
-    "PREFIX_CHECKPOINT_DIR",
     "CheckpointMixin",
-    "get_last_checkpoint",
     "rotate_checkpoints",
     "sort_checkpoints",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -96,6 +97,19 @@ def checkpoints(output_dir: Path) -> list[str]:
         return []
     names = [name for name in os.listdir(output_dir) if name.startswith("checkpoint-")]
     return sorted(names, key=lambda name: int(name.split("-")[1]))
+
+
+def date_checkpoints(output_dir: Path, seconds_apart: float = 2.0) -> None:
+    """Date the checkpoint folders like a real run writes them: seconds apart, in step order.
+
+    A fast test run writes every checkpoint within one second, and transformers then orders them
+    by step; dated with ``os.utime`` (ten minutes ago, ``seconds_apart`` apart), rotation by
+    ``save_total_limit`` orders them by modification time, as it does after a real run.
+    """
+    start = time.time() - 600
+    for position, name in enumerate(checkpoints(output_dir)):
+        stamp = start + position * seconds_apart
+        os.utime(output_dir / name, (stamp, stamp))
 
 
 def assert_same_run(

@@ -11,9 +11,7 @@ The evaluation metric is scripted (same sequence in both), so best-model decisio
 from __future__ import annotations
 
 import gc
-import os
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,13 @@ from hypothesis import strategies as st
 
 from hf_callbacks_plus.loop import ExportableState, TrainerCallback
 from hf_callbacks_plus.testing import EventRecorder, diff_traces
-from tests.loop.parity import assert_same_run, checkpoints, run_lightweight, run_transformers
+from tests.loop.parity import (
+    assert_same_run,
+    checkpoints,
+    date_checkpoints,
+    run_lightweight,
+    run_transformers,
+)
 
 pytestmark = pytest.mark.transformers
 
@@ -497,19 +501,6 @@ def test_resume_same_events_as_transformers(tmp_path, config, first_run, checkpo
     assert expected.of("on_train_begin")[0].global_step > 0
 
 
-def _age_checkpoints(output_dir: Path, seconds_apart: float = 2.0) -> None:
-    """Date the checkpoint folders like a real run writes them: seconds apart, in step order.
-
-    A fast test run writes every checkpoint within one second, and transformers then orders them
-    by step; with ``os.utime`` they look written over minutes, so rotation orders them by mtime.
-    """
-    now = time.time()
-    names = checkpoints(output_dir)
-    for position, name in enumerate(names):
-        stamp = now - 600 + position * seconds_apart
-        os.utime(output_dir / name, (stamp, stamp))
-
-
 def test_resume_among_newer_checkpoints_keeps_the_checkpoint_just_saved(tmp_path):
     """A run left checkpoint-2..16; resuming from checkpoint-6 re-saves checkpoint-8 with
     ``save_total_limit=2``. Rotation orders by mtime, so the re-saved folder is the newest and
@@ -519,7 +510,7 @@ def test_resume_among_newer_checkpoints_keeps_the_checkpoint_just_saved(tmp_path
     run_transformers(hf_dir, max_steps=16, **config)
     run_lightweight(lw_dir, max_steps=16, **config)
     for folder in (hf_dir, lw_dir):
-        _age_checkpoints(folder)
+        date_checkpoints(folder)
     resumed = {**config, "max_steps": 8, "save_total_limit": 2}
     expected, _ = run_transformers(hf_dir, resume=str(hf_dir / "checkpoint-6"), **resumed)
     actual, _ = run_lightweight(lw_dir, resume=str(lw_dir / "checkpoint-6"), **resumed)
