@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
 from ..core.state import TrainerControl, TrainerState
-from ..metrics.keys import add_prefix, did_you_mean
+from ..metrics.keys import TIMING_NAMES, add_prefix, did_you_mean
 from ..metrics.numbers import to_float
 
 __all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics"]
@@ -150,6 +150,7 @@ class EvaluationMixin:
         handler = self.callback_handler
         control, flags = self.control, dict(vars(self.control))
         saved_loader = getattr(handler, "eval_dataloader", None)
+        preparation = (self._model_prepared, self.model_preparation_time)
         close_prediction_bars(handler)
         try:
             metrics, _, _ = self._evaluation_loop(eval_data, metric_key_prefix, "isolated_evaluate")
@@ -158,7 +159,9 @@ class EvaluationMixin:
             self.control = control
             vars(control).update(flags)
             handler.eval_dataloader = saved_loader
-        return metrics
+            self._model_prepared, self.model_preparation_time = preparation
+        timing = {f"{metric_key_prefix}_{name}" for name in TIMING_NAMES}
+        return {key: value for key, value in metrics.items() if key not in timing}
 
     def _timed_evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], list]:
         """`_evaluation_loop` plus ``<prefix>_runtime`` / samples / steps per second."""

@@ -358,3 +358,15 @@ def test_callbacks_api(tmp_path):
     assert trainer.pop_callback(EventRecorder) is recorder
     trainer.remove_callback(trainer.callback_handler.callbacks[0])
     assert "DefaultFlowCallback" not in trainer.callback_handler.callback_list
+
+
+def test_isolated_evaluate_leaves_no_trace_even_before_training(tmp_path):
+    recorder = EventRecorder()
+    trainer = make(tmp_path, [recorder], max_steps=2, eval_data=[[1.0], [2.0]],
+                   eval_step=lambda batch: batch[0])
+    metrics = trainer.isolated_evaluate([[1.0], [3.0]], metric_key_prefix="train_subset")
+    assert metrics == {"train_subset_loss": 2.0}  # no timing key, no model_preparation_time
+    assert recorder.names() == ["on_init_end", "on_prediction_step", "on_prediction_step"]
+    assert trainer.state.log_history == []
+    # the first real evaluation before training is still the one that "prepares the model"
+    assert trainer.evaluate()["eval_model_preparation_time"] == 0.0
