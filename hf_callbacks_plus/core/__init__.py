@@ -1,8 +1,10 @@
 """The callback protocol every other layer builds on.
 
 State and control (``state``), the callback interface (``callback``), the dispatching
-handler (``handler``), the self-restoring stateful-callback base (``stateful``) and the
-resume check shared by both runners (``resume_check``). Nothing here imports a trainer.
+handler (``handler``), the self-restoring stateful-callback base (``stateful``), and what both
+runners share about resuming: the pre-flight check (``resume_check``) and the checkpoint
+folders (``checkpoint_folders``: names, the newest complete one). Nothing here imports a
+trainer (see ``docs/architecture.md``).
 """
 
 from .callback import EVENTS, TrainerCallback
