@@ -204,6 +204,7 @@ class BackgroundWorker:
         self._condition = threading.Condition()
         self._spill_lock = threading.Lock()
         self._abandoned = False
+        self._shut_down = False
         self._submitted = 0
         self._settled = 0  # sent, dropped or spilled
         self._spilled_total = 0
@@ -469,12 +470,17 @@ class BackgroundWorker:
         return len(self._pending) < self._max_memory and self._pending_points + extra <= self._max_points
 
     def _drain(self, block: bool, timeout: Optional[float] = None) -> bool:
-        """Move queued records to memory or the spill file. Returns True when asked to stop."""
+        """Move queued records to memory or the spill file (appended in one write).
+
+        Returns True when asked to stop, or when closing and past the deadline (what is still
+        queued is then left for `_shutdown`).
+        """
         stop = False
         try:
             item = self._queue.get(block=block, timeout=timeout if block else None)
         except queue.Empty:
             return False
+        to_file: list[Record] = []
         while True:
             if isinstance(item, RawLog):
                 item = self._render(item)
@@ -482,16 +488,25 @@ class BackgroundWorker:
                 pass
             elif isinstance(item, _Stop):
                 stop = True
-            elif self._spill.exists() or not (self._has_room(points(item)) or not self._pending):
-                self._append_to_file([item])
+            elif to_file or self._spill.exists() or not (self._has_room(points(item)) or not self._pending):
+                to_file.append(item)
+                if len(to_file) >= 256:
+                    self._append_to_file(to_file)
+                    to_file = []
             else:
                 self._pending.append(item)
                 self._pending_points += points(item)
                 self.peak_points = max(self.peak_points, self._pending_points)
+            if self._deadline is not None and self._expired():
+                stop = True  # closing: the rest of the queue goes straight to the spill file
+                break
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                return stop
+                break
+        if to_file:
+            self._append_to_file(to_file)
+        return stop
 
     def _render(self, raw: RawLog) -> Optional[LogRecord]:
         """A log record from ``on_log`` data; None (and settled) when nothing is left."""
@@ -513,9 +528,7 @@ class BackgroundWorker:
         return dataclasses.replace(record, session=self._session, run_id=record.run_id or self.ledger.run_id)
 
     def _append_to_file(self, records: list[Record]) -> None:
-        with self._spill_lock:
-            if self._abandoned:
-                return
+        with self._spill_lock:  # after an abandon too: never lose what this thread holds
             self._spill.append([self._stamp(record) for record in records])
         self._spilled_total += len(records)
         if self._failed:  # nothing will load them back in this process: they are settled there
@@ -529,8 +542,11 @@ class BackgroundWorker:
         self._append_to_file(records)
 
     def _load_from_file(self) -> None:
-        moved = self._spill.load(self._pending, lambda: self._has_room() or not self._pending,
-                                 lambda: self._settle(1))
+        with self._spill_lock:
+            if self._abandoned:
+                return
+            moved = self._spill.load(self._pending, lambda: self._has_room() or not self._pending,
+                                     lambda: self._settle(1))
         self._pending_points += sum(points(record) for record in moved)
 
     def _replay_other_runs(self) -> None:
@@ -565,31 +581,39 @@ class BackgroundWorker:
                 replay_hint(self._spill.held_path),
             )
 
-    def _unsent(self) -> list[Record]:
-        unsent = list(self._pending)
+    def _unsent(self) -> tuple[list[Record], list[Record]]:
+        """What this worker still holds: ``(in memory, still queued)``; the spill file sits between."""
+        in_memory = list(self._pending)
         self._pending.clear()
         self._pending_points = 0
+        queued: list[Record] = []
         try:
             while True:
                 item = self._queue.get_nowait()
                 if isinstance(item, RawLog):
                     item = self._render(item)
                 if item is not None and not isinstance(item, _Stop):
-                    unsent.append(item)
+                    queued.append(item)
         except queue.Empty:
             pass
-        return unsent
+        return in_memory, queued
 
-    def _keep(self, unsent: list[Record], status_set: bool) -> None:
-        """Write what is unsent (and the final status, when not set) to the spill file; one warning."""
+    def _keep(self, unsent: tuple[list[Record], list[Record]], status_set: bool) -> None:
+        """Write what is unsent (and the final status, when not set) to the spill file, in order:
+        memory, the file's unread part, the queue; one warning."""
+        in_memory, queued = unsent
         keep_status = self._status is not None and not status_set and (
-            unsent or self._spill.exists() or self._failed or not self._started.is_set())
-        if not unsent and not self._spill.exists() and not keep_status:
+            in_memory or queued or self._spill.exists() or self._failed or not self._started.is_set())
+        if not in_memory and not queued and not self._spill.exists() and not keep_status:
             return
-        kept = self._spill.rewrite([self._stamp(record) for record in unsent], self._stamp)
+        kept = self._spill.rewrite([self._stamp(record) for record in in_memory], self._stamp)
+        tail = [self._stamp(record) for record in queued]
         if keep_status:  # after every record of the run: a replay sets it last
-            self._spill.append([self._stamp(FinishRecord(self._status))])
-            kept += 1
+            tail.append(self._stamp(FinishRecord(self._status)))
+        if tail:
+            self._spill.append(tail)
+            kept += len(tail)
+        unsent = in_memory + queued
         self._spilled_total += len(unsent)
         reason = ("the run could not start" if self._failed else
                   "the backend was unreachable" if self._down_since is not None else
@@ -613,6 +637,7 @@ class BackgroundWorker:
         with self._spill_lock:
             if not self._abandoned:
                 self._keep(self._unsent(), status_set)
+            self._shut_down = True
         with self._condition:  # what is left is kept for the next run: nothing to wait for
             self._settled = max(self._settled, self._submitted)
             self._condition.notify_all()
@@ -620,8 +645,8 @@ class BackgroundWorker:
 
     def _abandon(self) -> None:
         """Training thread: the worker is stuck in a backend call past the deadline; keep its records."""
-        with self._spill_lock:
-            if self._abandoned or not self._thread.is_alive():
+        with self._spill_lock:  # waits for a file write of the worker in progress
+            if self._abandoned or self._shut_down or not self._thread.is_alive():
                 return
             self._abandoned = True
             unsent = self._unsent()

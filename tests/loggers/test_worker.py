@@ -218,3 +218,26 @@ def test_memory_is_bounded_in_metric_points_with_a_slow_backend(tmp_path):
     assert sink.received == list(range(400))
     assert 0 < worker.peak_points <= 20_000 and worker.spilled > 0
     assert worker.close(5)
+
+
+def test_a_burst_closed_early_loses_nothing_and_keeps_the_order(tmp_path):
+    """The training thread queues 600 heavy records at once and closes after 0.3 s: what the
+    (slow) backend did not take is in the spill file, in step order, with nothing lost."""
+
+    class SlowBackend(FailingBackend):  # fault injection: 20 ms per call
+        def log(self, records, run_id):
+            time.sleep(0.02)
+            super().log(records, run_id)
+
+    sink = SlowBackend()
+    sink.max_metrics_per_batch = 1000
+    worker = make_worker(sink, tmp_path, run_id="run-a", max_memory_points=5_000)
+    assert worker.wait_started(10)
+    for i in range(600):
+        worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
+    start = time.monotonic()
+    assert not worker.close(0.3)
+    assert time.monotonic() - start < 6.0
+    kept = [json.loads(line) for line in (tmp_path / "spill.jsonl").read_text().splitlines()]
+    steps = [line["step"] for line in kept if line["kind"] == "log"]
+    assert sink.received + steps == list(range(600)), (len(sink.received), len(steps))
