@@ -176,6 +176,8 @@ def normalize_value(value: Any) -> tuple[str, Any]:
         >>> normalize_value("early")
         ('text', 'early')
     """
+    if type(value) is float:  # the common case first: a record can hold hundreds of them
+        return "number", value
     if isinstance(value, str):
         return "text", value
     try:
@@ -221,11 +223,15 @@ class RecordRenderer:
         self.nonfinite = nonfinite
         self.warn = warn
         self.owner = owner
+        self._learned_keys: tuple[Any, ...] = ()
 
     def render(self, raw: RawLog) -> Optional[LogRecord]:
         """Render and normalize one ``on_log`` dict; None when nothing is left to log."""
         logs = raw.logs
-        self.grammar.learn_from_metrics(logs)
+        keys = tuple(logs)
+        if keys != self._learned_keys:  # learning is idempotent: once per key set in a row
+            self.grammar.learn_from_metrics(logs)
+            self._learned_keys = keys
         curves, summary = self.grammar.render_logs(logs)
         metrics: dict[str, float] = {}
         texts: dict[str, Any] = {}
