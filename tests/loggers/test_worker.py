@@ -237,7 +237,7 @@ def test_a_burst_closed_early_loses_nothing_and_keeps_the_order(tmp_path):
         worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
     start = time.monotonic()
     assert not worker.close(0.3)
-    assert time.monotonic() - start < 6.0
+    assert time.monotonic() - start < 15.0  # 0.3 s, one call in flight, writing the rest
     kept = [json.loads(line) for line in (tmp_path / "spill.jsonl").read_text().splitlines()]
     steps = [line["step"] for line in kept if line["kind"] == "log"]
     assert sink.received + steps == list(range(600)), (len(sink.received), len(steps))
