@@ -13,12 +13,14 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    # the lightweight loop
+    # the callback protocol
     "TrainerCallback": "hf_callbacks_plus.core.callback",
     "CallbackHandler": "hf_callbacks_plus.core.handler",
     "TrainerState": "hf_callbacks_plus.core.state",
     "TrainerControl": "hf_callbacks_plus.core.state",
     "ExportableState": "hf_callbacks_plus.core.state",
+    "SelfRestoringState": "hf_callbacks_plus.core.stateful",
+    # the lightweight loop
     "LoopArguments": "hf_callbacks_plus.loop.arguments",
     "DefaultFlowCallback": "hf_callbacks_plus.loop.flow",
     "ProgressCallback": "hf_callbacks_plus.loop.flow",
@@ -29,7 +31,7 @@ _EXPORTS = {
     "Monitor": "hf_callbacks_plus.metrics.monitor",
     # callbacks
     "EarlyStopping": "hf_callbacks_plus.callbacks.early_stopping",
-    "StopReason": "hf_callbacks_plus.callbacks.early_stopping",
+    "StopReason": "hf_callbacks_plus.callbacks.stop_reason",
     "TerminateOnNonFinite": "hf_callbacks_plus.callbacks.terminate_on_nonfinite",
     "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
     # loggers
@@ -41,7 +43,7 @@ _EXPORTS = {
     # transformers integration
     "TrainerPlus": "hf_callbacks_plus.integrations.transformers",
     "TrainerPlusMixin": "hf_callbacks_plus.integrations.transformers",
-    "run_before_integrations": "hf_callbacks_plus.integrations.transformers",
+    "run_before_integrations": "hf_callbacks_plus.integrations.ordering",
     # plotting
     "plot_learning_curves": "hf_callbacks_plus.plotting",
 }

@@ -118,3 +118,18 @@ def test_checker_reports_a_part_without_a_layer():
     assert layer_violations(imports) == [
         "hf_callbacks_plus.extras.x:3 -> hf_callbacks_plus.core.state: part not in LAYERS"
     ]
+
+
+def test_every_top_level_name_resolves_to_its_own_module():
+    code = (
+        "import json, sys, hf_callbacks_plus as package\n"
+        "names = [name for name in package.__all__ if name != '__version__']\n"
+        "out = {name: getattr(package, name).__module__ for name in names}\n"
+        "print(json.dumps(out))"
+    )
+    modules = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                        text=True).stdout)
+    exports = hf_callbacks_plus._EXPORTS
+    assert set(modules) == set(exports) and "SelfRestoringState" in modules
+    for name, module in modules.items():
+        assert module == exports[name], name  # defined where the lazy table says, not re-exported
