@@ -28,8 +28,9 @@ __all__ = [
 
 logger = logging.getLogger("hf_callbacks_plus")
 
-#: Modules whose callbacks are "integrations" (they send logs somewhere).
-INTEGRATION_MODULES = ("transformers.integrations", "hf_callbacks_plus.loggers")
+#: transformers' package of ``report_to`` integration callbacks (their classes cannot carry our
+#: capability attribute, so they are recognised by where they live and by transformers' own table).
+TRANSFORMERS_INTEGRATIONS = "transformers.integrations"
 
 
 def _integration_classes() -> tuple[type, ...]:
@@ -41,14 +42,17 @@ def _integration_classes() -> tuple[type, ...]:
 
 
 def is_integration_callback(callback: Any) -> bool:
-    """True for a ``report_to`` integration callback (TensorBoard, W&B, MLflow, ...) or one
-    of our loggers: callbacks that send logs out of the process.
+    """True for a callback that sends logs out of the process: a ``report_to`` integration
+    (TensorBoard, W&B, MLflow, ...) or a class saying so with ``sends_logs_out = True`` (our
+    loggers and their subclasses, wherever they are defined).
 
     Args:
         callback: A callback instance or class.
     """
     cls = callback if isinstance(callback, type) else type(callback)
-    if cls.__module__.startswith(INTEGRATION_MODULES):
+    if getattr(cls, "sends_logs_out", False) is True:
+        return True
+    if cls.__module__.startswith(TRANSFORMERS_INTEGRATIONS):
         return True
     return issubclass(cls, _integration_classes())
 

@@ -98,6 +98,10 @@ class TrackerLogger(SelfRestoringState):
         ValueError: An argument is out of range.
     """
 
+    #: Capability: this callback sends logs out of the process, so `run_before_integrations`
+    #: places the callbacks that fix logs ahead of it (also for subclasses defined elsewhere).
+    sends_logs_out = True
+
     #: The tracking service; set by the subclass's ``__init__`` (None: the logger does nothing).
     backend: Optional[Backend] = None
 

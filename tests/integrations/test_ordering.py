@@ -116,3 +116,18 @@ def test_bridge_follows_callbacks_added_after_it(tmp_path):
     trainer.add_callback(late)  # after the bridge was installed: still gets on_pre_log
     trainer.train()
     assert [r.get("eval_extra") for r in trainer.state.log_history if "eval_loss" in r] == [3.0, 3.0]
+
+
+def test_a_logger_subclass_defined_anywhere_counts_as_an_integration(tmp_path):
+    from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+
+    class MyLogger(JsonlLogger):  # a user's logger, in the user's module
+        pass
+
+    assert MyLogger.__module__ == __name__ and is_integration_callback(MyLogger)
+    mine = MyLogger()
+    trainer = make_trainer(tmp_path, callbacks=[mine])
+    fix = FixLogs()
+    run_before_integrations(trainer, fix)
+    callbacks = trainer.callback_handler.callbacks
+    assert callbacks.index(fix) < callbacks.index(mine)  # the fix runs before the logger sees the log
