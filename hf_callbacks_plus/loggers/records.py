@@ -357,8 +357,34 @@ def model_config_to_dict(model: Any) -> dict[str, Any]:
     return dict(config) if isinstance(config, dict) else {}
 
 
+def model_facts(model: Any) -> dict[str, Any]:
+    """What the stock ``WandbCallback`` adds to the config: ``model/num_parameters`` (the model's
+    ``num_parameters()``, else the count of its parameters) and the peft adapters' configs
+    (``peft_config.<adapter>.<field>``)."""
+    facts: dict[str, Any] = {}
+    if model is None:
+        return facts
+    try:
+        count = getattr(model, "num_parameters", None)
+        if callable(count):
+            facts["model/num_parameters"] = int(count())
+        elif callable(getattr(model, "parameters", None)):
+            facts["model/num_parameters"] = sum(int(p.numel()) for p in model.parameters())
+    except Exception as error:  # a model that cannot count must not stop the config
+        logger.debug("model/num_parameters not logged: %s", error)
+    peft = getattr(model, "peft_config", None)
+    if isinstance(peft, Mapping):
+        for adapter, adapter_config in peft.items():
+            to_dict = getattr(adapter_config, "to_dict", None)
+            values = to_dict() if callable(to_dict) else getattr(adapter_config, "__dict__", {})
+            if isinstance(values, Mapping):
+                facts.update(flatten_config(values, prefix=f"peft_config.{adapter}"))
+    return facts
+
+
 def collect_config(args: Any, model: Any = None) -> dict[str, str]:
-    """Flatten ``args`` (bare keys) and the model config (``model.<key>``) and redact secrets.
+    """Flatten ``args`` (bare keys), the model config (``model.<key>``), the parameter count and
+    the peft config (`model_facts`), and redact secrets.
 
     Args:
         args: ``TrainingArguments``, ``LoopArguments``, a dataclass or a dict.
@@ -371,4 +397,5 @@ def collect_config(args: Any, model: Any = None) -> dict[str, str]:
     model_config = model_config_to_dict(model)
     if model_config:
         config.update(flatten_config(model_config, prefix="model"))
+    config.update(model_facts(model))
     return redact_config(config)
