@@ -14,6 +14,8 @@ Environment variables of transformers' ``MLflowCallback`` keep working; explicit
 ``MLFLOW_TAGS``             JSON object of extra run tags
 ``MLFLOW_NESTED_RUN``       make the run a child of the active fluent run
 ``MLFLOW_MAX_LOG_PARAMS``   log at most this many config params
+``HF_MLFLOW_LOG_ARTIFACTS``  true: upload every checkpoint and the final model (``log_artifacts="all"``)
+``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``  true: MLflow's own system metrics monitor (``system/...``)
 ==========================  ==============================================================
 """
 
@@ -22,16 +24,24 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
 from .._compat import env_flag, require
+from .artifacts import stage_folder
 from .backend import Backend
 from .base import TrackerLogger
-from .records import LogRecord, WarnOnce
+from .records import ArtifactRecord, LogRecord, WarnOnce
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
 
-__all__ = ["KNOWN_TRACKING_SCHEMES", "MLflowBackend", "MLflowLogger", "validate_tracking_uri"]
+__all__ = ["KNOWN_TRACKING_SCHEMES", "LOG_ARTIFACTS_CHOICES", "MLflowBackend", "MLflowLogger",
+           "validate_tracking_uri"]
+
+#: Values of ``MLflowLogger(log_artifacts=...)``.
+LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
 
 #: Tracking URI schemes MLflow understands out of the box (plugins add more).
 KNOWN_TRACKING_SCHEMES = (
@@ -145,6 +155,9 @@ class MLflowBackend(Backend):
         self.parent_run_id: Optional[str] = None
         self.args_run_name: Optional[str] = None
         self._client: Any = None
+        #: Start MLflow's system metrics monitor with each run (``system/...`` metrics).
+        self.system_metrics = False
+        self._monitor: Any = None
         self._params_sent: dict[str, int] = {}
 
     def clean_name(self, name: str) -> str:
@@ -185,12 +198,40 @@ class MLflowBackend(Backend):
             client.update_run(run_id, status="RUNNING")
             if self.tags:
                 self.set_tags(self.tags, run_id)
-            return run_id
-        tags = dict(self.tags)
-        if self.parent_run_id:
-            tags["mlflow.parentRunId"] = self.parent_run_id
-        name = self.run_name or self.args_run_name
-        return client.create_run(self._experiment_id(), run_name=name, tags=tags).info.run_id
+        else:
+            tags = dict(self.tags)
+            if self.parent_run_id:
+                tags["mlflow.parentRunId"] = self.parent_run_id
+            name = self.run_name or self.args_run_name
+            run_id = client.create_run(self._experiment_id(), run_name=name, tags=tags).info.run_id
+        if self.system_metrics and self._monitor is None:
+            self._start_monitor(run_id, resume)
+        return run_id
+
+    def _start_monitor(self, run_id: str, resume: bool) -> None:
+        """MLflow's own ``SystemMetricsMonitor`` (its thread samples CPU, memory, disk, network
+        and logs ``system/...`` metrics to this run)."""
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(run_id, resume_logging=resume, tracking_uri=self.tracking_uri)
+            monitor.start()
+        except Exception as error:  # e.g. psutil missing: the run goes on without system metrics
+            self._warn(("system-metrics",), "MLflowLogger: MLflow's system metrics monitor did not start "
+                       "(%s: %s); no system/... metrics.", type(error).__name__, error)
+            return
+        self._monitor = monitor
+
+    def log_artifact(self, record: ArtifactRecord, run_id: str) -> None:
+        """Upload a staged folder (a checkpoint, the final model) under ``record.aliases[0]``."""
+        folder = Path(record.path)
+        if not folder.is_dir():
+            self._warn(("artifact", str(folder)), "MLflowLogger: %s no longer exists; not uploaded.", folder)
+            return
+        name = record.aliases[0] if record.aliases else None
+        self.client.log_artifacts(run_id, str(folder), artifact_path=name)
+        if record.cleanup:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def recovery_run(self) -> str:
         run = self.client.create_run(self._experiment_id(), run_name=self.run_name or self.args_run_name,
@@ -252,6 +293,13 @@ class MLflowBackend(Backend):
             self.client.log_batch(run_id, tags=items[start:start + self.max_tags_per_batch], synchronous=True)
 
     def finish(self, status: str, run_id: str) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            try:
+                monitor.finish()
+            except Exception as error:  # never let the monitor keep the run open
+                self._warn(("system-metrics-finish",), "MLflowLogger: stopping the system metrics monitor "
+                           "failed: %s", error)
         self.client.set_terminated(run_id, status=status)
 
     def target(self) -> dict[str, Any]:
@@ -290,6 +338,15 @@ class MLflowLogger(TrackerLogger):
             did not set it). Defaults to 10.
         http_max_retries: MLflow's own HTTP retries (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, set only
             when you did not set it). Our worker retries with backoff already. Defaults to 0.
+        log_artifacts: Upload model files as run artifacts, from the background thread:
+            ``"checkpoint"`` (every saved checkpoint, as ``checkpoint-<step>/``; staged as hard
+            links first, so checkpoint rotation cannot remove it before the upload), ``"end"``
+            (the final model, ``save_pretrained``, as ``model/``), ``"all"`` (both) or
+            ``"false"``. Defaults to ``"all"`` when ``HF_MLFLOW_LOG_ARTIFACTS`` is true (like
+            the stock callback), else ``"false"``.
+        system_metrics: Run MLflow's own system metrics monitor (``system/cpu_utilization_percentage``,
+            memory, disk, network; ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` sets the period).
+            Defaults to ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``, else False.
         **kwargs: Options of `TrackerLogger`.
 
     Raises:
@@ -313,6 +370,8 @@ class MLflowLogger(TrackerLogger):
         max_log_params: Optional[int] = None,
         http_timeout: int = 10,
         http_max_retries: int = 0,
+        log_artifacts: Optional[str] = None,
+        system_metrics: Optional[bool] = None,
         **kwargs: Any,
     ) -> None:
         self._mlflow = require("mlflow", "MLflowLogger")
@@ -343,6 +402,16 @@ class MLflowLogger(TrackerLogger):
         self.backend: MLflowBackend = MLflowBackend(
             self._mlflow, self.tracking_uri, self.experiment_name, self.run_name, self.tags, max_log_params,
             http_timeout, http_max_retries, self._warn)
+        if log_artifacts is None:
+            log_artifacts = "all" if env_flag("HF_MLFLOW_LOG_ARTIFACTS") else "false"
+        if log_artifacts not in LOG_ARTIFACTS_CHOICES:
+            raise ValueError(f"log_artifacts must be one of {LOG_ARTIFACTS_CHOICES}, got {log_artifacts!r}")
+        self.log_artifacts = log_artifacts
+        if system_metrics is not None and not isinstance(system_metrics, bool):
+            raise TypeError(f"system_metrics must be a bool or None, got {system_metrics!r}")
+        self.system_metrics = bool(system_metrics if system_metrics is not None
+                                   else env_flag("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"))
+        self.backend.system_metrics = self.system_metrics
 
     @property
     def state_key(self) -> str:
@@ -367,6 +436,30 @@ class MLflowLogger(TrackerLogger):
             active = self._mlflow.active_run()
             self.backend.parent_run_id = active.info.run_id if active is not None else None
         return super().on_train_begin(args, state, control, model=model, **kwargs)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """With ``log_artifacts`` "checkpoint"/"all", stage the checkpoint and queue its upload."""
+        super().on_save(args, state, control, **kwargs)
+        if self.log_artifacts not in ("checkpoint", "all") or self._worker is None:
+            return
+        name = f"checkpoint-{state.global_step}"
+        staged = stage_folder(Path(args.output_dir) / name, Path(args.output_dir) / ".tracker_artifacts")
+        if staged is not None:
+            self._worker.submit(ArtifactRecord(str(staged), [name], cleanup=True))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
+        """With ``log_artifacts`` "end"/"all", save the final model and queue its upload; then close."""
+        if self.log_artifacts in ("end", "all") and self._worker is not None and model is not None:
+            folder = tempfile.mkdtemp(prefix="mlflow_model_")
+            save = getattr(model, "save_pretrained", None)
+            if callable(save):
+                save(folder)
+            else:
+                import torch
+
+                torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+            self._worker.submit(ArtifactRecord(folder, ["model"], cleanup=True))
+        return super().on_train_end(args, state, control, model=model, **kwargs)
 
     def _queue_config(self, args: Any, model: Any) -> None:
         if self.max_log_params == 0:
