@@ -44,6 +44,12 @@ class Backend:
     #: The backend can write to any run: spilled records of an earlier run go to that run.
     #: When False (W&B: only the open run), they are held until that run resumes.
     can_write_other_runs: bool = False
+    #: How the stock transformers callback names keys (``key_names="stock"``): ``"raw"`` (the
+    #: ``logs`` keys as they are: MLflowCallback) or ``"rewrite_logs"`` (``eval_`` -> ``eval/``,
+    #: ``test_`` -> ``test/``, anything else -> ``train/``: WandbCallback, TensorBoardCallback).
+    stock_key_style: str = "raw"
+    #: Keys the stock callback puts in the run summary, raw, instead of a curve.
+    stock_summary_keys: frozenset = frozenset()
 
     def prepare_process(self) -> None:
         """Training thread, before the logger registers its exit hook. Defaults to nothing.

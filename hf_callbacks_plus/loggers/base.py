@@ -40,6 +40,7 @@ from ..metrics.keys import KeyGrammar, grammar_for
 from .backend import FAILED, FINISHED, Backend
 from .ledger import StepLedger
 from .records import (
+    KEY_NAMES,
     NONFINITE_POLICIES,
     ParamsRecord,
     RawLog,
@@ -93,6 +94,11 @@ class TrackerLogger(SelfRestoringState):
         backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30.0).
         grammar: The key grammar to render keys with. Defaults to a new ``KeyGrammar()``, which
             learns evaluation prefixes and dataset names from the metrics it sees.
+        key_names: ``"sections"`` (every metric in its section: ``train/loss``, ``eval/loss``,
+            ``train_subset/loss``...) or ``"stock"``: the names the stock transformers callback
+            of this backend writes (MLflow: the raw keys ``loss``, ``eval_loss``; W&B and
+            TensorBoard: ``rewrite_logs``' ``train/...``, ``eval/...``), for dashboards and
+            queries built on them. Defaults to "sections".
 
     Raises:
         ValueError: An argument is out of range.
@@ -115,8 +121,12 @@ class TrackerLogger(SelfRestoringState):
         backoff: tuple[float, float] = (0.5, 30.0),
         grammar: Optional[KeyGrammar] = None,
         max_memory_points: int = 200_000,
+        key_names: str = "sections",
     ) -> None:
         super().__init__()
+        if key_names not in KEY_NAMES:
+            raise ValueError(f"key_names must be one of {KEY_NAMES}, got {key_names!r}")
+        self.key_names = key_names
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
         if not isinstance(flush_timeout, (int, float)) or flush_timeout < 0:
@@ -329,7 +339,8 @@ class TrackerLogger(SelfRestoringState):
             backend.prepare_process()
             if self._exit_hook is None:  # one hook per logger, after the backend's own
                 self._exit_hook = atexit.register(_close_at_exit, weakref.ref(self))
-            renderer = RecordRenderer(self.grammar, self.nonfinite, self._warn, type(self).__name__)
+            renderer = RecordRenderer(self.grammar, self.nonfinite, self._warn, type(self).__name__,
+                                      self.key_names, backend.stock_key_style, backend.stock_summary_keys)
             self._worker = BackgroundWorker(
                 backend, self.ledger, self.spill_path, renderer=renderer, name=type(self).__name__,
                 max_memory_records=self.max_memory_records, max_memory_points=self.max_memory_points,

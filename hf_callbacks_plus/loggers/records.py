@@ -27,11 +27,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-from ..metrics.keys import KeyGrammar
+from ..metrics.keys import KeyGrammar, flatten_metrics
 from ..metrics.numbers import to_float
 from .secrets import REDACTED, is_vocabulary_token, looks_like_secret, mask_secrets, redact_config
 
 __all__ = [
+    "KEY_NAMES",
     "NONFINITE_POLICIES",
     "ArtifactRecord",
     "FinishRecord",
@@ -55,6 +56,41 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 #: Accepted values of the ``nonfinite`` argument of the loggers.
 NONFINITE_POLICIES = ("keep", "drop")
+#: Accepted values of the ``key_names`` argument of the loggers: our sections, or the names the
+#: stock transformers callback of the backend writes.
+KEY_NAMES = ("sections", "stock")
+
+
+def stock_names(logs: Mapping[str, Any], style: str,
+                summary_keys: frozenset = frozenset()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Name ``logs`` as the stock transformers callback does: ``(curves, summary)``.
+
+    Args:
+        logs: One ``on_log`` record.
+        style: ``"raw"`` (keys unchanged, MLflowCallback) or ``"rewrite_logs"`` (``eval_`` ->
+            ``eval/``, ``test_`` -> ``test/``, else ``train/``: WandbCallback, TensorBoardCallback).
+        summary_keys: Keys that go to the summary under their raw name (W&B's run totals).
+
+    Example:
+        >>> stock_names({"eval_loss": 1.0, "loss": 2.0}, "rewrite_logs")
+        ({'eval/loss': 1.0, 'train/loss': 2.0}, {})
+    """
+    curves: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    for key, value in flatten_metrics(logs).items():
+        if key in summary_keys:
+            summary[key] = value
+            continue
+        name = key
+        if style == "rewrite_logs":
+            if key.startswith("eval_"):
+                name = "eval/" + key[len("eval_"):]
+            elif key.startswith("test_"):
+                name = "test/" + key[len("test_"):]
+            else:
+                name = "train/" + key
+        (summary if isinstance(value, str) else curves)[name] = value
+    return curves, summary
 
 
 # -- records -----------------------------------------------------------------------------
@@ -218,12 +254,18 @@ class RecordRenderer:
         owner: The logger's class name, shown in warnings.
     """
 
-    def __init__(self, grammar: KeyGrammar, nonfinite: str, warn: WarnOnce, owner: str) -> None:
+    def __init__(self, grammar: KeyGrammar, nonfinite: str, warn: WarnOnce, owner: str,
+                 key_names: str = "sections", stock_style: str = "raw",
+                 stock_summary_keys: frozenset = frozenset()) -> None:
         self.grammar = grammar
         self.nonfinite = nonfinite
         self.warn = warn
         self.owner = owner
         self._learned_keys: tuple[Any, ...] = ()
+        #: ``"sections"`` (the key grammar) or ``"stock"`` (`stock_names` with ``stock_style``).
+        self.key_names = key_names
+        self.stock_style = stock_style
+        self.stock_summary_keys = stock_summary_keys
 
     def render(self, raw: RawLog) -> Optional[LogRecord]:
         """Render and normalize one ``on_log`` dict; None when nothing is left to log."""
@@ -232,7 +274,10 @@ class RecordRenderer:
         if keys != self._learned_keys:  # learning is idempotent: once per key set in a row
             self.grammar.learn_from_metrics(logs)
             self._learned_keys = keys
-        curves, summary = self.grammar.render_logs(logs)
+        if self.key_names == "stock":
+            curves, summary = stock_names(logs, self.stock_style, self.stock_summary_keys)
+        else:
+            curves, summary = self.grammar.render_logs(logs)
         metrics: dict[str, float] = {}
         texts: dict[str, Any] = {}
         for target, values in ((metrics, curves), (texts, summary)):

@@ -60,6 +60,7 @@ class TensorBoardBackend(Backend):
 
     name = "TensorBoardLogger"
     summary_as_curves = True
+    stock_key_style = "rewrite_logs"
 
     def __init__(self, writer_class: Any, log_dir: Callable[[str], str]) -> None:
         self._writer_class = writer_class

@@ -166,6 +166,9 @@ class WandbBackend(Backend):
     """
 
     name = "WandbLogger"
+    stock_key_style = "rewrite_logs"
+    stock_summary_keys = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                                    "train_loss", "total_flos"})
     max_param_length = 10_000
 
     def __init__(self, wandb: Any, init: dict[str, Any], settings: Any, watch: str, warn: WarnOnce) -> None:
