@@ -15,7 +15,14 @@ from typing import Any, Optional, Union
 
 from .._compat import ExportableStateBase
 
-__all__ = ["TRAINER_STATE_NAME", "ExportableState", "TrainerControl", "TrainerState", "callback_states"]
+__all__ = [
+    "TRAINER_STATE_NAME",
+    "ExportableState",
+    "TrainerControl",
+    "TrainerState",
+    "callback_states",
+    "write_json_atomically",
+]
 
 #: File name of the serialized state inside a checkpoint folder (same as transformers).
 TRAINER_STATE_NAME = "trainer_state.json"
@@ -42,6 +49,21 @@ class ExportableState(ExportableStateBase):
         for key, value in state["attributes"].items():
             setattr(instance, key, value)
         return instance
+
+
+def write_json_atomically(json_path: Union[str, os.PathLike], data: Any) -> None:
+    """Write ``data`` as indented JSON to a temporary file next to ``json_path``, then rename it
+    over ``json_path``: readers see the old file or the whole new one, never a truncated one."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    path = os.fspath(json_path)
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
 
 
 def callback_states(callbacks: Iterable[Any]) -> dict[str, Any]:
@@ -124,16 +146,7 @@ class TrainerState:
         save, as the new files of a transformers checkpoint do (rotation by
         ``save_total_limit`` orders checkpoints by that time).
         """
-        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
-        path = os.fspath(json_path)
-        partial = f"{path}.{os.getpid()}.partial"
-        try:
-            with open(partial, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
+        write_json_atomically(json_path, dataclasses.asdict(self))
 
     @classmethod
     def load_from_json(cls, json_path: Union[str, os.PathLike]) -> TrainerState:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from .._compat import trainer_saves_callback_states_per_checkpoint
 from .callback import TrainerCallback
 from .checkpoint_folders import checkpoint_folder
-from .state import TRAINER_STATE_NAME, ExportableState
+from .state import TRAINER_STATE_NAME, ExportableState, write_json_atomically
 
 __all__ = ["SelfRestoringState"]
 
@@ -157,8 +157,7 @@ class SelfRestoringState(TrainerCallback, ExportableState):
         else:
             saved[name] = current
         data["stateful_callbacks"] = saved
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        write_json_atomically(path, data)
         return True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
