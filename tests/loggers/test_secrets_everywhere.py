@@ -5,9 +5,9 @@ of a logger whose server is down, so its state goes into checkpoints and its rec
 spill file), tokens in secret environment variables (``HF_TOKEN``, a 40-hex ``WANDB_API_KEY``,
 ``MLFLOW_TRACKING_PASSWORD``), in ``TrainingArguments`` (``hub_token``, URL passwords in
 ``run_name`` and ``hub_model_id``), on the command line (``--hub_token``, a tracking URI with a
-password). Searched: every file under the run's temp dir (output_dir with
-its checkpoints and ``metrics.jsonl``, the MLflow sqlite store, the W&B folder, the spill
-files) and everything printed or logged. A token logged as a text value is searched in the
+password). Searched: every file under the run's temp dir (output_dir with its checkpoints,
+``metrics.jsonl`` and the TensorBoard event files, the MLflow sqlite store, the W&B folder,
+the spill files) and everything printed or logged. A token logged as a text value is searched in the
 trackers' files (the Trainer's own ``log_history`` and printer keep what the user logs).
 
 Not searched: ``training_args.bin``, transformers' own pickle of the ``TrainingArguments``,
@@ -25,6 +25,7 @@ import pytest
 
 from hf_callbacks_plus.core.callback import TrainerCallback
 from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+from hf_callbacks_plus.loggers.tensorboard import TensorBoardLogger
 from tests.tiny_models import make_trainer
 
 pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb]
@@ -73,7 +74,9 @@ def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypat
                         backoff=(0.05, 0.1), spill_dir=str(tmp_path / "spill"))
     wandb_logger = fast_logger(project="secrets")
     text = LogText()
-    trainer = make_trainer(out, callbacks=[JsonlLogger(), live, dead, wandb_logger, text], max_steps=4,
+    tensorboard = TensorBoardLogger()
+    callbacks = [JsonlLogger(), tensorboard, live, dead, wandb_logger, text]
+    trainer = make_trainer(out, callbacks=callbacks, max_steps=4,
                            logging_steps=1, save_strategy="steps", save_steps=2, eval_strategy="steps",
                            eval_steps=2, hub_token=HF_ARG, run_name="exp http://ru:RunNamePassw0rd@host/x",
                            hub_model_id="https://hu:HubIdPassw0rd@hub.example/org/model")
@@ -93,6 +96,7 @@ def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypat
     assert wandb_run.config["run_name"] == "exp http://ru:***@host/x"
     spills = [path for path in (tmp_path / "spill").rglob("*") if path.is_file()]
     assert spills and all("mluser" in path.name for path in spills)
+    assert list((out / "runs" / tensorboard.run_id).glob("events.out.tfevents.*"))
     checkpoints = sorted(out.glob("checkpoint-*/trainer_state.json"))
     assert len(checkpoints) == 2 and all("mluser:***@127.0.0.1" in p.read_text() for p in checkpoints)
 
