@@ -176,9 +176,13 @@ _KINDS: dict[str, Any] = {cls.kind: cls for cls in (LogRecord, ParamsRecord, Tag
 
 
 def record_to_json(record: Record) -> dict[str, Any]:
-    """The JSON form of a record (a spill-file line): its fields plus ``"kind"``."""
-    data = dataclasses.asdict(record)
-    data.pop("sent", None)
+    """The JSON form of a record (a spill-file line): its fields plus ``"kind"``.
+
+    Shallow (no deep copy of the metrics dict, unlike ``dataclasses.asdict``): it is serialized
+    right away.
+    """
+    data = {item.name: getattr(record, item.name) for item in dataclasses.fields(record)
+            if item.name != "sent"}
     data["kind"] = record.kind
     return data
 
