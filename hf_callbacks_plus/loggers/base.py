@@ -51,7 +51,7 @@ from .records import (
 )
 from .worker import BackgroundWorker
 
-__all__ = ["FAILED", "FINISHED", "TrackerLogger", "is_main_process"]
+__all__ = ["FAILED", "FINISHED", "TrackerLogger", "is_main_process", "save_model_to_temp"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -61,6 +61,20 @@ def is_main_process(state: Any = None) -> bool:
     if os.environ.get("RANK", "0").strip() not in ("", "0"):
         return False
     return bool(getattr(state, "is_world_process_zero", True)) if state is not None else True
+
+
+def save_model_to_temp(model: Any, prefix: str) -> str:
+    """Save ``model`` into a new temporary folder (``save_pretrained``, else its ``state_dict`` as
+    ``model.pt``) and return the folder; the worker uploads it off the training thread."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    save = getattr(model, "save_pretrained", None)
+    if callable(save):
+        save(folder)
+    else:
+        import torch
+
+        torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+    return folder
 
 
 def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:

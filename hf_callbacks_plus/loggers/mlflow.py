@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
@@ -33,7 +32,7 @@ from urllib.parse import urlparse
 from .._compat import env_flag, require
 from .artifacts import stage_folder
 from .backend import Backend
-from .base import TrackerLogger
+from .base import TrackerLogger, save_model_to_temp
 from .records import ArtifactRecord, LogRecord, WarnOnce
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
 
@@ -450,14 +449,7 @@ class MLflowLogger(TrackerLogger):
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """With ``log_artifacts`` "end"/"all", save the final model and queue its upload; then close."""
         if self.log_artifacts in ("end", "all") and self._worker is not None and model is not None:
-            folder = tempfile.mkdtemp(prefix="mlflow_model_")
-            save = getattr(model, "save_pretrained", None)
-            if callable(save):
-                save(folder)
-            else:
-                import torch
-
-                torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+            folder = save_model_to_temp(model, "mlflow_model_")
             self._worker.submit(ArtifactRecord(folder, ["model"], cleanup=True))
         return super().on_train_end(args, state, control, model=model, **kwargs)
 

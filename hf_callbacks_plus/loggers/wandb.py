@@ -37,14 +37,13 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
 from .backend import FINISHED, Backend
-from .base import TrackerLogger
+from .base import TrackerLogger, save_model_to_temp
 from .records import ArtifactRecord, LogRecord, WarnOnce
 from .secrets import command_line_has_secret, mask_secrets
 from .wandb_runfile import WandbLogFormatError, read_wandb_run
@@ -471,12 +470,5 @@ class WandbLogger(TrackerLogger):
         return super()._open()
 
     def _queue_final_model(self, model: Any) -> None:
-        folder = tempfile.mkdtemp(prefix="wandb_model_")
-        save = getattr(model, "save_pretrained", None)
-        if callable(save):
-            save(folder)
-        else:
-            import torch
-
-            torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+        folder = save_model_to_temp(model, "wandb_model_")
         self._worker.submit(ArtifactRecord(folder, ["final_model"], cleanup=True))
