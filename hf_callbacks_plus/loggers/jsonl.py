@@ -14,6 +14,7 @@ tracker logger, never writes a step twice for one metric.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -29,6 +30,9 @@ from .records import LogRecord
 __all__ = ["JsonlBackend", "JsonlLogger"]
 
 DEFAULT_FILE_NAME = "metrics.jsonl"
+#: File errors that retrying cannot fix.
+_PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
+                               errno.EISDIR})
 
 
 def _json_number(value: Any) -> Any:
@@ -95,8 +99,9 @@ class JsonlBackend(Backend):
         self._append([{"event": "finish", "status": status, "time": time.time()}])
 
     def is_transient(self, error: BaseException) -> bool:
-        """A file that cannot be written (permissions, read-only disk, not a directory) stays so."""
-        return not isinstance(error, OSError)
+        """A file that cannot be written (permissions, read-only disk, not a directory) stays so;
+        other errors (a full disk...) may clear: they are retried, the records kept meanwhile."""
+        return getattr(error, "errno", None) not in _PERMANENT_ERRNOS
 
     def target(self) -> dict[str, Any]:
         return {"logger": self.name, "path": str(self._file())}

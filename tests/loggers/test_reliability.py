@@ -228,3 +228,20 @@ def test_the_replay_hint_shows_the_real_path_under_the_cwd(tmp_path, sqlite_uri,
         train(tmp_path / "out", [logger], 2)
     (warning,) = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
     assert f"hf-callbacks-plus replay {logger.spill_path}" in warning and str(tmp_path) in warning
+
+
+def test_jsonl_keeps_records_through_a_full_disk(tmp_path):
+    """``ENOSPC`` may clear (unlike a read-only file): retried, the records kept, none dropped.
+    ``DiskFullBackend`` is fault injection around the real JSONL backend."""
+    import errno
+
+    logger = JsonlLogger(flush_timeout=0.3, backoff=(0.01, 0.05))
+
+    def disk_full(records, run_id):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    logger.backend = FaultInjectingBackend(logger.backend)
+    logger.backend.log = disk_full
+    train(tmp_path, [logger], 3)
+    kept = [r["step"] for r in spilled(logger.spill_path) if "train/loss" in r.get("metrics", {})]
+    assert kept == [1, 2, 3]
