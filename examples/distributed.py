@@ -65,6 +65,20 @@ def main() -> None:
     }
     path = Path(result["output_dir"]) / f"rank{rank}.json"
     path.write_text(json.dumps(report))
+    end_process_group()
+
+
+def end_process_group() -> None:
+    """Destroy the process group before the interpreter exits.
+
+    transformers never does; without it gloo's worker threads can outlive the interpreter and
+    a rank dies with SIGABRT ("terminate called without an active exception") after training
+    succeeded (pytorch/pytorch#190489).
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

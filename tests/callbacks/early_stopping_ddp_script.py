@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch.distributed
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping  # noqa: E402
@@ -32,6 +34,7 @@ def main() -> None:
     outcome = {"rank": rank, "global_step": trainer.state.global_step, "stopped_step": stopper.stopped_step,
                "best_step": stopper.best_step, "best_value": stopper.best_value}
     Path(sys.argv[1], f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
+    torch.distributed.destroy_process_group()  # else gloo threads can SIGABRT a rank at exit (pytorch#190489)
 
 
 if __name__ == "__main__":
