@@ -94,6 +94,22 @@ def stock_names(logs: Mapping[str, Any], style: str,
 
 
 # -- records -----------------------------------------------------------------------------
+def _record(cls: type) -> type:
+    """Make ``cls`` a record dataclass: its own fields, then the two routing fields every record has.
+
+    * ``session``: the logging session (one ``train()``) that produced it; None: the current one;
+    * ``run_id``: the run it belongs to (set when it is spilled); None: the open run.
+
+    (Appended here rather than inherited: a base dataclass's defaulted fields would have to come
+    before the records' required ones, and ``kw_only`` needs Python 3.10.)
+    """
+    cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}),
+                           "session": "Optional[str]", "run_id": "Optional[str]"}
+    cls.session = None
+    cls.run_id = None
+    return dataclass(cls)
+
+
 @dataclass
 class RawLog:
     """``on_log`` data, copied on the training thread; the worker renders it into a `LogRecord`."""
@@ -103,7 +119,7 @@ class RawLog:
     timestamp_ms: int
 
 
-@dataclass
+@_record
 class LogRecord:
     """Curve values at one step (``metrics``) and run-summary values (``summary``)."""
 
@@ -111,62 +127,42 @@ class LogRecord:
     timestamp: int  # milliseconds since the epoch
     metrics: dict[str, float]
     summary: dict[str, Any]
-    #: The logging session (one ``train()``) that produced it; None: the current one.
-    session: Optional[str] = None
-    #: The run it belongs to (set when it is spilled); None: the open run.
-    run_id: Optional[str] = None
     #: Delivered (a batch retried after a partial failure does not send it again).
     sent: bool = False
     kind = "log"
 
 
-@dataclass
+@_record
 class ParamsRecord:
     """The run config, flat ``{name: str}``, sent once per run."""
 
     params: dict[str, str]
-    #: The logging session (one ``train()``) that produced it; None: the current one.
-    session: Optional[str] = None
-    #: The run it belongs to (set when it is spilled); None: the open run.
-    run_id: Optional[str] = None
     kind = "params"
 
 
-@dataclass
+@_record
 class TagsRecord:
     """Run tags."""
 
     tags: dict[str, str]
-    #: The logging session (one ``train()``) that produced it; None: the current one.
-    session: Optional[str] = None
-    #: The run it belongs to (set when it is spilled); None: the open run.
-    run_id: Optional[str] = None
     kind = "tags"
 
 
-@dataclass
+@_record
 class ArtifactRecord:
     """A folder to upload as a model artifact (W&B ``log_model``)."""
 
     path: str
     aliases: list[str]
     cleanup: bool = False
-    #: The logging session (one ``train()``) that produced it; None: the current one.
-    session: Optional[str] = None
-    #: The run it belongs to (set when it is spilled); None: the open run.
-    run_id: Optional[str] = None
     kind = "artifact"
 
 
-@dataclass
+@_record
 class FinishRecord:
     """The run's final status, kept in the spill file when it could not be set (replay sets it)."""
 
     status: str
-    #: The logging session (one ``train()``) that produced it; None: the current one.
-    session: Optional[str] = None
-    #: The run it belongs to (set when it is spilled); None: the open run.
-    run_id: Optional[str] = None
     kind = "finish"
 
 

@@ -1,27 +1,13 @@
 """Read W&B offline runs back, to test what a training really logged.
 
 The reader lives on the library side (`hf_callbacks_plus.loggers.wandb_runfile`, the W&B
-logger uses it on resume); this module is the test kit's name for it.
+logger uses it on resume); this module is the test kit's name for it: the same names
+(`read_wandb_run`, `find_wandb_runs`, `WandbRun`, ...).
 """
 
 from __future__ import annotations
 
-from ..loggers.wandb_runfile import (
-    BLOCK_LEN,
-    WandbLogFormatError,
-    WandbRun,
-    find_wandb_runs,
-    iter_wandb_records,
-    read_wandb_run,
-    split_records,
-)
+from ..loggers import wandb_runfile
+from ..loggers.wandb_runfile import *  # noqa: F403  (the test kit's name for the same API)
 
-__all__ = [
-    "BLOCK_LEN",
-    "WandbLogFormatError",
-    "WandbRun",
-    "find_wandb_runs",
-    "iter_wandb_records",
-    "read_wandb_run",
-    "split_records",
-]
+__all__ = list(wandb_runfile.__all__)
