@@ -22,9 +22,9 @@ _EXPORTS = {
     "SelfRestoringState": "hf_callbacks_plus.core.stateful",
     # the lightweight loop
     "LoopArguments": "hf_callbacks_plus.loop.arguments",
-    "DefaultFlowCallback": "hf_callbacks_plus.loop.flow",
-    "ProgressCallback": "hf_callbacks_plus.loop.flow",
-    "PrinterCallback": "hf_callbacks_plus.loop.flow",
+    "DefaultFlowCallback": "hf_callbacks_plus.loop.default_callbacks",
+    "ProgressCallback": "hf_callbacks_plus.loop.default_callbacks",
+    "PrinterCallback": "hf_callbacks_plus.loop.default_callbacks",
     "LightweightTrainer": "hf_callbacks_plus.loop.trainer",
     # metrics
     "KeyGrammar": "hf_callbacks_plus.metrics.keys",

@@ -4,7 +4,7 @@ from ..core.callback import EVENTS, TrainerCallback
 from ..core.handler import CallbackHandler
 from ..core.state import ExportableState, TrainerControl, TrainerState
 from .arguments import LoopArguments
-from .flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from .default_callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from .trainer import LightweightTrainer, TrainOutput
 
 __all__ = [

@@ -24,7 +24,7 @@ from ..core.state import TrainerControl, TrainerState
 from .arguments import LoopArguments
 from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin
-from .flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from .default_callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from .logs import LoggingMixin
 from .plan import TrainOutput, plan_training
 from .steps import StepsMixin

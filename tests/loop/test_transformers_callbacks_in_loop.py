@@ -48,7 +48,7 @@ def test_transformers_early_stopping_callback_stops_and_is_checkpointed(tmp_path
 
 
 def test_transformers_printer_callback_prints_every_log(tmp_path, capsys):
-    from hf_callbacks_plus.loop.flow import PrinterCallback as OurPrinterCallback
+    from hf_callbacks_plus.loop.default_callbacks import PrinterCallback as OurPrinterCallback
 
     trainer = make_trainer(tmp_path, [], save_strategy="no", load_best_model_at_end=False, disable_tqdm=True)
     trainer.remove_callback(OurPrinterCallback)  # the default printer (disable_tqdm) prints the same lines
