@@ -198,6 +198,10 @@ class BackgroundWorker:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending: deque[Record] = deque()
         self._pending_points = 0
+        # points put in the queue (training thread) and taken out (worker): each counter has one
+        # writer, so their difference is the queue's backlog without a lock
+        self._queued_in = 0
+        self._queued_out = 0
         self._started = threading.Event()
         self._failed = False  # the run could not start: records go to the spill file
         self._deadline: Optional[float] = None  # set by close(): give up after it
@@ -234,6 +238,7 @@ class BackgroundWorker:
         copies what it hands over.
         """
         self._submitted += 1
+        self._queued_in += len(item.logs) if isinstance(item, RawLog) else points(item)
         self._queue.put(item)
 
     def flush(self, timeout: Optional[float] = None) -> bool:
@@ -469,21 +474,58 @@ class BackgroundWorker:
     def _has_room(self, extra: int = 1) -> bool:
         return len(self._pending) < self._max_memory and self._pending_points + extra <= self._max_points
 
+    def _queue_over_bound(self) -> bool:
+        """The queue holds more than ``max_memory_points`` points: the overflow goes to the spill file."""
+        return self._queued_in - self._queued_out > self._max_points
+
+    def _intake_open(self, spilling: bool) -> bool:
+        """Whether to take the next queued item now.
+
+        While the backend answers, the queue is the cheapest place for what the backlog has no
+        room for: intake stops when memory is full (or the spill file, which comes first in
+        order, is not read yet), so the worker goes back to sending instead of rendering and
+        spilling a whole burst; the queue is bounded by spilling what exceeds
+        ``max_memory_points`` in it. While the backend is down, everything is taken (memory,
+        then the spill file), as before a crash nothing should wait in the queue.
+        """
+        if not self.healthy or self._queue_over_bound():
+            return True
+        if spilling or self._spill.exists():
+            return False
+        return self._has_room() or not self._pending
+
     def _drain(self, block: bool, timeout: Optional[float] = None) -> bool:
         """Move queued records to memory or the spill file (appended in one write).
+
+        Takes items while `_intake_open` says so. ``block`` waits (at most ``timeout``) for the
+        first item when intake is open; when it is closed the call waits at most 50 ms (a
+        caller waiting out a backoff does not spin).
 
         Returns True when asked to stop, or when closing and past the deadline (what is still
         queued is then left for `_shutdown`).
         """
         stop = False
-        try:
-            item = self._queue.get(block=block, timeout=timeout if block else None)
-        except queue.Empty:
-            return False
         to_file: list[Record] = []
+        first = True
         while True:
+            closing = self._deadline is not None and self._expired()
+            if not closing and not self._intake_open(bool(to_file)):
+                if first and block:
+                    time.sleep(0.05 if timeout is None else min(timeout, 0.05))
+                break
+            try:
+                if first and block:
+                    item = self._queue.get(timeout=timeout)
+                else:
+                    item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            first = False
             if isinstance(item, RawLog):
+                self._queued_out += len(item.logs)
                 item = self._render(item)
+            elif not isinstance(item, _Stop):
+                self._queued_out += points(item)
             if item is None:
                 pass
             elif isinstance(item, _Stop):
@@ -497,12 +539,8 @@ class BackgroundWorker:
                 self._pending.append(item)
                 self._pending_points += points(item)
                 self.peak_points = max(self.peak_points, self._pending_points)
-            if self._deadline is not None and self._expired():
+            if closing:
                 stop = True  # closing: the rest of the queue goes straight to the spill file
-                break
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
                 break
         if to_file:
             self._append_to_file(to_file)

@@ -220,6 +220,30 @@ def test_memory_is_bounded_in_metric_points_with_a_slow_backend(tmp_path):
     assert worker.close(5)
 
 
+def test_a_burst_to_a_healthy_backend_waits_in_the_queue_not_on_disk(tmp_path):
+    """100 heavy records queued at once, a working (slow) backend, room for 40 in memory: the
+    worker takes in what fits and goes back to sending; 40 more wait in the queue (bounded by
+    ``max_memory_points`` too) and only the 20 beyond both bounds are spilled. (It used to render
+    and spill the whole burst before its first send: 60 spilled, read back from disk.)"""
+
+    class SlowBackend(FailingBackend):  # fault injection: 10 ms per call
+        def log(self, records, run_id):
+            time.sleep(0.01)
+            super().log(records, run_id)
+
+    sink = SlowBackend()
+    sink.max_metrics_per_batch = 1000
+    worker = make_worker(sink, tmp_path, run_id="run-a", max_memory_points=20_000)
+    assert worker.wait_started(10)
+    for i in range(100):
+        worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
+    assert worker.flush(60)
+    assert sink.received == list(range(100))
+    assert worker.spilled <= 25, worker.spilled
+    assert worker.peak_points <= 20_000
+    assert worker.close(5)
+
+
 def test_a_burst_closed_early_loses_nothing_and_keeps_the_order(tmp_path):
     """The training thread queues 600 heavy records at once and closes after 0.3 s: what the
     (slow) backend did not take is in the spill file, in step order, with nothing lost."""
