@@ -16,7 +16,8 @@ memory is its own): training-thread µs per record, delivery throughput (points/
 store), peak RSS growth during the run (the backlog), delivered / expected points (and what
 was spilled and reported instead), and the wait at the end of training::
 
-    .venv/bin/python benchmarks/bench_loggers.py --heavy [--steps 2000] [--metrics 500]
+    .venv/bin/python benchmarks/bench_loggers.py --heavy [--steps 2000] [--metrics 500] \
+        [--only BACKEND] [--implementation ours]
 """
 
 from __future__ import annotations
@@ -268,6 +269,7 @@ def heavy_one(implementation: str, backend: str, uri: str, steps: int, metrics: 
         on_thread.append(time.perf_counter() - begin)
     train_end = time.perf_counter()
     peak_points = callback.worker.peak_points if implementation == "ours" else None
+    peak_queued = callback.worker.peak_queued_points if implementation == "ours" else None
     callback.on_train_end(args, state, control, model=None)
     if implementation == "stock" and backend.startswith("mlflow"):
         import mlflow
@@ -292,11 +294,12 @@ def heavy_one(implementation: str, backend: str, uri: str, steps: int, metrics: 
     spilled = _spilled_points(out / ".tracker_spill") if (out / ".tracker_spill").exists() else 0
     return {"implementation": implementation, "backend": backend,
             "us_per_record": statistics.median(on_thread) * 1e6, "points_per_s": delivered / (end - start),
-            "peak_mb": peak_mb, "peak_points": peak_points,
+            "peak_mb": peak_mb, "peak_points": peak_points, "peak_queued_points": peak_queued,
             "delivered": delivered, "spilled": spilled, "expected": expected, "end_wait_s": end - train_end}
 
 
-def heavy(steps: int, metrics: int, backends: list[str]) -> None:
+def heavy(steps: int, metrics: int, backends: list[str],
+          implementations: tuple[str, ...] = ("stock", "ours")) -> None:
     """Every (backend, implementation) pair in its own subprocess; prints one table."""
     import json
 
@@ -311,7 +314,7 @@ def heavy(steps: int, metrics: int, backends: list[str]) -> None:
             elif backend == "mlflow server":
                 server = Server(root)
                 uri = server.uri
-            for implementation in ("stock", "ours"):
+            for implementation in implementations:
                 done = subprocess.run(
                     [sys.executable, __file__, "--heavy-one", implementation, backend, uri, str(steps),
                      str(metrics), str(root)], capture_output=True, text=True, timeout=3600)
@@ -329,12 +332,12 @@ def heavy(steps: int, metrics: int, backends: list[str]) -> None:
             server.stop()
     print(f"\n{steps} steps x {metrics} metrics per record, one record per step")
     print(f"{'backend':<15} {'impl':<6} {'us/record':>10} {'points/s':>9} {'peak MB':>8} {'delivered':>16} "
-          f"{'spilled':>8} {'end wait s':>10}")
+          f"{'spilled':>8} {'end wait s':>10} {'peak queued':>11}")
     for row in results:
         share = f"{row['delivered']}/{row['expected']}"
         print(f"{row['backend']:<15} {row['implementation']:<6} {row['us_per_record']:>10.1f} "
               f"{row['points_per_s']:>9.0f} {row['peak_mb']:>8.1f} {share:>16} {row['spilled']:>8} "
-              f"{row['end_wait_s']:>10.1f}")
+              f"{row['end_wait_s']:>10.1f} {row.get('peak_queued_points') or '-':>11}")
 
 
 def main() -> None:
@@ -355,12 +358,15 @@ def main() -> None:
     parser.add_argument("--metrics", type=int, default=500, help="--heavy: metrics per record, default 500")
     parser.add_argument("--only", choices=["mlflow sqlite", "mlflow server", "wandb offline"], default=None,
                         help="--heavy: measure this backend only")
+    parser.add_argument("--implementation", choices=["stock", "ours"], default=None,
+                        help="--heavy: measure this implementation only (default: both)")
     options = parser.parse_args()
     if options.heavy:
         backends = [] if options.no_mlflow else (
             ["mlflow sqlite"] + ([] if options.no_server else ["mlflow server"]))
         backends += [] if options.no_wandb else ["wandb offline"]
-        heavy(options.steps, options.metrics, [options.only] if options.only else backends)
+        implementations = (options.implementation,) if options.implementation else ("stock", "ours")
+        heavy(options.steps, options.metrics, [options.only] if options.only else backends, implementations)
         return
     logs = make_logs(options.calls)
     root = Path(tempfile.mkdtemp(prefix="bench_loggers_"))

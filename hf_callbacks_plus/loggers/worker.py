@@ -222,6 +222,8 @@ class BackgroundWorker:
         self.failures = 0
         #: Most metric points held in memory at once (the backlog's peak).
         self.peak_points = 0
+        #: Most metric points seen waiting in the queue (between ``on_log`` and the worker).
+        self.peak_queued_points = 0
         leftover = self._spill.leftover()
         if leftover:
             self._submitted += leftover
@@ -507,6 +509,7 @@ class BackgroundWorker:
         stop = False
         to_file: list[Record] = []
         first = True
+        self.peak_queued_points = max(self.peak_queued_points, self._queued_in - self._queued_out)
         while True:
             closing = self._deadline is not None and self._expired()
             if not closing and not self._intake_open(bool(to_file)):

@@ -1,4 +1,4 @@
-"""The callbacks transformers installs by default: DefaultFlowCallback, ProgressCallback, PrinterCallback (5.x).
+"""The callbacks transformers installs by default: DefaultFlowCallback, ProgressCallback, PrinterCallback.
 
 The behaviour is line for line that of ``transformers.trainer_callback``. Strategies are
 compared with plain strings, which matches both `LoopArguments` (strings) and

@@ -23,8 +23,8 @@ from ..core.resume_check import run_resume_check, skipped_metrics
 from ..core.state import TrainerControl, TrainerState
 from .arguments import LoopArguments
 from .checkpoints import CheckpointMixin
-from .evaluation import EvaluationMixin
 from .default_callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from .evaluation import EvaluationMixin
 from .logs import LoggingMixin
 from .plan import TrainOutput, plan_training
 from .steps import StepsMixin
