@@ -268,9 +268,9 @@ def heavy_one(implementation: str, backend: str, uri: str, steps: int, metrics: 
         callback.on_log(args, state, control, logs=record)
         on_thread.append(time.perf_counter() - begin)
     train_end = time.perf_counter()
+    callback.on_train_end(args, state, control, model=None)
     peak_points = callback.worker.peak_points if implementation == "ours" else None
     peak_queued = callback.worker.peak_queued_points if implementation == "ours" else None
-    callback.on_train_end(args, state, control, model=None)
     if implementation == "stock" and backend.startswith("mlflow"):
         import mlflow
 
@@ -337,7 +337,7 @@ def heavy(steps: int, metrics: int, backends: list[str],
         share = f"{row['delivered']}/{row['expected']}"
         print(f"{row['backend']:<15} {row['implementation']:<6} {row['us_per_record']:>10.1f} "
               f"{row['points_per_s']:>9.0f} {row['peak_mb']:>8.1f} {share:>16} {row['spilled']:>8} "
-              f"{row['end_wait_s']:>10.1f} {row.get('peak_queued_points') or '-':>11}")
+              f"{row['end_wait_s']:>10.1f} {str(row.get('peak_queued_points', '-')):>11}")
 
 
 def main() -> None:
