@@ -268,9 +268,10 @@ def heavy_one(implementation: str, backend: str, uri: str, steps: int, metrics: 
         callback.on_log(args, state, control, logs=record)
         on_thread.append(time.perf_counter() - begin)
     train_end = time.perf_counter()
+    worker = callback.worker if implementation == "ours" else None  # None once closed
     callback.on_train_end(args, state, control, model=None)
-    peak_points = callback.worker.peak_points if implementation == "ours" else None
-    peak_queued = callback.worker.peak_queued_points if implementation == "ours" else None
+    peak_points = worker.peak_points if worker is not None else None
+    peak_queued = worker.peak_queued_points if worker is not None else None
     if implementation == "stock" and backend.startswith("mlflow"):
         import mlflow
 
