@@ -85,12 +85,14 @@ def flatten_metrics(metrics: Mapping[str, Any], separator: str = NESTED_SEPARATO
     """
     flat: dict[str, Any] = {}
     for key, value in metrics.items():
-        key = str(key)
-        if isinstance(value, Mapping):
+        key = key if type(key) is str else str(key)
+        if type(value) is not float and isinstance(value, Mapping):  # floats first: the common case
             for sub_key, sub_value in flatten_metrics(value, separator).items():
                 _put_unique(flat, f"{key}{separator}{sub_key}", sub_value)
-        else:
+        elif key in flat:
             _put_unique(flat, key, value)
+        else:
+            flat[key] = value
     return flat
 
 
@@ -253,6 +255,8 @@ class KeyGrammar:
         # this lock, and a parse result is cached only if no declaration happened meanwhile.
         self._lock = threading.Lock()
         self._generation = 0
+        #: The names of the last key set `render_logs` saw: ``(signature, [(is_summary, name)])``.
+        self._last_plan: Optional[tuple[Any, list[tuple[bool, str]]]] = None
         self._warned_collisions: set[tuple[str, str]] = set()
         for name in eval_datasets:
             self.declare_dataset(name)
@@ -423,17 +427,26 @@ class KeyGrammar:
             ``(curves, summary)``: rendered names to values.
         """
         summary_record = self.is_summary_record(logs)
+        flat = flatten_metrics(logs)
+        # the names depend only on the keys (and what the grammar knows): a logger renders the
+        # same key set at every step, so the last plan is kept and reused while it matches
+        signature = (self._generation, summary_record, tuple(flat))
+        last = self._last_plan  # read once: loggers on other threads may share this grammar
+        if last is None or last[0] != signature:
+            plan = []
+            origin: dict[str, str] = {}
+            for raw in flat:
+                parsed = self.parse(raw, summary=summary_record)
+                name = parsed.rendered
+                if name in origin and origin[name] != raw:
+                    name = self._disambiguate(parsed, origin)
+                origin[name] = raw
+                plan.append((parsed.is_summary, name))
+            last = self._last_plan = (signature, plan)
         curves: dict[str, Any] = {}
         summary: dict[str, Any] = {}
-        origin: dict[str, str] = {}
-        for raw, value in flatten_metrics(logs).items():
-            parsed = self.parse(raw, summary=summary_record)
-            target = summary if parsed.is_summary else curves
-            name = parsed.rendered
-            if name in origin and origin[name] != raw:
-                name = self._disambiguate(parsed, origin)
-            origin[name] = raw
-            target[name] = value
+        for (is_summary, name), value in zip(last[1], flat.values()):
+            (summary if is_summary else curves)[name] = value
         return curves, summary
 
     def _disambiguate(self, parsed: MetricKey, origin: Mapping[str, str]) -> str:

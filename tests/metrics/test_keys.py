@@ -293,3 +293,19 @@ def test_add_prefix_never_produces_a_doubled_prefix(metrics, prefix):
         assert key.startswith(f"{prefix}_")
         if not any(k.startswith(f"{prefix}_{prefix}_") for k in flatten_metrics(metrics)):
             assert not key.startswith(f"{prefix}_{prefix}_")
+
+
+def test_render_logs_reuses_the_names_of_a_key_set_only_while_nothing_changes():
+    """`render_logs` keeps the names of the last key set (the hot path of every logger): the
+    same keys give the same names, new values included; a prefix learned in between, the
+    end-of-training record and another key set are rendered afresh."""
+    grammar = KeyGrammar()
+    render = grammar.render_logs
+    assert render({"val_loss": 1.0, "loss": 2.0}) == ({"train/val_loss": 1.0, "train/loss": 2.0}, {})
+    assert render({"val_loss": 3.0, "loss": 4.0}) == ({"train/val_loss": 3.0, "train/loss": 4.0}, {})
+    grammar.declare_prefix("val")
+    assert grammar.render_logs({"val_loss": 5.0, "loss": 6.0}) == ({"val/loss": 5.0, "train/loss": 6.0}, {})
+    assert grammar.render_logs({"loss": 6.0, "val_loss": 5.0}) == ({"train/loss": 6.0, "val/loss": 5.0}, {})
+    totals = {"train_runtime": 1.0, "train_loss": 0.5}
+    curves, summary = grammar.render_logs(totals)
+    assert not curves and set(summary) == {"train_summary/runtime", "train_summary/loss"}
