@@ -70,16 +70,24 @@ def plan_batch(batch: list[Record], held: dict[str, int], sanitize: Callable[[st
             values = {**values, **{k: v for k, v in summary_in.items() if not isinstance(v, str)}}
             summary_in = {k: v for k, v in summary_in.items() if isinstance(v, str)}
         metrics = {}
+        # the hot loop of every logger (hundreds of keys per record): bound methods, and the
+        # boundary checks only when there is a boundary (a resumed run, replayed records)
+        bounded = bool(held) or bool(replayed)
+        last_get, held_get, replayed_get = last_points.get, held.get, replayed.get
         for name, value in values.items():
             clean = sanitize(name)
-            limit = held.get(clean, -1)
-            if not earlier:
-                limit = max(limit, replayed.get(clean, -1))
-            if step <= limit or last_points.get(clean) == (step, value):
-                continue  # the run held this step before this session started, or a repeat
-            last_points[clean] = (step, value)
+            if bounded:
+                limit = held_get(clean, -1)
+                if not earlier:
+                    limit = max(limit, replayed_get(clean, -1))
+                if step <= limit:
+                    continue  # the run held this step before this session started
+            point = (step, value)
+            if last_get(clean) == point:
+                continue  # a repeat
+            last_points[clean] = point
             if earlier:
-                replayed[clean] = max(step, replayed.get(clean, -1))
+                replayed[clean] = max(step, replayed_get(clean, -1))
             metrics[clean] = value
         summary = {sanitize(name): value for name, value in summary_in.items()}
         if metrics or summary:
@@ -104,6 +112,7 @@ class StepLedger:
         self._held: dict[str, int] = {}
         self._replayed: dict[str, int] = {}
         self._last_points: dict[str, tuple[int, float]] = {}
+        self._newest_step = -1  # the highest step in _last_steps
         #: The resume boundary is fixed (the run was started once in this session).
         self.boundary_ready = False
 
@@ -114,18 +123,21 @@ class StepLedger:
             self.session = uuid.uuid4().hex
             self.boundary_ready = False
             self._last_steps, self._held, self._replayed, self._last_points = {}, {}, {}, {}
+            self._newest_step = -1
 
     def restore(self, last_steps: dict[str, Any]) -> None:
         """Merge last steps per metric saved in a checkpoint."""
         with self._lock:
             for key, step in (last_steps or {}).items():
                 self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
+                self._newest_step = max(self._newest_step, int(step))
 
     def fix_boundary(self, logged: dict[str, int]) -> None:
         """Fix the resume boundary: the checkpointed steps merged with what the run reports."""
         with self._lock:
             for key, step in logged.items():
                 self._last_steps[key] = max(int(step), self._last_steps.get(key, -1))
+                self._newest_step = max(self._newest_step, int(step))
             self._held = dict(self._last_steps)
             self.boundary_ready = True
 
@@ -145,8 +157,14 @@ class StepLedger:
 
     def delivered(self, record: LogRecord, planned: LogRecord) -> None:
         """Mark a planned log record as delivered: not resent by a retry, its steps checkpointed."""
+        step = planned.step
         with self._lock:
             record.sent = True
-            for key, value in planned.metrics.items():
-                self._last_steps[key] = max(planned.step, self._last_steps.get(key, -1))
-                self._last_points[key] = (planned.step, value)
+            if step >= self._newest_step:  # in order (the common case): no per-key comparison
+                self._newest_step = step
+                self._last_steps.update(dict.fromkeys(planned.metrics, step))
+            else:
+                last_steps = self._last_steps
+                for key in planned.metrics:
+                    last_steps[key] = max(step, last_steps.get(key, -1))
+            self._last_points.update({key: (step, value) for key, value in planned.metrics.items()})
