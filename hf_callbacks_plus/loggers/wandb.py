@@ -281,13 +281,13 @@ class WandbBackend(Backend):
             fresh = {key: value for key, value in metrics.items() if key not in self._row_keys}
         elif step > self._row_step:  # a new row
             self._row_step, self._row_keys, self._row_open = step, set(), True
-            fresh = dict(metrics)
+            fresh = metrics
         else:  # the run is past this step: W&B would reject it in the history
             fresh = {}
         if fresh:
             self.run.log({**fresh, STEP_KEY: step}, step=step)
             self._row_keys.update(fresh)
-        late = {key: value for key, value in metrics.items() if key not in fresh}
+        late = {} if fresh is metrics else {key: value for key, value in metrics.items() if key not in fresh}
         if late:
             self.run.summary.update(late)
             for key in late:
