@@ -156,6 +156,11 @@ def test_what_the_stock_integrations_write(tmp_path, trackers_env, sqlite_uri, m
     # ClearML reads CLEARML_OFFLINE_MODE once, at import; it stays offline in this process (going
     # back online would need a configured server)
     clearml.Task.set_offline(True)
+    # ClearML forks its reporting process (os.fork of this multi-threaded process) while its
+    # repository detection thread reads a `git` pipe: the child inherits the pipe's write end, the
+    # read never ends and `Task.close` waits for it forever (seen here: a hung test). Report from
+    # threads instead; what it writes to disk is the same.
+    monkeypatch.setattr(clearml.Task, "_report_subprocess_enabled", False)
     out = tmp_path / "out"
     trainer = build("trainer_plus", out, ["tensorboard", "wandb", "mlflow", "clearml"])
     trainer.train()

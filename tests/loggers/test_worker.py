@@ -58,6 +58,18 @@ class FailingBackend(Backend):
         return isinstance(error, ConnectionError)
 
 
+class SlowBackend(FailingBackend):
+    """Fault injection: a working backend that takes ``delay`` seconds per `log` call."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def log(self, records, run_id):
+        time.sleep(self.delay)
+        super().log(records, run_id)
+
+
 def record(i: int) -> LogRecord:
     return LogRecord(i, 0, {"x": float(i)}, {})
 
@@ -205,12 +217,7 @@ def test_memory_is_bounded_in_metric_points_with_a_slow_backend(tmp_path):
     """500 metrics per record and a backend slower than the training: the backlog in memory stays
     under ``max_memory_points``, the overflow waits on disk, and everything arrives in order."""
 
-    class SlowBackend(FailingBackend):  # fault injection: 10 ms per call
-        def log(self, records, run_id):
-            time.sleep(0.01)
-            super().log(records, run_id)
-
-    sink = SlowBackend()
+    sink = SlowBackend(delay=0.01)
     worker = make_worker(sink, tmp_path, max_memory_points=20_000)
     for i in range(400):
         worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
@@ -220,23 +227,25 @@ def test_memory_is_bounded_in_metric_points_with_a_slow_backend(tmp_path):
     assert worker.close(5)
 
 
+def burst(tmp_path, records: int, delay: float, max_memory_points: int):
+    """A started worker on a `SlowBackend` (1000 metrics per call) that was just handed
+    ``records`` records of 500 metrics at once."""
+    sink = SlowBackend(delay=delay)
+    sink.max_metrics_per_batch = 1000
+    worker = make_worker(sink, tmp_path, run_id="run-a", max_memory_points=max_memory_points)
+    assert worker.wait_started(10)
+    for i in range(records):
+        worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
+    return sink, worker
+
+
 def test_a_burst_to_a_healthy_backend_waits_in_the_queue_not_on_disk(tmp_path):
     """100 heavy records queued at once, a working (slow) backend, room for 40 in memory: the
     worker takes in what fits and goes back to sending; 40 more wait in the queue (bounded by
     ``max_memory_points`` too) and only the 20 beyond both bounds are spilled. (It used to render
     and spill the whole burst before its first send: 60 spilled, read back from disk.)"""
 
-    class SlowBackend(FailingBackend):  # fault injection: 10 ms per call
-        def log(self, records, run_id):
-            time.sleep(0.01)
-            super().log(records, run_id)
-
-    sink = SlowBackend()
-    sink.max_metrics_per_batch = 1000
-    worker = make_worker(sink, tmp_path, run_id="run-a", max_memory_points=20_000)
-    assert worker.wait_started(10)
-    for i in range(100):
-        worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
+    sink, worker = burst(tmp_path, records=100, delay=0.01, max_memory_points=20_000)
     assert worker.flush(60)
     assert sink.received == list(range(100))
     assert worker.spilled <= 25, worker.spilled
@@ -248,17 +257,7 @@ def test_a_burst_closed_early_loses_nothing_and_keeps_the_order(tmp_path):
     """The training thread queues 600 heavy records at once and closes after 0.3 s: what the
     (slow) backend did not take is in the spill file, in step order, with nothing lost."""
 
-    class SlowBackend(FailingBackend):  # fault injection: 20 ms per call
-        def log(self, records, run_id):
-            time.sleep(0.02)
-            super().log(records, run_id)
-
-    sink = SlowBackend()
-    sink.max_metrics_per_batch = 1000
-    worker = make_worker(sink, tmp_path, run_id="run-a", max_memory_points=5_000)
-    assert worker.wait_started(10)
-    for i in range(600):
-        worker.submit(LogRecord(i, 0, {f"m{k}": float(k) for k in range(500)}, {}))
+    sink, worker = burst(tmp_path, records=600, delay=0.02, max_memory_points=5_000)
     start = time.monotonic()
     assert not worker.close(0.3)
     assert time.monotonic() - start < 15.0  # 0.3 s, one call in flight, writing the rest
