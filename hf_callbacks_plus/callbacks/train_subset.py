@@ -28,8 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 from ..core.callback import TrainerCallback
-from ..metrics.keys import TIMING_NAMES
-from .isolated_evaluation import accumulators_set_aside, isolated_evaluate
+from .isolated_evaluation import accumulators_set_aside, isolated_evaluate, relabel_metrics
 from .subset_sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
@@ -224,13 +223,12 @@ class TrainSubsetEvaluation(TrainerCallback):
         self._running = True
         try:
             evaluate = getattr(trainer, "isolated_evaluate", None)
-            if callable(evaluate):
-                metrics = dict(evaluate(subset, metric_key_prefix=self.prefix))
+            if callable(evaluate):  # whatever it returns keeps only what a subset reports
+                metrics = relabel_metrics(evaluate(subset, metric_key_prefix=self.prefix), self.prefix)
             else:
                 metrics = isolated_evaluate(trainer, subset, self.prefix)
         finally:
             self._running = False
-        metrics = {key: value for key, value in metrics.items() if not _is_speed_metric(key, self.prefix)}
         if not metrics and not self._warned_empty:
             self._warned_empty = True
             logger.warning(
@@ -313,8 +311,4 @@ class TrainSubsetEvaluation(TrainerCallback):
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_speed_metric(key: str, prefix: str) -> bool:
-    return any(key == f"{prefix}_{suffix}" for suffix in TIMING_NAMES)
 

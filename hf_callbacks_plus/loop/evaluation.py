@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
 from ..core.state import TrainerControl, TrainerState
-from ..metrics.keys import TIMING_NAMES, add_prefix, did_you_mean
+from ..metrics.keys import add_prefix, did_you_mean
 from ..metrics.numbers import to_float
 
 __all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics"]
@@ -143,9 +143,9 @@ class EvaluationMixin:
             metric_key_prefix: Prefix of every metric name. Defaults to ``"eval"``.
 
         Returns:
-            The prefixed metrics, without timing keys.
+            The prefixed metrics, without timing keys and run counters (`relabel_metrics`).
         """
-        from ..callbacks.isolated_evaluation import close_prediction_bars
+        from ..callbacks.isolated_evaluation import close_prediction_bars, relabel_metrics
 
         handler = self.callback_handler
         control, flags = self.control, dict(vars(self.control))
@@ -160,8 +160,7 @@ class EvaluationMixin:
             vars(control).update(flags)
             handler.eval_dataloader = saved_loader
             self._model_prepared, self.model_preparation_time = preparation
-        timing = {f"{metric_key_prefix}_{name}" for name in TIMING_NAMES}
-        return {key: value for key, value in metrics.items() if key not in timing}
+        return relabel_metrics(metrics, metric_key_prefix)
 
     def _timed_evaluation_loop(self, data: Any, prefix: str, caller: str) -> tuple[dict[str, float], list]:
         """`_evaluation_loop` plus ``<prefix>_runtime`` / samples / steps per second."""
