@@ -3,7 +3,9 @@
 The training thread only calls `BackgroundWorker.submit` (one ``SimpleQueue.put`` of a
 `RawLog` or a record). A daemon thread renders raw logs into records, starts the run on the
 `Backend`, then sends records in order, in batches, planning each batch with the
-`StepLedger` (resume boundary, repeats) and marking what was delivered. When the backend
+`StepLedger` (resume boundary, repeats) and marking what was delivered. While the backend
+answers, it takes queued items in only while its backlog has room and goes back to sending (a
+burst waits in the queue, itself bounded: the overflow is spilled). When the backend
 fails with a *transient* error, the worker keeps the records in memory (up to
 ``max_memory_records`` records and ``max_memory_points`` metric points), then appends the
 overflow to a JSONL spill file, and retries with exponential backoff; when the backend answers
@@ -150,7 +152,8 @@ class BackgroundWorker:
         name: Shown in warnings and in the thread name. Defaults to the backend's name.
         max_memory_records: Records kept in memory before spilling to disk. Defaults to 10000.
         max_memory_points: Metric points kept in memory before spilling to disk (bounds the
-            memory of heavy records: 500 metrics per step). Defaults to 200000.
+            memory of heavy records: 500 metrics per step), and, as many again, waiting in the
+            queue. Defaults to 200000.
         batch_size: Most records handed to the backend at once. Defaults to 64.
         backoff_initial: First retry delay in seconds, doubled after each failure. Defaults to 0.5.
         backoff_max: Longest retry delay in seconds. Defaults to 30.
@@ -488,7 +491,7 @@ class BackgroundWorker:
         order, is not read yet), so the worker goes back to sending instead of rendering and
         spilling a whole burst; the queue is bounded by spilling what exceeds
         ``max_memory_points`` in it. While the backend is down, everything is taken (memory,
-        then the spill file), as before a crash nothing should wait in the queue.
+        then the spill file), so that what outlasts the outage is on disk, not in the queue.
         """
         if not self.healthy or self._queue_over_bound():
             return True
