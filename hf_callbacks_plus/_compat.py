@@ -21,6 +21,7 @@ from typing import Any, Optional
 __all__ = [
     "EXTRA_FOR",
     "TRUTHY",
+    "CallbackHandlerBase",
     "ExportableStateBase",
     "TrainerCallbackBase",
     "env_flag",
@@ -172,11 +173,17 @@ def trainer_saves_callback_states_per_checkpoint(args: Any) -> bool:
 # Our base classes derive from transformers' own when it is importable, so a stock
 # ``transformers.Trainer`` treats our callbacks exactly like its own (its
 # ``isinstance(cb, ExportableState)`` check decides what goes into checkpoints).
+# Our ``CallbackHandler`` derives from transformers' ``CallbackHandler`` likewise, so code that
+# checks ``isinstance(trainer.callback_handler, transformers.trainer_callback.CallbackHandler)``
+# accepts it.
 ExportableStateBase: Any
 TrainerCallbackBase: Any
+CallbackHandlerBase: Any
 if _TRANSFORMERS_CALLBACKS is not None:
     ExportableStateBase = _TRANSFORMERS_CALLBACKS.ExportableState
     TrainerCallbackBase = _TRANSFORMERS_CALLBACKS.TrainerCallback
+    CallbackHandlerBase = _TRANSFORMERS_CALLBACKS.CallbackHandler
 else:
     ExportableStateBase = object
     TrainerCallbackBase = object
+    CallbackHandlerBase = object

@@ -146,7 +146,7 @@ class _MutedHandler:
     def call_event(self, event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         return control
 
-    def has_handlers(self, event: str) -> bool:
+    def listens(self, event: str) -> bool:
         return False
 
 

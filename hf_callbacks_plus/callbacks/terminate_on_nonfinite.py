@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any, Optional, Union
 
 from ..core.callback import TrainerCallback
-from ..metrics.keys import KeyGrammar
+from ..metrics.keys import KeyGrammar, grammar_for
 from ..metrics.numbers import to_float
 from .console import tell
 
@@ -94,6 +94,11 @@ class TerminateOnNonFinite(TrainerCallback):
         self.grammar = KeyGrammar()
         #: ``(step, key, value)`` of the first non-finite value seen, else None.
         self.triggered: Optional[tuple[int, str, float]] = None
+
+    def bind(self, trainer: Any) -> TerminateOnNonFinite:
+        """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
+        self.grammar = grammar_for(trainer)
+        return self
 
     def _trigger(self, state: Any, control: Any, key: str, value: float, where: str, ahead: int = 0) -> None:
         step = int(getattr(state, "global_step", 0)) + ahead

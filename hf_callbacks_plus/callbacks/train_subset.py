@@ -16,7 +16,7 @@ How it reaches the trainer (it needs the trainer object to evaluate):
 * ``TrainerPlus`` / ``TrainerPlusMixin``: automatic (the trainer calls `bind`).
 * stock ``transformers.Trainer``: ``run_before_integrations(trainer, TrainSubsetEvaluation(...))``
   binds it and makes ``on_pre_log`` fire before the report_to integrations.
-* ``LightweightTrainer``: ``trainer.add_callback(TrainSubsetEvaluation(...).bind(trainer))``.
+* ``LightweightTrainer``: automatic, like ``TrainerPlus``.
 """
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ class TrainSubsetEvaluation(TrainerCallback):
     def _require_trainer(self) -> Any:
         if self.trainer is None:
             raise RuntimeError(
-                "TrainSubsetEvaluation is not bound to a trainer. Use TrainerPlus (automatic), "
-                "run_before_integrations(trainer, callback) for a stock transformers.Trainer, or "
-                "trainer.add_callback(callback.bind(trainer)) for a LightweightTrainer."
+                "TrainSubsetEvaluation is not bound to a trainer. TrainerPlus and LightweightTrainer "
+                "bind their callbacks; with a stock transformers.Trainer (or a trl trainer), call "
+                "run_before_integrations(trainer) once after building it."
             )
         return self.trainer
 

@@ -8,7 +8,7 @@ trainer (see ``docs/architecture.md``).
 """
 
 from .callback import EVENTS, TrainerCallback
-from .handler import CallbackHandler, ignores_event_kwargs
+from .handler import CallbackHandler, listens
 from .state import ExportableState, TrainerControl, TrainerState
 from .stateful import SelfRestoringState
 
@@ -20,5 +20,5 @@ __all__ = [
     "TrainerCallback",
     "TrainerControl",
     "TrainerState",
-    "ignores_event_kwargs",
+    "listens",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 from .._compat import TrainerCallbackBase
 from .state import TrainerControl, TrainerState
 
-__all__ = ["EVENTS", "TrainerCallback"]
+__all__ = ["EVENTS", "TrainerCallback", "bind_trainer"]
 
 #: Every event a transformers.Trainer fires, in declaration order.
 EVENTS = (
@@ -103,3 +103,21 @@ class TrainerCallback(TrainerCallbackBase):
         The exception is re-raised after every callback ran. A stock transformers.Trainer
         has no such event.
         """
+
+
+def bind_trainer(callback: Any, trainer: Any) -> None:
+    """Give ``callback`` its trainer when it asks for it with a ``bind(trainer)`` method.
+
+    The one binding protocol: every runner (``LightweightTrainer``, ``TrainerPlus``,
+    ``run_before_integrations`` for a stock or trl trainer) calls it for each of its callbacks
+    at construction and in ``add_callback``. A callback uses it to reach the trainer's key
+    grammar (``hf_callbacks_plus.metrics.keys.grammar_for(trainer)``), its datasets or its
+    evaluation.
+
+    Args:
+        callback: A callback instance.
+        trainer: The trainer it runs in.
+    """
+    bind = getattr(callback, "bind", None)
+    if callable(bind):
+        bind(trainer)

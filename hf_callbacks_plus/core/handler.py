@@ -1,21 +1,31 @@
-"""CallbackHandler: calls the callbacks of every event, as in transformers 5.x, plus extras.
+"""CallbackHandler: calls the callbacks of every event exactly as transformers' handler does.
+
+Dispatch is transformers' ``CallbackHandler.call_event``: the live ``callbacks`` list is walked
+at every event and ``getattr(callback, event)`` is called with ``args, state, control`` and the
+keyword arguments ``model=``, ``processing_class=``, ``optimizer=``, ``lr_scheduler=``,
+``train_dataloader=``, ``eval_dataloader=`` plus the event's own. Nothing is cached: a
+``unittest.mock`` callback, a method patched between runs and a callback added or removed
+inside an event behave as they do in a stock ``transformers.Trainer``. With transformers
+installed the class derives from ``transformers.trainer_callback.CallbackHandler``.
 
 Extras beyond transformers' handler:
 
-* ``call_event("on_anything", ...)`` dispatches custom events; callbacks without the
-  method are skipped.
+* ``call_event("on_anything", ...)`` dispatches custom events; callbacks without the method
+  are skipped.
 * ``add_callback(cb, first=True)`` / ``before=`` / ``after=`` control the order.
-* ``on_exception`` is an event our loop fires when training raises (then re-raises).
-* Dispatch skips callbacks that do not override an event (measured in
-  ``benchmarks/bench_callback_dispatch.py``), instead of calling every no-op.
+* ``on_log`` first fires ``on_pre_log`` (the one place that event is fired, in every
+  trainer): callbacks may change the record in place before any ``on_log`` reads it, and
+  ``state.log_history[-1]`` is updated to match.
+* ``on_exception`` is an event our loop and ``TrainerPlus`` fire when training raises.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Optional, Union
+from collections.abc import Mapping
+from typing import Any, Iterable, Optional, Union
 
-from .._compat import TrainerCallbackBase
+from .._compat import CallbackHandlerBase
 from .callback import EVENTS, TrainerCallback
 from .state import TrainerControl, TrainerState
 
@@ -25,61 +35,10 @@ __all__ = [
     "CallbackHandler",
     "CallbackRef",
     "TrainerCallback",
-    "ignores_event_kwargs",
+    "listens",
 ]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-
-class _CallbackList(list):
-    """A list that tells its handler when it changes, so dispatch tables are rebuilt."""
-
-    def __init__(self, items: Iterable[Any], on_change: Callable[[], None]) -> None:
-        super().__init__(items)
-        self._on_change = on_change
-
-    def _mutator(name: str):  # noqa: N805 - helper to build methods
-        original = getattr(list, name)
-
-        def method(self, *args, **kwargs):
-            result = original(self, *args, **kwargs)
-            self._on_change()
-            return result
-
-        method.__name__ = name
-        return method
-
-    for _name in (
-        "append",
-        "extend",
-        "insert",
-        "remove",
-        "pop",
-        "clear",
-        "sort",
-        "reverse",
-        "__setitem__",
-        "__delitem__",
-        "__iadd__",
-    ):
-        locals()[_name] = _mutator(_name)
-    del _name, _mutator
-
-
-#: Marks a method that ignores the event keyword arguments (see `ignores_event_kwargs`).
-_KWARGS_FREE = "_hf_callbacks_plus_ignores_event_kwargs"
-
-
-def ignores_event_kwargs(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark an event method whose body never reads ``model=``, ``optimizer=``, ``logs=``... .
-
-    `CallbackHandler` then calls it with ``args, state, control`` only, which is
-    several times cheaper than passing the keyword arguments. A subclass overriding the
-    method gets the keyword arguments again (the mark belongs to this function only).
-    """
-    setattr(function, _KWARGS_FREE, True)
-    return function
-
 
 #: The keyword arguments every event receives, in transformers' order.
 EVENT_KWARGS = (
@@ -92,24 +51,10 @@ EVENT_KWARGS = (
 )
 
 
-def _event_kwarg(name: str) -> property:
-    """A handler attribute stored in the shared event keyword arguments (built once, not per event)."""
-
-    def get(self: CallbackHandler) -> Any:
-        return self._event_kwargs[name]
-
-    def set(self: CallbackHandler, value: Any) -> None:
-        self._event_kwargs[name] = value
-        self._event_values = tuple(self._event_kwargs.values())
-
-    return property(get, set, doc=f"Passed to every event as ``{name}``.")
-
-
-
 def _base_noops() -> set[Any]:
-    """The no-op functions of the base classes: a callback that keeps them is skipped."""
+    """The no-op event functions of the base classes."""
     noops: set[Any] = set()
-    for base in (TrainerCallback, TrainerCallbackBase):
+    for base in (TrainerCallback, *TrainerCallback.__mro__):
         for name, function in vars(base).items():
             if name.startswith("on_"):
                 noops.add(function)
@@ -118,12 +63,36 @@ def _base_noops() -> set[Any]:
 
 _NOOPS = _base_noops()
 
+
+def listens(callback: Any, event: str) -> bool:
+    """True when ``callback`` has an ``event`` method other than the base class's no-op.
+
+    Looked up at call time (a method patched on the instance, or any attribute of a
+    ``unittest.mock`` object, counts). Used only to skip work an event would need
+    (a ``.item()`` sync for ``on_training_loss``, reading a checkpoint for
+    ``on_resume_check``), never to skip a callback.
+    """
+    method = getattr(callback, event, None)
+    if method is None or not callable(method):
+        return False
+    return getattr(method, "__func__", None) not in _NOOPS
+
+
+#: transformers' own events: their results replace ``control`` exactly as in transformers.
+_STANDARD_EVENTS = frozenset(EVENTS)
+
 #: A callback given as an instance or as a class.
 CallbackRef = Union[Any, type]
 
 
-class CallbackHandler(TrainerCallback):
-    """Calls the callbacks in order, like ``transformers.trainer_callback.CallbackHandler``.
+#: transformers' ``CallbackHandler`` first when it is importable (isinstance checks accept ours).
+_HANDLER_BASES: tuple[type, ...] = (
+    (TrainerCallback,) if CallbackHandlerBase is object else (CallbackHandlerBase, TrainerCallback)
+)
+
+
+class CallbackHandler(*_HANDLER_BASES):  # type: ignore[misc]
+    """Calls the callbacks in order, exactly like ``transformers.trainer_callback.CallbackHandler``.
 
     Args:
         callbacks: Callback instances or classes (classes are instantiated).
@@ -131,6 +100,8 @@ class CallbackHandler(TrainerCallback):
         processing_class: Passed as ``processing_class``. Defaults to None.
         optimizer: Passed as ``optimizer``. Defaults to None.
         lr_scheduler: Passed as ``lr_scheduler``. Defaults to None.
+        pass_tokenizer: Also pass ``tokenizer=processing_class`` to every event, as
+            transformers < 4.46 does. Defaults to False.
     """
 
     def __init__(
@@ -140,43 +111,30 @@ class CallbackHandler(TrainerCallback):
         processing_class: Any = None,
         optimizer: Any = None,
         lr_scheduler: Any = None,
+        *,
+        pass_tokenizer: bool = False,
     ) -> None:
-        self._dispatch: dict[str, list[Callable[..., Any]]] = {}
-        #: Incremented whenever the callback list changes (cached ``has_handlers`` results expire).
-        self.revision = 0
-        # The keyword arguments every event receives, kept up to date by the properties below.
-        self._event_kwargs: dict[str, Any] = dict.fromkeys(EVENT_KWARGS)
-        self._event_values: tuple[Any, ...] = tuple(self._event_kwargs.values())
-        self._callbacks = _CallbackList([], self._invalidate)
+        self.callbacks: list[Any] = []
         for callback in callbacks:
             self.add_callback(callback)
         self.model = model
         self.processing_class = processing_class
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
+        self.train_dataloader = None
+        self.eval_dataloader = None
+        self.pass_tokenizer = pass_tokenizer
 
-    model = _event_kwarg("model")
-    processing_class = _event_kwarg("processing_class")
-    optimizer = _event_kwarg("optimizer")
-    lr_scheduler = _event_kwarg("lr_scheduler")
-    train_dataloader = _event_kwarg("train_dataloader")
-    eval_dataloader = _event_kwarg("eval_dataloader")
+    @property
+    def tokenizer(self) -> Any:
+        """Alias of ``processing_class`` (transformers < 4.46 names it ``tokenizer``)."""
+        return self.processing_class
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self.processing_class = value
 
     # -- the callback list -------------------------------------------------------------
-    @property
-    def callbacks(self) -> list[Any]:
-        """The callbacks, in call order. Mutating this list is allowed."""
-        return self._callbacks
-
-    @callbacks.setter
-    def callbacks(self, value: Iterable[Any]) -> None:
-        self._callbacks = _CallbackList(value, self._invalidate)
-        self._invalidate()
-
-    def _invalidate(self) -> None:
-        self._dispatch.clear()
-        self.revision += 1
-
     def add_callback(
         self,
         callback: CallbackRef,
@@ -207,7 +165,7 @@ class CallbackHandler(TrainerCallback):
             )
         instance = callback() if isinstance(callback, type) else callback
         cb_class = callback if isinstance(callback, type) else callback.__class__
-        if cb_class in [existing.__class__ for existing in self._callbacks]:
+        if cb_class in [existing.__class__ for existing in self.callbacks]:
             logger.warning(
                 "You are adding a %s to the callbacks of this trainer, but there is already one. "
                 "The current list of callbacks is:\n%s",
@@ -215,118 +173,93 @@ class CallbackHandler(TrainerCallback):
                 self.callback_list,
             )
         if first:
-            self._callbacks.insert(0, instance)
+            self.callbacks.insert(0, instance)
         elif before is not None:
-            self._callbacks.insert(self._index_of(before, "before"), instance)
+            self.callbacks.insert(self._index_of(before, "before"), instance)
         elif after is not None:
-            self._callbacks.insert(self._index_of(after, "after") + 1, instance)
+            self.callbacks.insert(self._index_of(after, "after") + 1, instance)
         else:
-            self._callbacks.append(instance)
+            self.callbacks.append(instance)
         return instance
 
     def _index_of(self, ref: CallbackRef, argument: str) -> int:
-        for index, existing in enumerate(self._callbacks):
+        for index, existing in enumerate(self.callbacks):
             if (isinstance(ref, type) and isinstance(existing, ref)) or existing is ref:
                 return index
         raise ValueError(
             f"add_callback: {argument}={ref!r} is not among the callbacks; "
-            f"the current callbacks are: {[type(cb).__name__ for cb in self._callbacks]}"
+            f"the current callbacks are: {[type(cb).__name__ for cb in self.callbacks]}"
         )
 
     def pop_callback(self, callback: CallbackRef) -> Any:
         """Remove and return a callback, given as a class (first match) or an instance."""
-        for existing in self._callbacks:
+        for existing in self.callbacks:
             if isinstance(callback, type):
                 if isinstance(existing, callback):
-                    self._callbacks.remove(existing)
+                    self.callbacks.remove(existing)
                     return existing
             elif existing == callback:
-                self._callbacks.remove(existing)
+                self.callbacks.remove(existing)
                 return existing
         return None
 
     def remove_callback(self, callback: CallbackRef) -> None:
         """Remove a callback, given as a class (first match) or an instance."""
         if isinstance(callback, type):
-            for existing in self._callbacks:
+            for existing in self.callbacks:
                 if isinstance(existing, callback):
-                    self._callbacks.remove(existing)
+                    self.callbacks.remove(existing)
                     return
         else:
-            self._callbacks.remove(callback)
+            self.callbacks.remove(callback)
 
     @property
     def callback_list(self) -> str:
         """The class names of the callbacks, one per line."""
-        return "\n".join(cb.__class__.__name__ for cb in self._callbacks)
+        return "\n".join(cb.__class__.__name__ for cb in self.callbacks)
+
+    def listens(self, event: str) -> bool:
+        """True when a callback of this handler implements ``event`` (see `listens`)."""
+        return any(listens(callback, event) for callback in self.callbacks)
 
     # -- dispatch ----------------------------------------------------------------------
-    def _handlers(self, event: str) -> list[tuple[Callable[..., Any], bool]]:
-        """``(bound method, ignores the event keyword arguments)`` of the callbacks implementing ``event``."""
-        handlers = self._dispatch.get(event)
-        if handlers is None:
-            handlers = []
-            for callback in self._callbacks:
-                if event in getattr(callback, "__dict__", {}):
-                    handlers.append((getattr(callback, event), False))
-                    continue
-                function = getattr(type(callback), event, None)
-                if function is None or function in _NOOPS:
-                    continue
-                handlers.append((getattr(callback, event), getattr(function, _KWARGS_FREE, False)))
-            self._dispatch[event] = handlers
-        return handlers
-
-    def has_handlers(self, event: str) -> bool:
-        """True when at least one callback implements ``event`` (lets callers skip work)."""
-        return bool(self._handlers(event))
-
     def call_event(
         self, event: str, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
-        """Call ``event`` on every callback that defines it, in order.
+        """Call ``event`` on every callback, in order, as transformers' handler does.
 
-        Works for any event name, including custom ones; callbacks without the method are
-        skipped. A callback may return a new ``control`` (None keeps the current one).
+        The live list is walked (changes made during the event take effect as in
+        transformers); callbacks without the method are skipped (custom events). A callback
+        may return a new ``control`` (None keeps the current one); in a custom event
+        (``on_pre_log``, ``on_training_loss``...), only a control object of the same class
+        does, so a ``unittest.mock`` callback, which answers every custom event with a mock,
+        cannot stop a run that a stock Trainer would not have told it about. Passing one of the
+        handler's own keyword arguments (``model=``...) again raises ``TypeError``, as in
+        transformers.
 
         Returns:
             The (possibly replaced) control object.
         """
-        handlers = self._dispatch.get(event)
-        if handlers is None:
-            handlers = self._handlers(event)
-        if not handlers:
-            return control
-        if kwargs:
-            common = {**self._event_kwargs, **kwargs}
-            for handler, kwargs_free in handlers:
-                if kwargs_free:
-                    result = handler(args, state, control)
-                else:
-                    result = handler(args, state, control, **common)
-                if result is not None:
-                    control = result
-            return control
-        # Keywords spelled out: much cheaper than unpacking a dict (see benchmarks/bench_loop.py).
-        (model, processing_class, optimizer, lr_scheduler, train_dataloader, eval_dataloader) = (
-            self._event_values
-        )
-        for handler, kwargs_free in handlers:
-            if kwargs_free:
-                result = handler(args, state, control)
-            else:
-                result = handler(
-                    args,
-                    state,
-                    control,
-                    model=model,
-                    processing_class=processing_class,
-                    optimizer=optimizer,
-                    lr_scheduler=lr_scheduler,
-                    train_dataloader=train_dataloader,
-                    eval_dataloader=eval_dataloader,
-                )
-            if result is not None:
+        if self.pass_tokenizer:
+            kwargs = {"tokenizer": self.processing_class, **kwargs}
+        custom = event not in _STANDARD_EVENTS
+        for callback in self.callbacks:
+            method = getattr(callback, event, None)
+            if method is None:
+                continue
+            result = method(
+                args,
+                state,
+                control,
+                model=self.model,
+                processing_class=self.processing_class,
+                optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler,
+                train_dataloader=self.train_dataloader,
+                eval_dataloader=self.eval_dataloader,
+                **kwargs,
+            )
+            if result is not None and (not custom or isinstance(result, type(control))):
                 control = result
         return control
 
@@ -377,27 +310,61 @@ class CallbackHandler(TrainerCallback):
         return self.call_event("on_save", args, state, control, **kwargs)
 
     def on_log(self, args, state, control, logs, **kwargs):
+        """Fire ``on_pre_log`` (callbacks may change ``logs`` in place; the record the trainer
+        appended to ``state.log_history`` is updated to match), then ``on_log``.
+
+        This is the one place ``on_pre_log`` fires, in every trainer whose handler this is
+        (``LightweightTrainer``, ``TrainerPlus``, a stock or trl trainer after
+        ``run_before_integrations``): it runs when the record reaches ``on_log``, after a
+        trainer's own ``log`` override (trl's) added its metrics, and before any callback's
+        ``on_log`` (report_to integrations, the progress bar and printer) reads it.
+        """
         control.should_log = False
+        if isinstance(logs, dict):
+            before = dict(logs)
+            control = self.call_event("on_pre_log", args, state, control, logs=logs, **kwargs)
+            if logs != before or any(logs[key] is not value for key, value in before.items()):
+                sync_history(state, before, logs)
         return self.call_event("on_log", args, state, control, logs=logs, **kwargs)
 
     def on_prediction_step(self, args, state, control, **kwargs):
         return self.call_event("on_prediction_step", args, state, control, **kwargs)
-
-    def on_pre_log(self, args, state, control, logs, **kwargs):
-        """Fire our ``on_pre_log`` event: callbacks may change ``logs`` in place before the record
-        reaches ``state.log_history`` and ``on_log``. The one implementation of the event, used by
-        ``LightweightTrainer.log``, ``TrainerPlusMixin.log`` and the stock Trainer's ``PreLogBridge``.
-        """
-        return self.call_event("on_pre_log", args, state, control, logs=logs, **kwargs)
 
     def on_push_begin(self, args, state, control, **kwargs):
         return self.call_event("on_push_begin", args, state, control, **kwargs)
 
     def on_exception(self, args, state, control, exception: BaseException, **kwargs):
         """Fire ``on_exception``; a callback that fails here is logged, not raised."""
-        for handler, _ in self._handlers("on_exception"):
+        for callback in list(self.callbacks):
+            method = getattr(callback, "on_exception", None)
+            if method is None:
+                continue
             try:
-                handler(args, state, control, **self._event_kwargs, exception=exception, **kwargs)
+                method(
+                    args, state, control, model=self.model, processing_class=self.processing_class,
+                    optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
+                    train_dataloader=self.train_dataloader, eval_dataloader=self.eval_dataloader,
+                    exception=exception, **kwargs,
+                )
             except Exception:  # the original exception matters more
                 logger.exception("A callback failed in on_exception")
         return control
+
+
+def sync_history(state: Any, before: Mapping[str, Any], logs: dict) -> None:
+    """Make ``state.log_history[-1]`` (the record the trainer appended from ``before``) match
+    ``logs`` after ``on_pre_log`` changed it in place."""
+    history = getattr(state, "log_history", None)
+    if not history:
+        return
+    last = history[-1]
+    # the record Trainer.log appended is {**logs, "step": ...}: same values, same objects
+    if not isinstance(last, dict) or any(last.get(k, last) is not v for k, v in before.items()):
+        return
+    updated = {**logs, "step": last.get("step", getattr(state, "global_step", 0))}
+    # keys removed from ``logs`` before on_log (transformers' PrinterCallback pops
+    # ``total_flos``) stay in the history, as without on_pre_log
+    for key, value in last.items():
+        if key not in before and key not in updated:
+            updated[key] = value
+    history[-1] = updated

@@ -63,7 +63,7 @@ def run_resume_check(
         ``control.should_training_stop`` (a WARNING naming the reasons was logged), else None.
         Without a listener, a checkpoint or its ``trainer_state.json``, nothing is read: None.
     """
-    if checkpoint is None or not handler.has_handlers(RESUME_CHECK_EVENT):
+    if checkpoint is None or not handler.listens(RESUME_CHECK_EVENT):
         return None
     path = os.path.join(checkpoint, TRAINER_STATE_NAME)
     if not os.path.isfile(path):

@@ -1,29 +1,29 @@
-"""Callback ordering for a stock ``transformers.Trainer``: run ours before the integrations.
+"""Wiring our callbacks into a stock ``transformers.Trainer`` (or a trl trainer).
 
 A stock Trainer builds its callback list as ``[DefaultFlowCallback, <report_to
-integrations>, <your callbacks>, <progress/printer>]``, so an ``on_log`` of yours runs
-after W&B/TensorBoard/MLflow already sent the record. `run_before_integrations`
-moves (or adds) callbacks just ahead of the first integration and installs a
-`PreLogBridge` there, which fires our ``on_pre_log`` event from ``on_log``: the
-callbacks may then add or fix keys of the record before any integration reads it, and
-the bridge copies the change into ``state.log_history`` too.
+integrations>, <your callbacks>, <progress/printer>]`` and its handler knows nothing of our
+``on_pre_log`` event. `run_before_integrations` gives the trainer our `CallbackHandler`
+(a ``transformers.trainer_callback.CallbackHandler`` subclass that dispatches exactly like it,
+same callbacks, same order), whose ``on_log`` fires ``on_pre_log`` before any callback's
+``on_log``: train-subset, gap and early-stopping values then reach every integration and the
+console. It also moves the given callbacks ahead of the integrations and gives them the trainer
+(``bind``). ``TrainerPlus`` does the same at construction.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
-from ..core.callback import TrainerCallback
+from ..core.callback import bind_trainer
 from ..core.handler import CallbackHandler
 
 __all__ = [
-    "PreLogBridge",
     "bind_trainer",
     "fires_pre_log",
     "is_integration_callback",
     "run_before_integrations",
+    "use_our_handler",
 ]
 
 logger = logging.getLogger("hf_callbacks_plus")
@@ -57,80 +57,53 @@ def is_integration_callback(callback: Any) -> bool:
     return issubclass(cls, _integration_classes())
 
 
-def bind_trainer(callback: Any, trainer: Any) -> None:
-    """Give ``callback`` the trainer when it asks for it (it has a ``bind(trainer)`` method)."""
-    bind = getattr(callback, "bind", None)
-    if callable(bind):
-        bind(trainer)
-
-
 def fires_pre_log(trainer: Any) -> bool:
-    """True when the trainer fires ``on_pre_log`` itself: it says so with a class attribute
-    ``fires_pre_log = True`` (``TrainerPlus``, ``LightweightTrainer``)."""
-    return bool(getattr(trainer, "fires_pre_log", False))
+    """True when the trainer's handler fires ``on_pre_log``: it is our `CallbackHandler`
+    (``LightweightTrainer``, ``TrainerPlus``, a trainer passed to `run_before_integrations`)."""
+    return isinstance(getattr(trainer, "callback_handler", None), CallbackHandler)
 
 
-class PreLogBridge(TrainerCallback):
-    """Fires ``on_pre_log`` from ``on_log`` in a trainer that does not fire it itself.
-
-    Installed by `run_before_integrations` just ahead of the integrations. When
-    ``on_log`` reaches it, it fires ``on_pre_log`` on the trainer's other callbacks that
-    define it (in list order, through our `CallbackHandler.on_pre_log`), then makes
-    ``state.log_history[-1]`` match the modified record. Callbacks must modify ``logs`` in
-    place.
+def use_our_handler(trainer: Any) -> CallbackHandler:
+    """Give ``trainer`` our `CallbackHandler` in place of its own (same callbacks, same order,
+    same event keyword arguments); a no-op when it already has one.
 
     Args:
-        trainer: The trainer whose callbacks receive ``on_pre_log``.
+        trainer: A ``transformers.Trainer`` (or subclass).
+
+    Returns:
+        The trainer's handler.
     """
-
-    def __init__(self, trainer: Any) -> None:
-        self._trainer = trainer
-        self._handler = CallbackHandler()  # mirrors the stock handler's callbacks, minus the bridge
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
-        if not isinstance(logs, dict):
-            return None
-        handler = self._handler
-        others = [cb for cb in self._trainer.callback_handler.callbacks if cb is not self]
-        if others != handler.callbacks:
-            handler.callbacks = others
-        if not handler.has_handlers("on_pre_log"):
-            return None
-        before = dict(logs)
-        control = handler.on_pre_log(args, state, control, logs, **kwargs)
-        self.sync_history(state, before, logs)
-        return control
-
-    @staticmethod
-    def sync_history(state: Any, before: Mapping[str, Any], logs: dict) -> None:
-        """Make ``state.log_history[-1]`` (the record ``Trainer.log`` appended from ``before``)
-        match ``logs`` after ``on_pre_log`` changed it in place."""
-        history = getattr(state, "log_history", None)
-        if not history:
-            return
-        last = history[-1]
-        # the record Trainer.log appended is {**logs, "step": ...}: same values, same objects
-        if not isinstance(last, dict) or any(last.get(k, last) is not v for k, v in before.items()):
-            return
-        updated = {**logs, "step": last.get("step", state.global_step)}
-        # keys an earlier callback removed from ``logs`` before the bridge ran (transformers'
-        # PrinterCallback pops ``total_flos``) stay in the history, as without the bridge
-        for key, value in last.items():
-            if key not in before and key not in updated:
-                updated[key] = value
-        history[-1] = updated
+    old = trainer.callback_handler
+    if isinstance(old, CallbackHandler):
+        return old
+    processing_class = getattr(old, "processing_class", None)
+    legacy_tokenizer = processing_class is None and hasattr(old, "tokenizer")  # transformers < 4.46
+    if legacy_tokenizer:
+        processing_class = old.tokenizer
+    new = CallbackHandler(
+        (),
+        model=getattr(old, "model", None),
+        processing_class=processing_class,
+        optimizer=getattr(old, "optimizer", None),
+        lr_scheduler=getattr(old, "lr_scheduler", None),
+        pass_tokenizer=legacy_tokenizer,
+    )
+    new.callbacks = list(old.callbacks)  # same instances, same order, no duplicate warnings
+    new.train_dataloader = getattr(old, "train_dataloader", None)
+    new.eval_dataloader = getattr(old, "eval_dataloader", None)
+    trainer.callback_handler = new
+    return new
 
 
 def run_before_integrations(trainer: Any, *callbacks: Any) -> Any:
-    """Put ``callbacks`` ahead of the trainer's report_to integrations.
+    """Wire ``callbacks`` into a stock (or trl) trainer: our handler, ahead of the integrations.
 
-    Each callback (instance or class) is moved when already present, added otherwise, to
-    the position just before the first integration callback (TensorBoardCallback,
-    WandbCallback, MLflowCallback, ..., and ``hf_callbacks_plus`` loggers); without any
-    integration they go to the end. Callbacks with a ``bind(trainer)`` method receive the
-    trainer. In a trainer that does not fire ``on_pre_log`` itself (a stock
-    ``transformers.Trainer``), a `PreLogBridge` is placed first among them so
-    their ``on_pre_log`` runs before the integrations' ``on_log``.
+    The trainer gets our `CallbackHandler` (see `use_our_handler`), so ``on_pre_log`` fires
+    before every ``on_log`` (integrations and console). Each callback (instance or class) is
+    moved when already present, added otherwise, to the position just before the first
+    integration callback (TensorBoardCallback, WandbCallback, MLflowCallback, ..., and
+    ``hf_callbacks_plus`` loggers); without any integration they go to the end. Every
+    callback of the trainer with a ``bind(trainer)`` method receives the trainer.
 
     Args:
         trainer: A ``transformers.Trainer`` (or subclass, or ``TrainerPlus``).
@@ -152,6 +125,7 @@ def run_before_integrations(trainer: Any, *callbacks: Any) -> Any:
             f"run_before_integrations: trainer must be a transformers.Trainer-like object with a "
             f"callback_handler, got {type(trainer).__name__}."
         )
+    handler = use_our_handler(trainer)
     ordered = []
     for callback in callbacks:
         instance = callback() if isinstance(callback, type) else callback
@@ -159,13 +133,10 @@ def run_before_integrations(trainer: Any, *callbacks: Any) -> Any:
             existing = [cb for cb in handler.callbacks if type(cb) is callback]
             instance = existing[0] if existing else instance
         ordered.append(instance)
-    if not fires_pre_log(trainer):
-        bridges = [cb for cb in handler.callbacks if isinstance(cb, PreLogBridge)]
-        ordered.insert(0, bridges[0] if bridges else PreLogBridge(trainer))
     # remove, then insert as a block before the first integration
     remaining = [cb for cb in handler.callbacks if not any(cb is inst for inst in ordered)]
     position = next((i for i, cb in enumerate(remaining) if is_integration_callback(cb)), len(remaining))
     handler.callbacks = remaining[:position] + ordered + remaining[position:]
-    for instance in ordered:
+    for instance in list(handler.callbacks):
         bind_trainer(instance, trainer)
     return trainer

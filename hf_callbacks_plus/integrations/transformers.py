@@ -3,13 +3,11 @@
 ``TrainerPlusMixin`` works on any ``transformers.Trainer`` subclass (``Seq2SeqTrainer``,
 trl's trainers, your own): put it first in the bases. It
 
-* replaces ``trainer.callback_handler`` with our
-  `CallbackHandler` (same callbacks, same order), so
-  custom events (``call_event``) work;
-* fires ``on_pre_log`` in `log` before the record reaches ``state.log_history`` and
-  the report_to integrations (nested metric dicts are flattened first); when the subclass
-  overrides ``log`` itself (trl's trainers add their token accuracy, rewards... there), it
-  fires when the record reaches ``Trainer.log``, so callbacks see those metrics too;
+* replaces ``trainer.callback_handler`` with our `CallbackHandler` (a transformers
+  ``CallbackHandler`` subclass dispatching exactly like it, same callbacks, same order), so
+  custom events (``call_event``) work and ``on_pre_log`` fires before every ``on_log``
+  (after a subclass's own ``log``, e.g. trl's, added its metrics);
+* flattens nested metric dicts in `log`;
 * fires ``on_training_loss`` with the raw per-micro-batch loss (only when a callback
   listens) and ``on_exception`` when ``train()`` raises (then re-raises);
 * fires ``on_resume_check`` before resuming (only when a callback listens): a callback can
@@ -33,10 +31,9 @@ from typing import Any
 from .._compat import require
 from ..callbacks.isolated_evaluation import isolated_evaluate
 from ..core.checkpoint_folders import newest_complete_checkpoint
-from ..core.handler import CallbackHandler
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
-from .ordering import PreLogBridge, bind_trainer, is_integration_callback, run_before_integrations
+from .ordering import bind_trainer, is_integration_callback, run_before_integrations, use_our_handler
 
 transformers = require("transformers", "TrainerPlus")
 
@@ -48,62 +45,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-
-class _PlusCallbackHandler(CallbackHandler):
-    """Our handler, also passing ``tokenizer=`` to events on transformers < 4.46."""
-
-    def __init__(self, *args: Any, legacy_tokenizer: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._legacy_tokenizer = legacy_tokenizer
-
-    @property
-    def tokenizer(self) -> Any:
-        """Alias of ``processing_class`` (transformers < 4.46 names it ``tokenizer``)."""
-        return self.processing_class
-
-    @tokenizer.setter
-    def tokenizer(self, value: Any) -> None:
-        self.processing_class = value
-
-    def call_event(self, event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self._legacy_tokenizer:
-            kwargs.setdefault("tokenizer", self.processing_class)
-        return super().call_event(event, args, state, control, **kwargs)
-
-    #: Set by ``TrainerPlusMixin.log`` when a subclass's own ``log`` sits between the mixin and
-    #: ``Trainer.log``: ``on_pre_log`` then fires here, once that ``log`` has added its metrics.
-    pre_log_on_log = False
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any, **kwargs: Any) -> Any:
-        if self.pre_log_on_log and isinstance(logs, dict):
-            self.pre_log_on_log = False
-            before = dict(logs)
-            control = self.on_pre_log(args, state, control, logs)
-            PreLogBridge.sync_history(state, before, logs)  # Trainer.log appended the record already
-        return super().on_log(args, state, control, logs, **kwargs)
-
-
-def _replace_handler(old: Any) -> CallbackHandler:
-    if isinstance(old, CallbackHandler):
-        return old
-    processing_class = getattr(old, "processing_class", None)
-    legacy = False
-    if processing_class is None and hasattr(old, "tokenizer"):
-        processing_class = old.tokenizer
-        legacy = True
-    new = _PlusCallbackHandler(
-        (),
-        model=getattr(old, "model", None),
-        processing_class=processing_class,
-        optimizer=getattr(old, "optimizer", None),
-        lr_scheduler=getattr(old, "lr_scheduler", None),
-        legacy_tokenizer=legacy,
-    )
-    new.callbacks = list(old.callbacks)  # same instances, same order, no duplicate warnings
-    new.train_dataloader = getattr(old, "train_dataloader", None)
-    new.eval_dataloader = getattr(old, "eval_dataloader", None)
-    return new
 
 
 def _metric_key_prefix(args: tuple, kwargs: Mapping[str, Any], position: int) -> str:
@@ -130,15 +71,13 @@ class TrainerPlusMixin:
             ``_maybe_log_save_evaluate`` call by name (``tr_loss``, ``grad_norm``,
             ``epoch``, ``start_time``, ``learning_rate``... whichever the installed
             transformers passes), empty outside of it.
-        fires_pre_log: Always True: this trainer fires ``on_pre_log`` itself.
     """
 
-    fires_pre_log = True
     key_grammar: KeyGrammar
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.callback_handler = _replace_handler(self.callback_handler)
+        use_our_handler(self)
         self.key_grammar = grammar_for(self)
         self.loop_context: Mapping[str, Any] = MappingProxyType({})
         for callback in list(self.callback_handler.callbacks):
@@ -153,7 +92,7 @@ class TrainerPlusMixin:
 
     # -- logging ---------------------------------------------------------------------------
     def log(self, logs: dict[str, Any], *args: Any, **kwargs: Any) -> None:
-        """Flatten nested metrics, fire ``on_pre_log``, then ``Trainer.log``.
+        """Flatten nested metrics, then ``Trainer.log`` (whose ``on_log`` fires ``on_pre_log``).
 
         ``logs`` is modified in place (``Trainer.evaluate`` passes the same dict to
         ``on_evaluate`` and returns it), so callbacks' additions reach ``state.log_history``,
@@ -165,19 +104,6 @@ class TrainerPlusMixin:
             logs.update(flat)
         if not getattr(self, "_isolated_evaluation", False):
             self.key_grammar.learn_from_metrics(logs)
-        handler = self.callback_handler
-        if handler.has_handlers("on_pre_log"):
-            if getattr(self.state, "epoch", None) is not None:
-                logs["epoch"] = self.state.epoch  # Trainer.log sets it too; callbacks see it
-            if isinstance(handler, _PlusCallbackHandler) and _log_overridden_below(type(self)):
-                # trl's trainers (and any subclass overriding ``log``) add their own metrics in
-                # ``log``: fire on_pre_log when the record reaches ``Trainer.log``, after them
-                handler.pre_log_on_log = True
-                try:
-                    return super().log(logs, *args, **kwargs)
-                finally:
-                    handler.pre_log_on_log = False
-            self.control = handler.on_pre_log(self.args, self.state, self.control, logs)
         return super().log(logs, *args, **kwargs)
 
     # -- evaluation prefixes ---------------------------------------------------------------
@@ -246,7 +172,7 @@ class TrainerPlusMixin:
         """
         loss = super().training_step(*args, **kwargs)
         handler = self.callback_handler
-        if handler.has_handlers("on_training_loss"):
+        if handler.listens("on_training_loss"):
             value = float(loss.detach().float().mean().item()) if hasattr(loss, "detach") else float(loss)
             self.control = handler.call_event(
                 "on_training_loss", self.args, self.state, self.control, loss=value
@@ -294,7 +220,7 @@ class TrainerPlusMixin:
         """The vetoed run's ``TrainOutput``, or None to train (also when nothing listens)."""
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return None
-        if not self.callback_handler.has_handlers(RESUME_CHECK_EVENT):
+        if not self.callback_handler.listens(RESUME_CHECK_EVENT):
             return None
         if resume_from_checkpoint is True:  # no checkpoint folder at all: Trainer.train raises
             return None
@@ -315,27 +241,6 @@ class TrainerPlusMixin:
             self._load_from_checkpoint(checkpoint)
         self.state = state
         return TrainOutput(state.global_step, 0.0, skipped_metrics(state))
-
-
-_LOG_OVERRIDES: dict[type, bool] = {}
-
-
-def _log_overridden_below(cls: type) -> bool:
-    """True when a class between ``TrainerPlusMixin`` and ``transformers.Trainer`` in the MRO
-    defines ``log`` (cached per class)."""
-    result = _LOG_OVERRIDES.get(cls)
-    if result is None:
-        mro = cls.__mro__
-        start = mro.index(TrainerPlusMixin) + 1 if TrainerPlusMixin in mro else len(mro)
-        result = False
-        for base in mro[start:]:
-            if base is transformers.Trainer:
-                break
-            if "log" in vars(base):
-                result = True
-                break
-        _LOG_OVERRIDES[cls] = result
-    return result
 
 
 _SIGNATURES: dict[tuple[type, str], inspect.Signature] = {}

@@ -183,6 +183,11 @@ class TrackerLogger(SelfRestoringState):
         self.ledger.run_id = value
 
     # -- public API --------------------------------------------------------------------
+    def bind(self, trainer: Any) -> TrackerLogger:
+        """Give the logger its trainer (called by every runner; see ``bind_trainer``)."""
+        self.attach_trainer(trainer)
+        return self
+
     def attach_trainer(self, trainer: Any) -> None:
         """Give the logger its trainer: eval dataset names (``eval_dataset`` dict) and model.
 

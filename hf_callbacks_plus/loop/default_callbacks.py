@@ -11,7 +11,6 @@ from typing import Any
 
 from .._compat import require
 from ..core.callback import TrainerCallback
-from ..core.handler import ignores_event_kwargs
 from ..core.state import TrainerControl, TrainerState
 from .plan import has_length
 
@@ -25,7 +24,6 @@ class DefaultFlowCallback(TrainerCallback):
     like transformers' own.
     """
 
-    @ignores_event_kwargs
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         # transformers' strategies are str enums, so comparing with strings works for both
         logging_strategy, eval_strategy, save_strategy = (
@@ -66,7 +64,6 @@ class DefaultFlowCallback(TrainerCallback):
 
         return control
 
-    @ignores_event_kwargs
     def on_epoch_end(self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any):
         if args.logging_strategy == "epoch":
             control.should_log = True

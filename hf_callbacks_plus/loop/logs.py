@@ -67,7 +67,9 @@ class LoggingMixin:
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
-        """Add ``epoch``, fire ``on_pre_log``, append to ``state.log_history``, fire ``on_log``.
+        """Add ``epoch``, append to ``state.log_history``, fire ``on_log`` (as ``Trainer.log``).
+
+        The handler's ``on_log`` fires ``on_pre_log`` first (see `CallbackHandler.on_log`).
 
         Args:
             logs: The values to log; ``on_pre_log`` callbacks may change them in place.
@@ -80,11 +82,8 @@ class LoggingMixin:
             if start_time is not None:
                 seen = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
                 logs.update(speed_metrics("train", start_time, num_tokens=seen))
-        handler = self.callback_handler
-        if handler.has_handlers("on_pre_log"):
-            self.control = handler.on_pre_log(self.args, self.state, self.control, logs)
         self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.control = handler.on_log(self.args, self.state, self.control, logs)
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 
     def store_flos(self) -> None:
         """Move the floating-point operations counted so far into ``state.total_flos``."""

@@ -37,12 +37,9 @@ class StepsMixin:
     _globalstep_last_logged: int
     _maybe_log_save_evaluate: Any
 
-    # The two step loops are the hot path (see benchmarks/bench_loop.py): they keep what
-    # they use in locals, and skip the events no callback implements. Which events have
-    # handlers is looked up again whenever the callback list changes (``handler.revision``);
-    # until then an event without handlers costs one comparison. Flags the handler resets
-    # (``on_step_begin``) are reset here too when its dispatch is skipped; ``on_step_end``, which
-    # resets none, goes straight to ``call_event`` like ``handler.on_step_end`` does.
+    # The two step loops fire every event through the handler at every step, as
+    # transformers.Trainer does (no event is skipped for callbacks that seem not to listen:
+    # a mock, a patched method or a callback added mid-step must see it).
 
     def _run_single_batch_steps(
         self,
@@ -56,27 +53,18 @@ class StepsMixin:
     ) -> tuple[int, Optional[float], Optional[float]]:
         """The steps of an epoch with ``gradient_accumulation_steps == 1``: one batch per step."""
         args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
-        has_handlers, call_event, isfinite = handler.has_handlers, handler.call_event, math.isfinite
+        isfinite = math.isfinite
         nan_filter = args.logging_nan_inf_filter
         count_tokens = self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no"
         plain_hooks, track_lr = self._optimizer_hooks()
         grad_norm: Optional[float] = None
         learning_rate: Optional[float] = None
-        revision = fire_begin = fire_loss = fire_pre = fire_opt = None
         tr_loss = self._tr_loss
         if steps_per_epoch > first_update:
             self.current_gradient_accumulation_steps = 1
         for inputs in islice(iterator, steps_per_epoch - first_update):
             step += 1
-            if handler.revision != revision:
-                revision = handler.revision
-                fire_begin, fire_loss = has_handlers("on_step_begin"), has_handlers("on_training_loss")
-                fire_pre, fire_opt = has_handlers("on_pre_optimizer_step"), has_handlers("on_optimizer_step")
-            control = self.control
-            if fire_begin or handler.revision != revision:
-                control = self.control = handler.on_step_begin(args, state, control)
-            else:  # what handler.on_step_begin does before dispatching
-                control.should_log = control.should_evaluate = control.should_save = False
+            control = self.control = handler.on_step_begin(args, state, self.control)
             output = train_step(inputs)
             step_grad_norm = None
             if type(output) is not float:
@@ -84,10 +72,7 @@ class StepsMixin:
                     step_grad_norm = output.get("grad_norm")
                     output = output["loss"]
                 output = to_float(output, strict=True, what="the loss returned by train_step")
-            if fire_loss or handler.revision != revision:
-                control = self.control = handler.call_event(
-                    "on_training_loss", args, state, control, loss=output
-                )
+            control = self.control = handler.call_event("on_training_loss", args, state, control, loss=output)
             if nan_filter and not isfinite(output):
                 tr_loss += tr_loss / (1 + state.global_step - self._globalstep_last_logged)
             else:
@@ -97,18 +82,16 @@ class StepsMixin:
 
             grad_norm = (None if step_grad_norm is None
                          else to_float(step_grad_norm, strict=True, what="grad_norm"))
-            if fire_pre or handler.revision != revision:
-                control = self.control = handler.on_pre_optimizer_step(args, state, control)
+            control = self.control = handler.on_pre_optimizer_step(args, state, control)
             if plain_hooks:
                 self._optimizer_step()
-            if fire_opt or handler.revision != revision:
-                control = self.control = handler.on_optimizer_step(args, state, control)
+            control = self.control = handler.on_optimizer_step(args, state, control)
             learning_rate = self._get_learning_rate() if track_lr else None
             if plain_hooks:
                 self._after_optimizer_step()
             state.global_step += 1
             state.epoch = epoch + (step + 1) / batches_per_epoch
-            control = self.control = call_event("on_step_end", args, state, control)
+            control = self.control = handler.on_step_end(args, state, control)
             if control.should_log or control.should_evaluate or control.should_save:
                 self._tr_loss = tr_loss
                 self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
@@ -133,7 +116,6 @@ class StepsMixin:
     ) -> tuple[int, Optional[float], Optional[float]]:
         """The steps of an epoch with gradient accumulation (micro-batches, ``on_substep_end``)."""
         args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
-        has_handlers, call_event = handler.has_handlers, handler.call_event
         accumulation = args.gradient_accumulation_steps
         remainder = batches_per_epoch % accumulation or accumulation
         nan_filter = args.logging_nan_inf_filter
@@ -141,20 +123,12 @@ class StepsMixin:
         plain_hooks, track_lr = self._optimizer_hooks()
         grad_norm: Optional[float] = None
         learning_rate: Optional[float] = None
-        revision = fire_loss = fire_pre = fire_opt = fire_sub = None
         for update_step in range(first_update, steps_per_epoch):
             num_batches = accumulation if update_step != steps_per_epoch - 1 else remainder
             batch_samples = list(islice(iterator, num_batches))
             scale = self.current_gradient_accumulation_steps = len(batch_samples)
             for inputs in batch_samples:
                 step += 1
-                if handler.revision != revision:
-                    revision = handler.revision
-                    fire_loss, fire_sub = has_handlers("on_training_loss"), has_handlers("on_substep_end")
-                    fire_pre, fire_opt = (
-                        has_handlers("on_pre_optimizer_step"),
-                        has_handlers("on_optimizer_step"),
-                    )
                 if step % accumulation == 0:
                     self.control = handler.on_step_begin(args, state, self.control)
                 output = train_step(inputs)
@@ -165,10 +139,7 @@ class StepsMixin:
                         output = output["loss"]
                     output = to_float(output, strict=True, what="the loss returned by train_step")
                 loss = output / scale
-                if fire_loss or handler.revision != revision:
-                    self.control = handler.call_event(
-                        "on_training_loss", args, state, self.control, loss=loss
-                    )
+                self.control = handler.call_event("on_training_loss", args, state, self.control, loss=loss)
                 if nan_filter and not math.isfinite(loss):
                     self._tr_loss += self._tr_loss / (1 + state.global_step - self._globalstep_last_logged)
                 else:
@@ -179,21 +150,19 @@ class StepsMixin:
                 if (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch:  # sync step
                     grad_norm = (None if step_grad_norm is None
                                  else to_float(step_grad_norm, strict=True, what="grad_norm"))
-                    if fire_pre or handler.revision != revision:
-                        self.control = handler.on_pre_optimizer_step(args, state, self.control)
+                    self.control = handler.on_pre_optimizer_step(args, state, self.control)
                     if plain_hooks:
                         self._optimizer_step()
-                    if fire_opt or handler.revision != revision:
-                        self.control = handler.on_optimizer_step(args, state, self.control)
+                    self.control = handler.on_optimizer_step(args, state, self.control)
                     learning_rate = self._get_learning_rate() if track_lr else None
                     if plain_hooks:
                         self._after_optimizer_step()
                     state.global_step += 1
                     state.epoch = epoch + (step + 1) / batches_per_epoch
-                    control = self.control = call_event("on_step_end", args, state, self.control)
+                    control = self.control = handler.on_step_end(args, state, self.control)
                     if control.should_log or control.should_evaluate or control.should_save:
                         self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
-                elif fire_sub or handler.revision != revision:
+                else:
                     self.control = handler.on_substep_end(args, state, self.control)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Callable, Iterable, Optional, Union
 
+from ..core.callback import bind_trainer
 from ..core.handler import CallbackHandler, CallbackRef
 from ..core.resume_check import run_resume_check, skipped_metrics
 from ..core.state import TrainerControl, TrainerState
@@ -69,10 +70,6 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
         load_model_fn: ``checkpoint_dir -> None`` loading it (resume, best model). Defaults to None.
         num_tokens_fn: ``batch -> int`` for ``include_num_input_tokens_seen``. Defaults to None.
 
-    Attributes:
-        fires_pre_log: Always True: this trainer fires ``on_pre_log`` itself (so
-            `run_before_integrations` installs no bridge).
-
     Raises:
         ValueError: ``eval_strategy`` is not ``"no"`` but there is nothing to evaluate.
 
@@ -84,8 +81,6 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
         >>> trainer.train().global_step  # doctest: +SKIP
         6
     """
-
-    fires_pre_log = True
 
     def __init__(
         self,
@@ -151,12 +146,19 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
         self._globalstep_last_logged = 0
         self._initial_global_step = 0
         self._initial_num_input_tokens_seen = 0
+        for callback in list(self.callback_handler.callbacks):
+            bind_trainer(callback, self)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
 
     # -- callbacks -------------------------------------------------------------------------
     def add_callback(self, callback: CallbackRef, **where: Any) -> Any:
-        """Add a callback (instance or class); ``first=True``/``before=``/``after=`` place it."""
-        return self.callback_handler.add_callback(callback, **where)
+        """Add a callback (instance or class); ``first=True``/``before=``/``after=`` place it.
+
+        A callback with a ``bind(trainer)`` method receives this trainer (see ``bind_trainer``).
+        """
+        added = self.callback_handler.add_callback(callback, **where)
+        bind_trainer(added, self)
+        return added
 
     def pop_callback(self, callback: CallbackRef) -> Any:
         """Remove and return a callback (class: first match; instance), or None."""

@@ -10,8 +10,9 @@ from transformers.integrations import TensorBoardCallback  # noqa: E402
 from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback  # noqa: E402
 
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from hf_callbacks_plus.core.handler import CallbackHandler  # noqa: E402
 from hf_callbacks_plus.integrations.ordering import (  # noqa: E402
-    PreLogBridge,
+    fires_pre_log,
     is_integration_callback,
     run_before_integrations,
 )
@@ -43,17 +44,20 @@ class Plain(TrainerCallback):
     pass
 
 
-def test_order_is_flow_bridge_ours_then_integrations(tmp_path):
+def test_order_is_flow_ours_then_integrations_in_our_handler(tmp_path):
     fix, plain = FixLogs(), Plain()
     trainer = make_trainer(tmp_path, callbacks=[plain], report_to="tensorboard")
+    stock_handler = trainer.callback_handler
     assert run_before_integrations(trainer, fix, plain) is trainer
+    assert isinstance(trainer.callback_handler, CallbackHandler)
+    assert trainer.callback_handler is not stock_handler
     types = [type(cb) for cb in trainer.callback_handler.callbacks]
-    assert types == [DefaultFlowCallback, PreLogBridge, FixLogs, Plain, TensorBoardCallback, PrinterCallback]
+    assert types == [DefaultFlowCallback, FixLogs, Plain, TensorBoardCallback, PrinterCallback]
     assert fix.trainer is trainer
-    # idempotent: a second call moves, never duplicates
+    # idempotent: a second call moves, never duplicates, keeps the handler
+    handler = trainer.callback_handler
     run_before_integrations(trainer, fix)
-    assert [type(cb) for cb in trainer.callback_handler.callbacks].count(PreLogBridge) == 1
-    assert trainer.callback_handler.callbacks.count(fix) == 1
+    assert trainer.callback_handler is handler and trainer.callback_handler.callbacks.count(fix) == 1
 
 
 def test_without_integrations_callbacks_go_last(tmp_path):
@@ -81,11 +85,11 @@ def test_stock_trainer_tensorboard_receives_fixed_logs(tmp_path):
     assert metrics["eval_extra"] == 3.0  # same dict reaches on_evaluate and the caller
 
 
-def test_trainer_plus_needs_no_bridge(tmp_path):
+def test_trainer_plus_fixes_logs_with_callbacks_given_at_construction(tmp_path):
     fix = FixLogs()
-    trainer = make_trainer(tmp_path, report_to="tensorboard", trainer_class=TrainerPlus, **EVAL_EVERY)
-    run_before_integrations(trainer, fix)
-    assert not any(isinstance(cb, PreLogBridge) for cb in trainer.callback_handler.callbacks)
+    trainer = make_trainer(tmp_path, report_to="tensorboard", trainer_class=TrainerPlus, callbacks=[fix],
+                           **EVAL_EVERY)
+    assert fix.trainer is trainer
     trainer.train()
     assert read_scalars(tmp_path)["eval/extra"] == {4: 3.0, 8: 3.0}
 
@@ -95,8 +99,7 @@ def test_rejects_non_trainer():
         run_before_integrations(object(), FixLogs())
 
 
-def test_a_trainer_says_it_fires_pre_log_by_a_class_attribute(tmp_path):
-    from hf_callbacks_plus.integrations.ordering import fires_pre_log
+def test_every_trainer_with_our_handler_fires_pre_log(tmp_path):
     from hf_callbacks_plus.loop import LightweightTrainer, LoopArguments
 
     class MyLoop(LightweightTrainer):  # defined outside hf_callbacks_plus.loop.trainer
@@ -104,12 +107,17 @@ def test_a_trainer_says_it_fires_pre_log_by_a_class_attribute(tmp_path):
 
     loop = MyLoop(LoopArguments(output_dir=str(tmp_path), disable_tqdm=True), train_step=lambda b: 1.0,
                   train_data=[[1.0]])
+    handler = loop.callback_handler
     run_before_integrations(loop, FixLogs())
-    assert fires_pre_log(loop) and fires_pre_log(TrainerPlus) and not fires_pre_log(make_trainer(tmp_path))
-    assert not any(isinstance(cb, PreLogBridge) for cb in loop.callback_handler.callbacks)
+    assert loop.callback_handler is handler
+    stock = make_trainer(tmp_path)
+    assert fires_pre_log(loop) and fires_pre_log(make_trainer(tmp_path, trainer_class=TrainerPlus))
+    assert not fires_pre_log(stock)
+    run_before_integrations(stock)
+    assert fires_pre_log(stock)
 
 
-def test_bridge_follows_callbacks_added_after_it(tmp_path):
+def test_callbacks_added_after_the_wiring_get_on_pre_log(tmp_path):
     trainer = make_trainer(tmp_path, **EVAL_EVERY)
     run_before_integrations(trainer, Plain())
     late = FixLogs()
@@ -131,3 +139,27 @@ def test_a_logger_subclass_defined_anywhere_counts_as_an_integration(tmp_path):
     run_before_integrations(trainer, fix)
     callbacks = trainer.callback_handler.callbacks
     assert callbacks.index(fix) < callbacks.index(mine)  # the fix runs before the logger sees the log
+
+
+@pytest.mark.parametrize("disable_tqdm", [True, False], ids=["PrinterCallback", "ProgressCallback"])
+def test_console_shows_what_on_pre_log_adds_with_report_to_none(tmp_path, capsys, disable_tqdm):
+    """transformers 5's default ``report_to="none"``: the console printer/progress bar, which
+    run before the user's callbacks, must print the values callbacks add in ``on_pre_log``."""
+    trainer = make_trainer(tmp_path, callbacks=[FixLogs()], disable_tqdm=disable_tqdm, **EVAL_EVERY)
+    run_before_integrations(trainer)
+    trainer.train()
+    captured = capsys.readouterr()
+    console = captured.out + captured.err
+    assert console.count("'eval_extra'") == 2, console
+
+
+def test_train_subset_and_early_stopping_values_reach_the_console(tmp_path, capsys):
+    from hf_callbacks_plus import EarlyStopping, TrainSubsetEvaluation
+
+    trainer = make_trainer(tmp_path, callbacks=[TrainSubsetEvaluation(size=8), EarlyStopping("eval_loss")],
+                           **EVAL_EVERY)
+    run_before_integrations(trainer)
+    trainer.train()
+    printed = [line for line in capsys.readouterr().out.splitlines() if "'eval_loss'" in line]
+    assert len(printed) == 2
+    assert all("'train_subset_loss'" in line for line in printed), printed

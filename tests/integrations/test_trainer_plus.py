@@ -52,7 +52,7 @@ def test_handler_is_ours_with_same_callbacks_in_same_order(tmp_path):
     assert extra in plus.callback_handler.callbacks
 
 
-def test_pre_log_runs_before_history_and_on_log(tmp_path):
+def test_pre_log_runs_right_before_on_log_of_every_record(tmp_path):
     recorder = EventRecorder(custom_events=["on_pre_log"])
     trainer = make_trainer(tmp_path, callbacks=[recorder], trainer_class=TrainerPlus, **EVAL_EVERY)
     trainer.train()
@@ -61,7 +61,8 @@ def test_pre_log_runs_before_history_and_on_log(tmp_path):
     assert recorder.count("on_pre_log") == recorder.count("on_log") == len(trainer.state.log_history)
     for pre, post in zip(events[::2], events[1::2]):
         assert (pre.event, post.event) == ("on_pre_log", "on_log")
-        assert post.history_length == pre.history_length + 1  # appended between the two
+        # fired when the record reaches the handler's on_log, as the last history entry
+        assert post.history_length == pre.history_length
     assert "epoch" in events[0].keys  # callbacks see the full record
 
 

@@ -1,8 +1,13 @@
-"""CallbackHandler dispatch: event keyword arguments, ``revision``, ``ignores_event_kwargs``."""
+"""CallbackHandler dispatch: event keyword arguments, order, custom events, ``listens``.
+
+The semantics shared with transformers' own handler (mocks, patched methods, changes made
+during an event) are tested side by side in tests/integrations/test_dispatch_semantics.py.
+"""
 
 from __future__ import annotations
 
-from hf_callbacks_plus.core.handler import ignores_event_kwargs
+import pytest
+
 from hf_callbacks_plus.loop import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
 
 
@@ -18,14 +23,12 @@ class Plain(TrainerCallback):
     def __init__(self) -> None:
         self.seen: list[dict] = []
 
-    @ignores_event_kwargs
     def on_step_end(self, args, state, control, **kwargs):
         self.seen.append(kwargs)
 
 
 class PlainSubclass(Plain):
-    def on_step_end(self, args, state, control, **kwargs):
-        super().on_step_end(args, state, control, **kwargs)
+    pass
 
 
 def test_event_kwargs_follow_the_handler_attributes():
@@ -35,7 +38,7 @@ def test_event_kwargs_follow_the_handler_attributes():
     handler.train_dataloader = "data"
     handler.model = "m2"
     handler.on_step_end(None, TrainerState(), TrainerControl())
-    handler.call_event("on_step_end", None, TrainerState(), TrainerControl(), extra=1, model="m3")
+    handler.call_event("on_step_end", None, TrainerState(), TrainerControl(), extra=1)
     first, second, third = callback.seen
     assert first == {
         "model": "m",
@@ -46,35 +49,24 @@ def test_event_kwargs_follow_the_handler_attributes():
         "eval_dataloader": None,
     }
     assert (second["model"], second["train_dataloader"]) == ("m2", "data")
-    assert (third["model"], third["extra"]) == ("m3", 1)
+    assert (third["model"], third["extra"]) == ("m2", 1)
     assert handler.model == "m2"
 
 
-def test_marked_methods_are_called_without_event_kwargs_but_overrides_are_not():
-    plain, subclass = Plain(), PlainSubclass()
-    handler = CallbackHandler([plain, subclass], model="m")
-    handler.on_step_end(None, TrainerState(), TrainerControl())
-    handler.call_event("on_step_end", None, TrainerState(), TrainerControl(), logs={})
-    assert plain.seen == [{}, {}]
-    assert [kwargs["model"] for kwargs in subclass.seen] == ["m", "m"]
-    assert subclass.seen[1]["logs"] == {}
+def test_passing_a_handler_keyword_again_raises_type_error_as_in_transformers():
+    handler = CallbackHandler([KwargsSeen()], model="m")
+    with pytest.raises(TypeError, match="model"):
+        handler.call_event("on_step_end", None, TrainerState(), TrainerControl(), model="m3")
 
 
-def test_revision_moves_on_every_change_of_the_callback_list():
-    handler = CallbackHandler([KwargsSeen])
-    assert not handler.has_handlers("on_log")
-    revisions = [handler.revision]
-    logger = Plain()
-    handler.add_callback(logger)
-    revisions.append(handler.revision)
-    handler.callbacks.reverse()
-    revisions.append(handler.revision)
-    handler.remove_callback(logger)
-    revisions.append(handler.revision)
-    handler.callbacks = [Plain()]
-    revisions.append(handler.revision)
-    assert revisions == sorted(set(revisions))
-    assert handler.has_handlers("on_step_end") and not handler.has_handlers("on_log")
+def test_listens_is_looked_up_at_call_time():
+    callback = KwargsSeen()
+    handler = CallbackHandler([callback])
+    assert handler.listens("on_step_end") and not handler.listens("on_log")
+    callback.on_log = lambda *args, **kwargs: None  # patched on the instance later
+    assert handler.listens("on_log")
+    handler.callbacks.clear()
+    assert not handler.listens("on_step_end")
 
 
 class First(TrainerCallback):
@@ -99,8 +91,6 @@ def test_order_first_before_after_by_class_or_instance():
 
 
 def test_order_errors_name_the_argument_and_the_choices():
-    import pytest
-
     handler = CallbackHandler([First()])
     with pytest.raises(ValueError, match=r"at most one of first=True, before=\.\.\., after=\.\.\."):
         handler.add_callback(Second(), first=True, before=First)
@@ -134,4 +124,4 @@ def test_custom_events_skip_callbacks_without_the_method():
     handler = CallbackHandler([First(), custom, Second()])
     control = handler.call_event("on_anything", None, TrainerState(), TrainerControl(), value=7)
     assert custom.calls == [7] and control.should_log
-    assert handler.has_handlers("on_anything") and not handler.has_handlers("on_nothing")
+    assert handler.listens("on_anything") and not handler.listens("on_nothing")
