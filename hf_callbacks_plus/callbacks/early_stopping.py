@@ -14,21 +14,24 @@ Keras, and the migration from ``transformers.EarlyStoppingCallback``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+import weakref
+from typing import Any, Callable, Optional
 
 from ..core.stateful import SelfRestoringState
-from ..metrics.keys import KeyGrammar
-from ..metrics.monitor import Monitor, check_mode
+from ..metrics.keys import KeyGrammar, grammar_for
+from ..metrics.monitor import Monitor, check_mode, infer_mode
 from ..metrics.numbers import to_float
 from .best_weights import BestWeights
 from .console import tell
 from .distributed import broadcast_from_rank0, distributed_world_size
 from .early_stopping_diagnosis import (
+    TrainBeginClaims,
     check_against_args,
-    check_unique_state_key,
+    check_against_trainer,
     expected_prefix,
     missing_metric_problem,
     monitor_from_args,
+    typo_suggestion,
 )
 from .early_stopping_policy import Progress, StoppingPolicy
 from .stop_reason import Decision, StopReason, stop_message, summary_message
@@ -43,6 +46,41 @@ _ARGUMENTS = (
     "restore_best", "reset_on_resume", "sync_decision", "report", "log_name", "verbose",
 )
 _FLAGS = ("strict", "restore_best", "reset_on_resume", "sync_decision", "report", "verbose")
+#: The settings of the rule (`StoppingPolicy`) and of the improvement test (`Monitor`).
+_POLICY = ("patience", "baseline", "stopping_threshold", "divergence_threshold", "start_from_step",
+           "start_from_epoch", "check_finite")
+#: What identifies an instance (its ``state_key``): fixed at construction.
+_READ_ONLY = ("monitor", "mode", "log_name")
+#: The state keys claimed at the train begin of the current ``train()`` (duplicates refused).
+_CLAIMS = TrainBeginClaims()
+
+
+def _setting(name: str) -> property:
+    """A constructor argument as an attribute: read from the one store (``_options``); a write is
+    validated like the constructor argument and takes effect at the next observation."""
+
+    def get(self: EarlyStopping) -> Any:
+        return self._options[name]
+
+    def set_(self: EarlyStopping, value: Any) -> None:
+        self._configure({name: value})
+
+    return property(get, set_, doc=f"The ``{name}`` argument (settable; validated, effective at once).")
+
+
+def _fixed(name: str) -> property:
+    """A constructor argument that names the instance's saved state: read-only."""
+
+    def get(self: EarlyStopping) -> Any:
+        return self._options[name]
+
+    def set_(self: EarlyStopping, value: Any) -> None:
+        raise AttributeError(
+            f"EarlyStopping.{name} is read-only: with monitor, mode and log_name it names the instance's "
+            f"saved state (state_key={self.state_key!r}). Create a new EarlyStopping({name}={value!r}, ...)."
+        )
+
+    return property(get, set_, doc=f"The ``{name}`` argument (read-only: part of ``state_key``).")
 
 
 def _check_own_arguments(monitor: Any, flags: dict[str, Any], log_name: Any) -> None:
@@ -58,6 +96,14 @@ def _check_own_arguments(monitor: Any, flags: dict[str, Any], log_name: Any) -> 
     if log_name is not None and (not isinstance(log_name, str) or not log_name or "/" in log_name):
         raise ValueError(f"EarlyStopping: log_name must be None or a non-empty string without '/', "
                          f"got {log_name!r}.")
+
+
+def _weak(trainer: Any) -> Callable[[], Any]:
+    """A weak reference to the trainer (a strong one for objects that refuse weak references)."""
+    try:
+        return weakref.ref(trainer)
+    except TypeError:
+        return lambda: trainer
 
 
 class EarlyStopping(SelfRestoringState):
@@ -145,28 +191,75 @@ class EarlyStopping(SelfRestoringState):
     ) -> None:
         # the constructor arguments, saved with the state (``state_args``): first statement
         options = dict(locals())
-        self._options: dict[str, Any] = {name: options[name] for name in _ARGUMENTS}
-        _check_own_arguments(monitor, {name: self._options[name] for name in _FLAGS}, log_name)
-        check_mode(mode, min_delta, min_delta_mode, owner="EarlyStopping")
-        self.policy = StoppingPolicy(
-            patience=patience, baseline=baseline, stopping_threshold=stopping_threshold,
-            divergence_threshold=divergence_threshold, start_from_step=start_from_step,
-            start_from_epoch=start_from_epoch, check_finite=check_finite)
-        for name, value in self._options.items():
-            setattr(self, name, value)
         self.grammar = KeyGrammar()
+        self._trainer: Any = None
         self._monitor: Optional[Monitor] = None
-        if monitor is not None:
-            self._monitor = self._build_monitor(monitor, mode)
-        self.policy.check_for(self._monitor.mode if self._monitor is not None
-                              else None if mode == "auto" else mode)
+        #: The one store of the settings; ``policy`` and the monitor are derived from it.
+        self._options: dict[str, Any] = {}
+        self._configure({name: options[name] for name in _ARGUMENTS})
         self._best_weights = BestWeights()
         self._pending_report: dict[str, Any] = {}
         self.reset()
 
-    def _build_monitor(self, monitor: str, mode: str) -> Monitor:
-        return Monitor(monitor, mode=mode, min_delta=self.min_delta, min_delta_mode=self.min_delta_mode,
-                       grammar=self.grammar, owner="EarlyStopping")
+    monitor = _fixed("monitor")
+    mode = _fixed("mode")
+    log_name = _fixed("log_name")
+    patience = _setting("patience")
+    min_delta = _setting("min_delta")
+    min_delta_mode = _setting("min_delta_mode")
+    baseline = _setting("baseline")
+    start_from_step = _setting("start_from_step")
+    start_from_epoch = _setting("start_from_epoch")
+    stopping_threshold = _setting("stopping_threshold")
+    divergence_threshold = _setting("divergence_threshold")
+    check_finite = _setting("check_finite")
+    strict = _setting("strict")
+    restore_best = _setting("restore_best")
+    reset_on_resume = _setting("reset_on_resume")
+    sync_decision = _setting("sync_decision")
+    report = _setting("report")
+    verbose = _setting("verbose")
+
+    @property
+    def policy(self) -> StoppingPolicy:
+        """The stopping rule built from the settings (read-only; set ``patience``... instead)."""
+        return self._policy
+
+    def _configure(self, changes: dict[str, Any]) -> None:
+        """Validate ``changes`` to the settings with the others, then store them (all or nothing)."""
+        options = {**self._options, **changes}
+        flags = {name: options[name] for name in _FLAGS}
+        _check_own_arguments(options["monitor"], flags, options["log_name"])
+        check_mode(options["mode"], options["min_delta"], options["min_delta_mode"], owner="EarlyStopping")
+        policy = StoppingPolicy(**{name: options[name] for name in _POLICY})
+        monitor = self._monitor
+        if monitor is not None:  # keep the resolved name and mode (from args when monitor=None)
+            monitor = self._build_monitor(monitor.monitor, monitor.mode, options)
+        elif options["monitor"] is not None:
+            monitor = self._build_monitor(options["monitor"], options["mode"], options)
+        policy.check_for(monitor.mode if monitor is not None
+                         else None if options["mode"] == "auto" else options["mode"])
+        self._options, self._policy, self._monitor = options, policy, monitor
+
+    def bind(self, trainer: Any) -> EarlyStopping:
+        """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
+        self._trainer = _weak(trainer)
+        self.grammar = grammar_for(trainer)
+        if self._monitor is not None:
+            self._monitor.grammar = self.grammar
+        return self
+
+    def _build_monitor(self, monitor: str, mode: str, options: Optional[dict[str, Any]] = None) -> Monitor:
+        options = self._options if options is None else options
+        if mode == "auto" and infer_mode(monitor) is None:
+            suggestion = typo_suggestion(monitor, self.grammar)
+            if suggestion is not None:  # a typo first: "cannot tell the direction" would mislead
+                raise ValueError(
+                    f"EarlyStopping: monitor={monitor!r} looks like a misspelt metric name. Did you mean "
+                    f"{suggestion!r}? (If {monitor!r} is your own metric, pass mode='min' or mode='max'.)"
+                )
+        return Monitor(monitor, mode=mode, min_delta=options["min_delta"],
+                       min_delta_mode=options["min_delta_mode"], grammar=self.grammar, owner="EarlyStopping")
 
     # -- state ---------------------------------------------------------------------------
     def reset(self) -> None:
@@ -182,6 +275,7 @@ class EarlyStopping(SelfRestoringState):
         self.best_checkpoint: Optional[str] = None
         self._last_observed: Optional[tuple[int, str]] = None
         self._found = False
+        self._first_checked = False
         self._warned_missing = False
         self._keys_seen: set[str] = set()
         self._evaluations_seen = 0
@@ -200,8 +294,13 @@ class EarlyStopping(SelfRestoringState):
 
     @property
     def state_key(self) -> str:
-        """``EarlyStopping[<monitor>,<mode>(,<log_name>)]``: tells instances apart on resume."""
-        monitor = self.monitor_name or "metric_for_best_model"
+        """``EarlyStopping[<monitor>,<mode>(,<log_name>)]``: tells instances apart on resume.
+
+        The monitor is written in its canonical (raw) spelling: ``"eval/loss"`` and
+        ``"eval_loss"`` give one key (see ``KeyGrammar.canonical``).
+        """
+        name = self.monitor_name
+        monitor = self.grammar.canonical(name) if name else "metric_for_best_model"
         suffix = "" if self.log_name is None else f",{self.log_name}"
         return f"EarlyStopping[{monitor},{self.resolved_mode or self.mode}{suffix}]"
 
@@ -269,7 +368,7 @@ class EarlyStopping(SelfRestoringState):
         if key is None:
             self._check_missing(values, from_evaluate)
             return
-        self._found = True
+        self._found = self._first_checked = True
         if self.stopped:
             control.should_training_stop = True
             return
@@ -324,8 +423,13 @@ class EarlyStopping(SelfRestoringState):
     def _check_missing(self, values: dict, from_evaluate: bool) -> None:
         if self._monitor is not None:
             problem = missing_metric_problem(self._monitor, self.grammar, values, from_evaluate)
-            if problem is not None:
+            if problem is None:
+                return
+            if not self._first_checked:  # the first record that should hold it: the strict check
+                self._first_checked = True
                 self._fail(RuntimeError, problem)
+            else:  # later records without it: skipped observations (documented rule)
+                logger.debug("%s (a skipped observation: the metric was seen before.)", problem)
 
     # -- events --------------------------------------------------------------------------
     def _resolve_monitor(self, args: Any) -> str:
@@ -362,11 +466,14 @@ class EarlyStopping(SelfRestoringState):
         self.reset()
         name = self._resolve_monitor(args)
         problem = check_against_args(name, expected_prefix(name, self.grammar), args)
+        if problem is None:
+            trainer = self._trainer() if self._trainer is not None else None
+            problem = check_against_trainer(name, self.grammar, trainer)
         if problem is not None:
             if self.strict:
                 raise ValueError(problem)
             logger.warning("%s (strict=False: continuing.)", problem)
-        check_unique_state_key(state, type(self).__name__, self.state_key)
+        _CLAIMS.claim(state, self.state_key, self)
         super().on_train_begin(args, state, control, **kwargs)
         if self.restore_best:
             self._best_weights.key = self.state_key
@@ -416,10 +523,13 @@ class EarlyStopping(SelfRestoringState):
                                  last_step=int(getattr(state, "global_step", 0)), best_value=self.best_value,
                                  best_step=self.best_step, label=self.log_name, options=self._options),
                  state, verbose=True)
-        if self._monitor is not None and not self._found and self._evaluations_seen > 0:
+        _CLAIMS.release(state, self.state_key, self)
+        if self._monitor is not None and not self._first_checked and self._evaluations_seen > 0:
             if expected_prefix(self._monitor.monitor, self.grammar) != "":
-                self._fail(RuntimeError, "EarlyStopping: no evaluation of this run returned the monitored "
-                                         "metric. " + self._monitor.explain_missing(self._keys_seen))
+                # never raise here: the training is done and the user's save_model() comes next
+                logger.warning("EarlyStopping: no evaluation of this run returned the monitored metric, so "
+                               "early stopping never acted. %s",
+                               self._monitor.explain_missing(self._keys_seen))
         model = kwargs.get("model")
         if self.restore_best and self.best_step is not None and model is not None:
             checkpoint = BestWeights.checkpoint_for(self.best_step, args, state, self.best_checkpoint)

@@ -9,39 +9,95 @@ keys present with a "did you mean"). The argument validation lives with what it 
 
 from __future__ import annotations
 
+import difflib
+import weakref
 from typing import Any, Optional
 
 from ..metrics.keys import SPEED_SUFFIXES, TRAINING_LOOP_KEYS, KeyGrammar
-from ..metrics.monitor import Monitor
+from ..metrics.monitor import MAXIMIZE_WORDS, MINIMIZE_WORDS, TRL_DIRECTIONS, Monitor
 
 __all__ = [
-    "check_against_args", "check_unique_state_key", "expected_prefix", "missing_metric_problem",
-    "monitor_from_args",
+    "TrainBeginClaims", "check_against_args", "check_against_trainer", "expected_prefix",
+    "missing_metric_problem", "monitor_from_args", "typo_suggestion",
 ]
 
-def check_unique_state_key(state: Any, class_name: str, key: str) -> None:
-    """Refuse two instances with one ``state_key`` in a fresh run: their states would mix on resume.
+#: Metric names a monitor is likely to mean: the words `infer_mode` knows, trl's metrics and
+#: the training loop's keys. A name close to one of them (but not equal) is probably a typo.
+KNOWN_NAMES = tuple(sorted(MINIMIZE_WORDS | MAXIMIZE_WORDS | set(TRL_DIRECTIONS) | TRAINING_LOOP_KEYS))
 
-    At train begin of a fresh run (``global_step == 0``) ``state.stateful_callbacks`` holds one
-    entry per stateful callback instance, so a key seen twice means two such instances.
 
-    Raises:
-        ValueError: Two instances share ``key``; the message says how to tell them apart.
+def typo_suggestion(monitor: str, grammar: KeyGrammar, known: Any = KNOWN_NAMES) -> Optional[str]:
+    """A likely intended spelling of ``monitor`` (``"eval_los"`` -> ``"eval_loss"``), or None.
+
+    The metric name inside its section is compared with ``known`` names; only a close miss
+    (similarity >= 0.8, not equal) counts, so a user's own metric name is left alone.
     """
-    if getattr(state, "global_step", 0) != 0:
-        return  # a resumed state holds an entry per checkpoint save, duplicates are normal
-    entries = (getattr(state, "stateful_callbacks", None) or {}).get(class_name)
-    if not isinstance(entries, list):
-        return
-    keys = [entry.get("attributes", {}).get("state_key") for entry in entries if isinstance(entry, dict)]
-    if keys.count(key) > 1:
-        raise ValueError(
-            f"{class_name}: {keys.count(key)} instances share state_key={key!r} (same monitor and mode), so "
-            "their states would mix on resume and their reports would overwrite each other. Give each "
-            "a distinct log_name, e.g. EarlyStopping(..., log_name='patient') and "
-            "EarlyStopping(..., log_name='strict')."
-        )
+    raw = grammar.canonical(monitor)
+    name = grammar.parse(raw).name
+    if not raw.endswith(name):
+        return None
+    pieces = name.split("_")  # "squad_acuracy": an unknown dataset's name may come first
+    for start in range(len(pieces)):
+        tail = "_".join(pieces[start:])
+        if tail in known:
+            return None
+        close = difflib.get_close_matches(tail, list(known), n=1, cutoff=0.8)
+        if close:
+            return raw[: len(raw) - len(tail)] + close[0]
+    return None
 
+
+class TrainBeginClaims:
+    """Which instance claimed each ``state_key`` at the train begin of one ``train()`` call.
+
+    Every ``EarlyStopping`` claims its key in ``on_train_begin``; all callbacks of one
+    ``train()`` share one ``TrainerState`` object, so a second claim of a key on the same
+    state is either a second instance with the same key or the same instance listed twice.
+    """
+
+    def __init__(self) -> None:
+        self._state: Any = None
+        self._claims: dict[str, Any] = {}
+
+    def _current(self) -> Any:
+        state = self._state
+        return state() if isinstance(state, weakref.ref) else state
+
+    def claim(self, state: Any, key: str, instance: Any) -> None:
+        """Claim ``key`` for ``instance`` in the run whose state is ``state``.
+
+        Raises:
+            ValueError: The key is already claimed in this run: by ``instance`` (listed twice
+                in ``callbacks``) or by another instance (same monitor, mode and log_name).
+        """
+        if self._current() is not state:
+            try:
+                self._state = weakref.ref(state)
+            except TypeError:  # a state type without weak references
+                self._state = state
+            self._claims = {}
+        owner = self._claims.get(key)
+        owner = owner() if owner is not None else None
+        name = type(instance).__name__
+        if owner is instance:
+            raise ValueError(
+                f"{name}: the same instance ({key}) is listed twice in the trainer's callbacks; it would "
+                f"count every evaluation twice. Pass it once (check callbacks=[...] and add_callback)."
+            )
+        if owner is not None:
+            raise ValueError(
+                f"{name}: 2 instances share state_key={key!r} (same monitor and mode), so their states "
+                "would mix on resume and their reports would overwrite each other. Give each a distinct "
+                "log_name, e.g. EarlyStopping(..., log_name='patient') and EarlyStopping(..., "
+                "log_name='strict')."
+            )
+        self._claims[key] = weakref.ref(instance)
+
+    def release(self, state: Any, key: str, instance: Any) -> None:
+        """Forget ``instance``'s claim (at train end: a later ``train()`` may reuse the state)."""
+        owner = self._claims.get(key)
+        if self._current() is state and owner is not None and owner() is instance:
+            del self._claims[key]
 
 def expected_prefix(monitor: str, grammar: KeyGrammar) -> str:
     """The ``metric_key_prefix`` of the evaluation that produces ``monitor`` (``"eval"``,
@@ -96,6 +152,60 @@ def check_against_args(monitor: str, prefix: str, args: Any) -> Optional[str]:
     return None
 
 
+#: Methods whose override can add evaluation metrics beyond ``compute_metrics`` (trl's
+#: trainers add theirs in ``log``; a custom ``evaluate`` may add anything).
+_EVALUATION_METHODS = ("log", "evaluate", "evaluation_loop", "prediction_step", "compute_loss")
+
+
+def _stock_evaluation(trainer: Any) -> bool:
+    """True when ``trainer`` evaluates as ``transformers.Trainer`` does: its metrics are
+    ``<prefix>_loss`` plus what ``compute_metrics`` returns (no subclass adds any)."""
+    mro = type(trainer).__mro__
+    if not any(cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in mro):
+        return False
+    for method in _EVALUATION_METHODS:
+        owner = next((cls for cls in mro if method in vars(cls)), None)
+        if owner is None or not owner.__module__.startswith(("transformers.", "hf_callbacks_plus.")):
+            return False
+    return True
+
+
+def check_against_trainer(monitor: str, grammar: KeyGrammar, trainer: Any) -> Optional[str]:
+    """Explain why ``trainer`` cannot produce the evaluation metric ``monitor``, or None.
+
+    Knowable before training: with a dict of eval datasets every evaluation is
+    ``eval_<name>``, so a plain ``eval_*`` metric never shows up; a stock ``Trainer`` without
+    ``compute_metrics`` evaluates only the loss. The message has a "did you mean".
+    """
+    if trainer is None:
+        return None
+    eval_dataset = getattr(trainer, "eval_dataset", None)
+    datasets = sorted(name for name in eval_dataset if isinstance(name, str) and name) if isinstance(
+        eval_dataset, dict) else []
+    for name in datasets:  # the trainer's datasets, also those assigned after construction
+        grammar.declare_dataset(name)
+    raw = grammar.canonical(grammar.candidates(monitor)[0])
+    parsed = grammar.parse(raw)
+    if parsed.section != "eval":
+        return None
+    if datasets and parsed.dataset is None:
+        suggestions = [f"eval_{name}_{parsed.name}" for name in sorted(datasets)]
+        return (
+            f"EarlyStopping: monitor={monitor!r} is never produced: the trainer evaluates a dict of datasets "
+            f"{sorted(datasets)}, so its metrics are eval_<dataset>_<metric>. Did you mean "
+            f"{' or '.join(repr(s) for s in suggestions)}?"
+        )
+    no_metrics = getattr(trainer, "compute_metrics", None) is None
+    if parsed.name != "loss" and no_metrics and _stock_evaluation(trainer):
+        loss = "eval_loss" if parsed.dataset is None else f"eval_{parsed.dataset}_loss"
+        return (
+            f"EarlyStopping: monitor={monitor!r} is never produced: the trainer has no compute_metrics, so "
+            f"its evaluations return only {loss!r} (and timings). Did you mean {loss!r}? Or pass "
+            f"compute_metrics=... to the trainer."
+        )
+    return None
+
+
 def grammar_name(monitor: str) -> str:
     """The metric name inside its section (``eval_squad_f1`` -> ``squad_f1`` without datasets)."""
     grammar = KeyGrammar()
@@ -125,6 +235,12 @@ def missing_metric_problem(monitor: Monitor, grammar: KeyGrammar, values: dict[s
     if prefix in prefixes:
         explanation = monitor.explain_missing(values)
         return f"EarlyStopping: the {prefix!r} evaluation did not return it. {explanation}"
+    name = grammar.parse(grammar.candidates(monitor.monitor)[0]).name
+    if prefix == "eval" and any(p.startswith("eval_") and f"{p}_{name}" in values for p in prefixes):
+        # several eval datasets: every evaluation is eval_<name>_..., a plain eval_* never comes
+        explanation = monitor.explain_missing(values)
+        return (f"EarlyStopping: the trainer evaluates named datasets ({sorted(prefixes)}), never a plain "
+                f"'eval' set. {explanation}")
     return None
 
 
@@ -142,4 +258,6 @@ def monitor_from_args(args: Any, mode: str) -> tuple[str, str]:
         )
     if mode == "auto":
         mode = "max" if getattr(args, "greater_is_better", None) else "min"
+    if not monitor.startswith("eval_") and monitor.partition("/")[0] not in ("eval", "train_subset", "gap"):
+        monitor = f"eval_{monitor}"  # as transformers reads metric_for_best_model ("loss" is eval_loss)
     return monitor, mode

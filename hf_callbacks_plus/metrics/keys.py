@@ -477,6 +477,28 @@ class KeyGrammar:
             out.insert(0, f"eval_{monitor}")
         return out
 
+    def canonical(self, monitor: str) -> str:
+        """The raw key a monitor name stands for: one spelling per metric.
+
+        A rendered name becomes the raw key it renders from (``"eval/loss"`` -> ``"eval_loss"``,
+        ``"eval/squad/f1"`` -> ``"eval_squad_f1"``, ``"train_subset/accuracy"`` ->
+        ``"train_subset_accuracy"``, ``"train/loss"`` -> ``"loss"``); any other name is returned
+        as it is (a bare ``"accuracy"`` stays bare: it is resolved when the metrics arrive).
+
+        Example:
+            >>> KeyGrammar().canonical("eval/loss"), KeyGrammar().canonical("eval_loss")
+            ('eval_loss', 'eval_loss')
+        """
+        head, slash, rest = monitor.partition("/")
+        if not slash or not rest or head not in self._sections or head in ("early_stopping", SUMMARY_SECTION):
+            return monitor
+        if head == "train":  # the training loop's bare keys render to train/<key>
+            return rest
+        parts = rest.split("/")
+        if head == "eval" and len(parts) > 1 and parts[0] and parts[0] not in METRIC_FAMILIES:
+            return f"eval_{parts[0]}_{'/'.join(parts[1:])}"
+        return f"{head}_{rest}"
+
     def _has_section(self, key: str) -> bool:
         if key in TRAINING_LOOP_KEYS:
             return True
@@ -525,7 +547,9 @@ class KeyGrammar:
     def explain_missing(self, monitor: str, available: Iterable[str]) -> str:
         """A message saying ``monitor`` is missing, listing keys and a "did you mean"."""
         keys = sorted({key for key in available if isinstance(key, str)})
-        suggestions = did_you_mean(monitor, keys + [self.render(k) for k in keys])
+        timing = self.parse(monitor).name in TIMING_NAMES  # else timings are never what was meant
+        names = [k for k in keys if timing or self.parse(k).name not in TIMING_NAMES]
+        suggestions = did_you_mean(monitor, names + [self.render(k) for k in names])
         hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
         return f"Metric {monitor!r} was not found. Available keys: {keys}.{hint}"
 

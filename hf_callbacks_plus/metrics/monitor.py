@@ -34,11 +34,13 @@ __all__ = [
     "MINIMIZE_WORDS",
     "MIN_DELTA_MODES",
     "MODES",
+    "TRL_DIRECTIONS",
     "Monitor",
     "check_mode",
     "check_number",
     "check_thresholds",
     "infer_mode",
+    "trl_metric",
 ]
 
 #: Valid values of ``mode``.
@@ -67,6 +69,31 @@ MAXIMIZE_WORDS = frozenset(
 #: Tokens whose direction depends on who computed the value: ``mode`` must be explicit.
 AMBIGUOUS_WORDS = frozenset({"gap", "delta", "diff", "difference"})
 
+#: The metrics trl's trainers log (trl 1.x ``DPOTrainer``, ``KTOTrainer``, ``RewardTrainer``,
+#: ``GRPOTrainer``, ``RLOOTrainer``, ``SFTTrainer``; each also under ``eval_`` and
+#: ``train_subset_``), by exact name: ``"max"``, ``"min"``, or None for a diagnostic with no
+#: better direction (``mode`` must then be given; the error says why). They take precedence
+#: over the word lists: ``rewards/rejected`` holds "reward" but is not to be maximised.
+TRL_DIRECTIONS: dict[str, Optional[str]] = {
+    # DPO / KTO: implicit rewards of the chosen and rejected completions
+    "rewards/accuracies": "max", "rewards/margins": "max", "rewards/chosen": "max",
+    "rewards/rejected": None, "logps/chosen": "max", "logps/rejected": None,
+    "logits/chosen": None, "logits/rejected": None,
+    # RewardTrainer
+    "accuracy": "max", "margin": "max", "mean_reward": "max", "min_reward": "max", "max_reward": "max",
+    # GRPO / RLOO (``rewards/<reward function>/mean`` is matched by its ending, see infer_mode)
+    "reward": "max", "reward_std": None, "frac_reward_zero_std": None, "kl": "min",
+    "policy_loss": "min", "entropy_coef": None, "cispo_clip_ratio": None,
+    "completions/mean_length": None, "completions/min_length": None, "completions/max_length": None,
+    "completions/clipped_ratio": None, "completions/mean_terminated_length": None,
+    "completions/min_terminated_length": None, "completions/max_terminated_length": None,
+    "clip_ratio/low_mean": None, "clip_ratio/low_min": None, "clip_ratio/high_mean": None,
+    "clip_ratio/high_max": None, "clip_ratio/region_mean": None,
+    "tools/call_frequency": None, "tools/failure_frequency": "min",
+    # SFT / DPO / GRPO: token accuracy; the mean entropy of the predictions is a diagnostic
+    "mean_token_accuracy": "max", "entropy": None, "aux_loss": "min", "num_tokens": None,
+}
+
 _TOKEN_SPLIT = re.compile(r"[^0-9a-z]+")
 
 
@@ -89,6 +116,16 @@ def infer_mode(name: str) -> Optional[str]:
         ('max', 'min', None)
     """
     lowered = name.lower()
+    if {token for token in _TOKEN_SPLIT.split(lowered) if token} & AMBIGUOUS_WORDS:
+        return None
+    known = trl_metric(lowered)
+    if known is not None:
+        return TRL_DIRECTIONS[known]
+    if lowered.startswith("rewards/") or "_rewards/" in lowered or "/rewards/" in lowered:
+        if lowered.endswith("/mean"):  # GRPO's rewards/<reward function>/mean
+            return "max"
+        if lowered.endswith("/std"):
+            return None
     tokens = {token for token in _TOKEN_SPLIT.split(lowered) if token}
     if tokens & AMBIGUOUS_WORDS:
         return None
@@ -100,6 +137,19 @@ def infer_mode(name: str) -> Optional[str]:
     if minimize == maximize:
         return None
     return "min" if minimize else "max"
+
+
+def trl_metric(name: str) -> Optional[str]:
+    """The trl metric (a key of `TRL_DIRECTIONS`) that ``name`` is, with any section prefix
+    (``eval_``, ``eval_<dataset>_``, ``train_subset_``, ``eval/``...), or None."""
+    lowered = name.lower()
+    for known in _TRL_LONGEST_FIRST:
+        if lowered == known or lowered.endswith(("_" + known, "/" + known)):
+            return known
+    return None
+
+
+_TRL_LONGEST_FIRST = sorted(TRL_DIRECTIONS, key=len, reverse=True)
 
 
 def check_number(name: str, value: Any, *, owner: str = "Monitor", allow_none: bool = False,
@@ -228,8 +278,11 @@ class Monitor:
         if mode == "auto":
             inferred = infer_mode(monitor)
             if inferred is None:
+                known = trl_metric(monitor)
+                why = (f" trl's {known!r} is a diagnostic with no better direction." if known is not None
+                       else "")
                 raise ValueError(
-                    f"{owner}: mode='auto' cannot tell whether {monitor!r} should go down or up. "
+                    f"{owner}: mode='auto' cannot tell whether {monitor!r} should go down or up.{why} "
                     f"Pass mode='min' (lower is better, e.g. a loss) or mode='max' (higher is better, "
                     f"e.g. an accuracy)."
                 )

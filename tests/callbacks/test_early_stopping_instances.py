@@ -66,3 +66,48 @@ def test_patience_zero_behaves_like_one(tmp_path):
         trainer.train()
         steps[patience] = (trainer.state.global_step, stopper.best_step)
     assert steps[0] == steps[1] == (8, 6)  # 3.5 at step 8 does not improve on 3 at step 6
+
+
+# -- aliases, the same instance twice ------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("eval_loss", "eval/loss"), ("eval/loss", "eval/loss"),
+     ("train_subset_accuracy", "train_subset/accuracy"), ("loss", "train/loss"), ("gap_loss", "gap/loss"),
+     ("eval_rewards/accuracies", "eval/rewards/accuracies")],
+)
+def test_aliases_of_one_metric_have_one_state_key(first, second):
+    assert EarlyStopping(first, mode="min").state_key == EarlyStopping(second, mode="min").state_key
+    assert EarlyStopping(first, mode="min").state_key != EarlyStopping(first, mode="max").state_key
+
+
+@pytest.mark.parametrize("second", ["eval_score", "eval/score"])
+def test_aliases_in_one_trainer_are_refused_at_train_begin(tmp_path, second):
+    first = EarlyStopping("eval_score", mode="min")
+    other = EarlyStopping(second, mode="min", patience=9)
+    trainer = scripted_trainer(tmp_path, RESUME_SCRIPT, callbacks=[first, other])
+    with pytest.raises(ValueError, match=r"2 instances share state_key='EarlyStopping\[eval_score,min\]'.*"
+                                         r"distinct log_name"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+@pytest.mark.parametrize("runner", ["stock", "trainerplus"])
+def test_one_instance_listed_twice_says_so(tmp_path, runner):
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
+
+    stopper = EarlyStopping("eval_score", mode="min")
+    trainer = scripted_trainer(tmp_path, RESUME_SCRIPT, callbacks=[stopper, stopper],
+                               trainer_class=TrainerPlus if runner == "trainerplus" else None)
+    with pytest.raises(ValueError, match=r"the same instance \(EarlyStopping\[eval_score,min\]\) is listed "
+                                         r"twice") as err:
+        trainer.train()
+    assert "log_name" not in str(err.value)
+
+
+def test_train_can_be_called_again_with_the_same_instances(tmp_path):
+    stopper = EarlyStopping("eval_score", mode="min")
+    trainer = scripted_trainer(tmp_path, RESUME_SCRIPT, callbacks=[stopper], max_steps=4)
+    trainer.train()
+    trainer.train()  # no "listed twice": the claim of the first run was released at its end
+    assert trainer.state.global_step == 4

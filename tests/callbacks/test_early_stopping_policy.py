@@ -114,3 +114,99 @@ def test_saved_arguments_are_the_constructor_signature():
     names = [name for name in inspect.signature(EarlyStopping.__init__).parameters if name != "self"]
     assert list(_ARGUMENTS) == names
     assert EarlyStopping("eval_loss", patience=7).state_args()["patience"] == 7
+
+
+# -- each setting lives in one place: public attributes take effect, are validated, or are read-only --
+
+#: setting -> (new value, (value, step, epoch) observed after best 1.0@2 and wait 0,
+#: expected reason or improved)
+EFFECTS = {
+    "patience": (1, (2.0, 4, 0.4), R.PATIENCE),
+    "min_delta": (0.5, (0.8, 4, 0.4), False),
+    "min_delta_mode": ("relative", (9.5, 4, 0.4), False),  # best 10, min_delta=0.1: < 9.9 -> < 9.0
+    "baseline": (0.5, (0.8, 4, 0.4), False),  # nothing beat the baseline yet (fresh progress)
+    "start_from_step": (10, (0.5, 4, 0.4), False),
+    "start_from_epoch": (1.0, (0.5, 4, 0.4), False),
+    "stopping_threshold": (0.9, (0.8, 4, 0.4), R.STOPPING_THRESHOLD),
+    "divergence_threshold": (10.0, (11.0, 4, 0.4), R.DIVERGENCE_THRESHOLD),
+    "check_finite": (False, (NAN, 4, 0.4), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EFFECTS))
+def test_a_setting_changed_after_construction_takes_effect(name):
+    value, (observed, step, epoch), expected = EFFECTS[name]
+    stopper = EarlyStopping("eval_loss", patience=3, min_delta=0.1 if name == "min_delta_mode" else 0.0)
+    if name != "baseline":
+        stopper.best_value, stopper.best_step, stopper.best_epoch = 1.0, 2, 0.2
+    if name == "min_delta_mode":
+        stopper.best_value = 10.0
+    before = stopper.decide(observed, step, epoch)
+    setattr(stopper, name, value)
+    after = stopper.decide(observed, step, epoch)
+    assert getattr(stopper, name) == value and stopper.state_args()[name] == value
+    assert after != before
+    if isinstance(expected, bool):
+        assert after.improved is expected and after.reason is R.NOT_STOPPED
+    else:
+        assert after.reason is expected
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "error", "message"),
+    [("patience", -1, ValueError, r"patience must be an int >= 0"),
+     ("patience", 2.5, TypeError, r"patience must be an int >= 0 .* got 2.5"),
+     ("min_delta", -0.1, ValueError, r"min_delta must be >= 0"),
+     ("min_delta_mode", "pct", ValueError, r"min_delta_mode must be one of"),
+     ("baseline", "1", TypeError, r"baseline must be a number or None"),
+     ("start_from_step", -1, ValueError, r"start_from_step must be an int >= 0"),
+     ("start_from_epoch", -1, ValueError, r"start_from_epoch must be >= 0"),
+     ("stopping_threshold", 5.0, ValueError,
+      r"stopping_threshold=5.0 must be below or equal to baseline=2.0"),
+     ("divergence_threshold", 1.0, ValueError, r"divergence_threshold=1.0 must be above baseline=2.0"),
+     ("check_finite", "yes", TypeError, r"check_finite must be True or False"),
+     ("strict", 1, TypeError, r"strict must be True or False"),
+     ("restore_best", None, TypeError, r"restore_best must be True or False"),
+     ("reset_on_resume", "no", TypeError, r"reset_on_resume must be True or False"),
+     ("sync_decision", 0, TypeError, r"sync_decision must be True or False"),
+     ("report", "x", TypeError, r"report must be True or False"),
+     ("verbose", 2, TypeError, r"verbose must be True or False")],
+)
+def test_a_bad_setting_is_refused_like_the_constructor_and_changes_nothing(name, value, error, message):
+    stopper = EarlyStopping("eval_loss", baseline=2.0)
+    before = (getattr(stopper, name), stopper.policy, stopper.state_args())
+    with pytest.raises(error, match=message):
+        setattr(stopper, name, value)
+    with pytest.raises(error, match=message):
+        EarlyStopping("eval_loss", **{"baseline": 2.0, name: value})
+    assert (getattr(stopper, name), stopper.policy, stopper.state_args()) == before
+
+
+@pytest.mark.parametrize("name", ["strict", "restore_best", "reset_on_resume", "sync_decision", "report",
+                                  "verbose"])
+def test_flags_are_settable(name):
+    stopper = EarlyStopping("eval_loss")
+    setattr(stopper, name, not getattr(stopper, name))
+    assert stopper.state_args()[name] is getattr(stopper, name)
+
+
+@pytest.mark.parametrize(("name", "value"), [("monitor", "eval_accuracy"), ("mode", "max"),
+                                             ("log_name", "other"), ("policy", StoppingPolicy())])
+def test_what_names_the_saved_state_is_read_only(name, value):
+    stopper = EarlyStopping("eval_loss")
+    key = stopper.state_key
+    with pytest.raises(AttributeError, match=rf"{name}|can't set|has no setter"):
+        setattr(stopper, name, value)
+    assert stopper.state_key == key
+
+
+def test_report_false_set_later_stops_reporting():
+    stopper = EarlyStopping("eval_loss")
+    stopper.report = False
+    stopper._queue_report()
+    assert stopper._pending_report == {}
+
+
+def test_every_argument_is_an_attribute():
+    stopper = EarlyStopping("eval_loss", patience=4)
+    assert {name: getattr(stopper, name) for name in _ARGUMENTS} == stopper.state_args()

@@ -128,8 +128,10 @@ def test_default_monitor_is_metric_for_best_model(tmp_path):
     stopper = EarlyStopping(patience=1)
     run(tmp_path, "lightweight", by_eval(0.5, 0.7, 0.6), stopper, metric_for_best_model="score",
         greater_is_better=True)
-    assert stopper.monitor_name == "score" and stopper.resolved_mode == "max"
-    assert stopper.state_key == "EarlyStopping[score,max]"
+    # "score" is eval_score, as transformers reads metric_for_best_model ("loss" is eval_loss, not the
+    # training loss)
+    assert stopper.monitor_name == "eval_score" and stopper.resolved_mode == "max"
+    assert stopper.state_key == "EarlyStopping[eval_score,max]"
     assert (stopper.best_step, stopper.stopped_step) == (4, 6)
 
 

@@ -112,14 +112,104 @@ def test_missing_training_loop_key_and_non_numeric_value(tmp_path):
         bad.train()
 
 
+# -- when each error comes: construction, train begin, the first evaluation, never at the end ----------
+
+@pytest.mark.parametrize(
+    ("monitor", "meant"),
+    [("eval_los", "eval_loss"), ("eval/los", "eval_loss"), ("eval_acuracy", "eval_accuracy"),
+     ("train_subset_los", "train_subset_loss"), ("eval_squad_acuracy", "eval_squad_accuracy"),
+     ("eval_rewards/acuracies", "eval_rewards/accuracies"), ("eval_mean_token_acuracy",
+                                                              "eval_mean_token_accuracy")],
+)
+def test_typo_gets_did_you_mean_at_construction_not_the_mode_error(monitor, meant):
+    expected = rf"looks like a misspelt metric name. Did you mean '{meant}'"
+    with pytest.raises(ValueError, match=expected) as err:
+        EarlyStopping(monitor)
+    assert "cannot tell" not in str(err.value)
+    EarlyStopping(monitor, mode="min")  # the user's own metric with that name: accepted
+
+
 @pytest.mark.transformers
-def test_never_seen_metric_raises_at_train_end(tmp_path):
-    """With several eval datasets, 'eval_score' (no dataset) is never produced: caught at the end."""
+@pytest.mark.parametrize("runner", ["stock", "trainerplus"])
+@pytest.mark.parametrize(
+    ("monitor", "message"),
+    [("eval_accuracy", r"no compute_metrics, so its evaluations return only 'eval_loss'.*Did you mean "
+                       r"'eval_loss'"),
+     ("eval/accuracy", r"no compute_metrics"), ("eval_los", r"no compute_metrics.*Did you mean 'eval_loss'")],
+)
+def test_metric_a_stock_trainer_cannot_produce_is_refused_at_train_begin(tmp_path, runner, monitor, message):
+    """Mode given, no compute_metrics: known before any step (the trainer is bound at construction)."""
+    from hf_callbacks_plus.integrations.ordering import run_before_integrations
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
+    from tests.tiny_models import make_trainer
+
+    stopper = EarlyStopping(monitor, mode="max")
+    if runner == "stock":
+        trainer = make_trainer(tmp_path, compute_metrics=None, eval_strategy="steps", eval_steps=2,
+                               max_steps=6)
+        run_before_integrations(trainer, stopper)
+    else:
+        trainer = make_trainer(tmp_path, callbacks=[stopper], compute_metrics=None, trainer_class=TrainerPlus,
+                               eval_strategy="steps", eval_steps=2, max_steps=6)
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
+    assert trainer.state.global_step == 0 and not any("eval_loss" in r for r in trainer.state.log_history)
+
+
+@pytest.mark.transformers
+def test_plain_eval_metric_with_named_eval_sets(tmp_path):
+    """'eval_score' with eval_dataset={"a": ...}: bound -> train begin; a stock Trainer it never bound
+    -> the first evaluation (step 2), with the did-you-mean; never a finished run that raises."""
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
     from tests.tiny_models import RegressionDataset
 
-    stopper = EarlyStopping("eval_score", mode="min")
-    trainer = scripted_trainer(tmp_path, lambda step: 1.0, callbacks=[stopper], max_steps=2)
-    trainer.eval_dataset = {"a": RegressionDataset(8)}
-    with pytest.raises(RuntimeError, match=r"no evaluation of this run returned the monitored metric.*"
-                                           r"Did you mean 'eval_a_score'"):
+    for runner, step in (("trainerplus", 0), ("stock", 2)):
+        stopper = EarlyStopping("eval_score", mode="min")
+        trainer = scripted_trainer(tmp_path / runner, lambda step: 1.0, callbacks=[stopper], max_steps=8,
+                                   trainer_class=TrainerPlus if runner == "trainerplus" else None)
+        trainer.eval_dataset = {"a": RegressionDataset(8)}  # assigned after construction: read at train begin
+        error = ValueError if step == 0 else RuntimeError
+        with pytest.raises(error, match=r"Did you mean 'eval_a_score'") as err:
+            trainer.train()
+        assert trainer.state.global_step == step, runner
+        assert "eval_a_runtime" not in str(err.value).split("Did you mean")[1]
+
+
+@pytest.mark.transformers
+def test_a_metric_of_an_evaluation_that_never_runs_warns_at_the_end_and_save_model_runs(tmp_path, caplog):
+    """Before: train() raised in on_train_end, after the whole run, and the save never happened."""
+    stopper = EarlyStopping("train_subset_score", mode="min")  # no TrainSubsetEvaluation in callbacks
+    trainer = scripted_trainer(tmp_path, lambda step: 1.0, callbacks=[stopper], max_steps=6)
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    assert (tmp_path / "final" / "model.safetensors").exists() and trainer.state.global_step == 6
+    assert "no evaluation of this run returned the monitored metric, so early stopping never acted" in (
+        caplog.text)
+
+
+@pytest.mark.transformers
+@pytest.mark.parametrize("first_has_it", [True, False])
+def test_metric_present_in_some_evaluations_only(tmp_path, first_has_it):
+    """The rule: strict raises only when the FIRST evaluation that should hold the metric lacks it;
+    later evaluations without it are skipped observations (patience counts the others)."""
+    holder = {}
+    trainer = scripted_trainer(tmp_path, lambda step: 1.0, max_steps=24, callbacks=[
+        stopper := EarlyStopping("eval_f1", mode="max", patience=2)])
+    holder["trainer"] = trainer
+    present = 0 if first_has_it else 1
+
+    def every_other(eval_pred):  # f1 at every other evaluation, never improving after the first
+        index = trainer.state.global_step // 2 - 1
+        return {"f1": 0.5} if index % 2 == present else {}
+
+    trainer.compute_metrics = every_other
+    if first_has_it:
+        trainer.train()
+        # f1 at steps 2, 6, 10: best at 2, misses at 6 and 10 -> stop at 10 (steps 4, 8 skipped)
+        assert (stopper.best_step, stopper.stopped_step) == (2, 10)
+    else:
+        with pytest.raises(RuntimeError, match=r"'eval_f1' was not found") as err:
+            trainer.train()
+        assert trainer.state.global_step == 2
+        assert "eval_runtime" not in str(err.value).split("Did you mean")[-1]

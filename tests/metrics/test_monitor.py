@@ -191,3 +191,31 @@ def test_old_train_subset_names_find_the_new_keys_with_one_warning(caplog):
     rendered_old_name = Monitor("train/subset_loss", mode="min")
     assert rendered_old_name.lookup({"train_subset_loss": 0.2}) == ("train_subset_loss", 0.2)
     assert KeyGrammar.current_name("eval_loss") is None
+
+
+# -- mode="auto" knows the metrics trl logs (read from trl 1.x's trainers) --------------------------
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [("eval_rewards/accuracies", "max"), ("eval/rewards/accuracies", "max"), ("rewards/margins", "max"),
+     ("eval_rewards/chosen", "max"), ("train_subset_mean_token_accuracy", "max"), ("eval_reward", "max"),
+     ("eval_rewards/correctness/mean", "max"), ("eval_accuracy", "max"), ("eval_margin", "max"),
+     ("eval_mean_reward", "max"), ("eval_kl", "min"), ("eval_aux_loss", "min"), ("eval_policy_loss", "min"),
+     ("eval_rewards/rejected", None), ("eval_logps/rejected", None), ("eval_entropy", None),
+     ("eval_reward_std", None), ("eval_frac_reward_zero_std", None), ("eval_completions/mean_length", None),
+     ("eval_num_tokens", None), ("eval_crossentropy", "min")],
+)
+def test_infer_mode_knows_trl_metrics(name, mode):
+    assert infer_mode(name) == mode
+    if mode is None:
+        with pytest.raises(ValueError, match=r"is a diagnostic with no better direction|cannot tell"):
+            Monitor(name)
+    else:
+        assert Monitor(name).mode == mode
+
+
+def test_every_trl_metric_has_a_direction_or_says_why():
+    from hf_callbacks_plus.metrics.monitor import TRL_DIRECTIONS
+
+    for name, direction in TRL_DIRECTIONS.items():
+        assert infer_mode(f"eval_{name}") == direction, name
