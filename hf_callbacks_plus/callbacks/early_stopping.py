@@ -308,6 +308,25 @@ class EarlyStopping(SelfRestoringState):
     def state_key(self, value: str) -> None:
         """Ignored (derived); transformers' restore flag sets every saved attribute, this one too."""
 
+    def find_saved_state(self, trainer_state: Any) -> Optional[dict[str, Any]]:
+        """This instance's saved attributes; also under the key of a checkpoint written before the
+        monitor was canonical (``EarlyStopping[eval/loss,min]``, ``EarlyStopping[accuracy,max]`` for
+        ``metric_for_best_model="accuracy"``), so such a run resumes with its state."""
+        found = super().find_saved_state(trainer_state)
+        given = getattr(self, "_given_name", None) or self.monitor
+        if found is not None or not given or self.resolved_mode is None:
+            return found
+        suffix = "" if self.log_name is None else f",{self.log_name}"
+        old_key = f"{type(self).__name__}[{given},{self.resolved_mode}{suffix}]"
+        entries = (getattr(trainer_state, "stateful_callbacks", None) or {}).get(type(self).__name__)
+        if old_key == self.state_key or entries is None:
+            return None
+        for entry in reversed(entries if isinstance(entries, list) else [entries]):
+            attributes = entry.get("attributes", {}) if isinstance(entry, dict) else {}
+            if attributes.get(self.STATE_KEY_FIELD) == old_key:
+                return attributes
+        return None
+
     def state_args(self) -> dict[str, Any]:
         return dict(self._options)
 
@@ -438,6 +457,7 @@ class EarlyStopping(SelfRestoringState):
             monitor, mode = monitor_from_args(args, self.mode)
             self._monitor = self._build_monitor(monitor, mode)
             self.policy.check_for(self._monitor.mode)
+            self._given_name = getattr(args, "metric_for_best_model", None)
         if self._monitor is None:
             raise RuntimeError("EarlyStopping: monitor could not be resolved.")
         return self._monitor.monitor

@@ -92,13 +92,16 @@ def test_aliases_in_one_trainer_are_refused_at_train_begin(tmp_path, second):
     assert trainer.state.global_step == 0
 
 
-@pytest.mark.parametrize("runner", ["stock", "trainerplus"])
+@pytest.mark.parametrize("runner", ["stock", "trainerplus", "lightweight"])
 def test_one_instance_listed_twice_says_so(tmp_path, runner):
     from hf_callbacks_plus.integrations.transformers import TrainerPlus
 
     stopper = EarlyStopping("eval_score", mode="min")
-    trainer = scripted_trainer(tmp_path, RESUME_SCRIPT, callbacks=[stopper, stopper],
-                               trainer_class=TrainerPlus if runner == "trainerplus" else None)
+    if runner == "lightweight":
+        trainer = scripted_lightweight(tmp_path, RESUME_SCRIPT, callbacks=[stopper, stopper])
+    else:
+        trainer = scripted_trainer(tmp_path, RESUME_SCRIPT, callbacks=[stopper, stopper],
+                                   trainer_class=TrainerPlus if runner == "trainerplus" else None)
     with pytest.raises(ValueError, match=r"the same instance \(EarlyStopping\[eval_score,min\]\) is listed "
                                          r"twice") as err:
         trainer.train()
@@ -111,3 +114,24 @@ def test_train_can_be_called_again_with_the_same_instances(tmp_path):
     trainer.train()
     trainer.train()  # no "listed twice": the claim of the first run was released at its end
     assert trainer.state.global_step == 4
+
+
+@pytest.mark.parametrize(
+    ("stopper", "old_key", "args"),
+    [(lambda: EarlyStopping("eval/score", mode="min"), "EarlyStopping[eval/score,min]", {}),
+     (lambda: EarlyStopping(), "EarlyStopping[score,max]",
+      {"metric_for_best_model": "score", "greater_is_better": True})],
+)
+def test_a_checkpoint_saved_under_the_old_key_still_restores(stopper, old_key, args):
+    """Checkpoints written before the monitor was canonical keep their state on resume."""
+    from types import SimpleNamespace
+
+    from hf_callbacks_plus.core.state import TrainerState
+
+    instance = stopper()
+    instance._resolve_monitor(SimpleNamespace(**args))
+    assert instance.state_key != old_key
+    saved = {"args": {}, "attributes": {"state_key": old_key, "wait": 2, "best_value": 1.5, "best_step": 4}}
+    state = TrainerState(global_step=8, stateful_callbacks={"EarlyStopping": [saved]})
+    assert instance.restore_from_trainer_state(state)
+    assert (instance.wait, instance.best_value, instance.best_step) == (2, 1.5, 4)
