@@ -30,6 +30,7 @@ from .early_stopping_diagnosis import (
     check_against_trainer,
     expected_prefix,
     missing_metric_problem,
+    misspelt_against_args,
     monitor_from_args,
     typo_suggestion,
 )
@@ -251,13 +252,17 @@ class EarlyStopping(SelfRestoringState):
 
     def _build_monitor(self, monitor: str, mode: str, options: Optional[dict[str, Any]] = None) -> Monitor:
         options = self._options if options is None else options
-        if mode == "auto" and infer_mode(monitor) is None:
+        if infer_mode(monitor) is None:
             suggestion = typo_suggestion(monitor, self.grammar)
-            if suggestion is not None:  # a typo first: "cannot tell the direction" would mislead
+            if suggestion is not None and mode == "auto":  # a typo first: "cannot tell" would mislead
                 raise ValueError(
                     f"EarlyStopping: monitor={monitor!r} looks like a misspelt metric name. Did you mean "
                     f"{suggestion!r}? (If {monitor!r} is your own metric, pass mode='min' or mode='max'.)"
                 )
+            if suggestion is not None and not self._options:  # at construction only (mode given)
+                logger.warning("EarlyStopping: monitor=%r looks like a misspelt %r (ignore this if it is "
+                               "your own metric; a missing metric raises at the first evaluation).",
+                               monitor, suggestion)
         return Monitor(monitor, mode=mode, min_delta=options["min_delta"],
                        min_delta_mode=options["min_delta_mode"], grammar=self.grammar, owner="EarlyStopping")
 
@@ -486,6 +491,8 @@ class EarlyStopping(SelfRestoringState):
         self.reset()
         name = self._resolve_monitor(args)
         problem = check_against_args(name, expected_prefix(name, self.grammar), args)
+        if problem is None:
+            problem = misspelt_against_args(name, self.grammar, args)
         if problem is None:
             trainer = self._trainer() if self._trainer is not None else None
             problem = check_against_trainer(name, self.grammar, trainer)

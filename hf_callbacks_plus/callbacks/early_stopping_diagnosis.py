@@ -18,7 +18,7 @@ from ..metrics.monitor import MAXIMIZE_WORDS, MINIMIZE_WORDS, TRL_DIRECTIONS, Mo
 
 __all__ = [
     "TrainBeginClaims", "check_against_args", "check_against_trainer", "expected_prefix",
-    "missing_metric_problem", "monitor_from_args", "typo_suggestion",
+    "misspelt_against_args", "missing_metric_problem", "monitor_from_args", "typo_suggestion",
 ]
 
 #: Metric names a monitor is likely to mean: the words `infer_mode` knows, trl's metrics and
@@ -204,6 +204,24 @@ def check_against_trainer(monitor: str, grammar: KeyGrammar, trainer: Any) -> Op
             f"compute_metrics=... to the trainer."
         )
     return None
+
+
+def misspelt_against_args(monitor: str, grammar: KeyGrammar, args: Any) -> Optional[str]:
+    """``monitor`` is a near miss of ``args.metric_for_best_model`` (``"eval_acuracy"`` while the
+    trainer selects on ``"accuracy"``) and not a known metric name itself: the message, or None."""
+    wanted = getattr(args, "metric_for_best_model", None)
+    if not isinstance(wanted, str) or not wanted:
+        return None
+    target = wanted if wanted.startswith("eval_") else f"eval_{wanted}"
+    raw = grammar.canonical(grammar.candidates(monitor)[0])
+    if raw == target or grammar.parse(raw).name in KNOWN_NAMES:
+        return None
+    if difflib.SequenceMatcher(None, raw, target).ratio() < 0.85:
+        return None
+    return (
+        f"EarlyStopping: monitor={monitor!r} is not produced under that name; the trainer selects its best "
+        f"model on args.metric_for_best_model={wanted!r}. Did you mean {target!r}?"
+    )
 
 
 def grammar_name(monitor: str) -> str:

@@ -213,3 +213,21 @@ def test_metric_present_in_some_evaluations_only(tmp_path, first_has_it):
             trainer.train()
         assert trainer.state.global_step == 2
         assert "eval_runtime" not in str(err.value).split("Did you mean")[-1]
+
+
+def test_typo_with_mode_given_warns_at_construction(caplog):
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        stopper = EarlyStopping("eval_los", mode="min")
+        stopper.patience = 5  # a later setting does not repeat the warning
+    assert caplog.text.count("looks like a misspelt 'eval_loss'") == 1
+
+
+@pytest.mark.transformers
+def test_near_miss_of_metric_for_best_model_is_refused_at_train_begin_with_mode_given(tmp_path):
+    """A stock Trainer, not bound: args alone tell (the trainer selects on 'score')."""
+    stopper = EarlyStopping("eval_scores", mode="min")
+    trainer = scripted_trainer(tmp_path, lambda step: 1.0, callbacks=[stopper], max_steps=4,
+                               metric_for_best_model="score", greater_is_better=False)
+    with pytest.raises(ValueError, match=r"metric_for_best_model='score'. Did you mean 'eval_score'"):
+        trainer.train()
+    assert trainer.state.global_step == 0
