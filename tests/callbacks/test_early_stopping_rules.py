@@ -211,3 +211,22 @@ def test_the_0_1_train_subset_name_still_works_and_says_the_new_one(tmp_path, ca
     assert (old_name.best_step, old_name.stopped_step) == (6, 12)
     warnings = [r.getMessage() for r in caplog.records if "0.1.0" in r.getMessage()]
     assert len(warnings) == 1 and "pass monitor='train_subset_score'" in warnings[0], warnings
+
+
+@pytest.mark.transformers
+@pytest.mark.parametrize(("kind", "monitor", "mode"), [
+    ("dpo", "eval_rewards/accuracies", "max"), ("dpo", "eval/rewards/margins", "max"),
+    ("sft", "eval_mean_token_accuracy", "max"), ("reward", "eval_accuracy", "max")])
+def test_mode_auto_on_the_metrics_trl_logs(tmp_path, kind, monitor, mode):
+    """docs/early_stopping.md's trl example: mode="auto" knows the direction, and the metric is
+    observed in a real trl trainer (it reaches EarlyStopping through on_log, not on_evaluate)."""
+    pytest.importorskip("trl")
+    from hf_callbacks_plus.integrations.ordering import run_before_integrations
+    from tests.trl_peft import runs
+
+    stopper = EarlyStopping(monitor, patience=50)
+    assert stopper.resolved_mode == mode
+    trainer = runs.trainer(kind, tmp_path, with_subset_eval=False)
+    run_before_integrations(trainer, stopper)
+    trainer.train()
+    assert stopper.best_value is not None and stopper.best_step in (2, 4) and not stopper.stopped
