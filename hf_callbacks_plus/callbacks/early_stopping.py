@@ -137,8 +137,11 @@ class EarlyStopping(SelfRestoringState):
             Defaults to None.
         check_finite: Stop when the value is NaN/Inf. A non-finite value is never best
             either way. Defaults to True.
-        strict: Raise when the metric never shows up (listing the keys that did, with a
-            "did you mean"); False warns once and keeps training. Defaults to True.
+        strict: Raise when the metric cannot show up, as early as that is known: at train begin
+            (from ``args`` and the bound trainer) or at the first evaluation that should hold it
+            (listing the keys present, with a "did you mean"). Later evaluations without it are
+            skipped observations; nothing raises once training is over (a warning instead).
+            False warns once and keeps training. Defaults to True.
         restore_best: At the end of training, load the best weights: from the checkpoint of
             the best step when it exists, else from an in-memory CPU copy (one copy of the
             ``state_dict``, kept until a checkpoint safe from rotation holds the same
@@ -158,10 +161,15 @@ class EarlyStopping(SelfRestoringState):
             logger at DEBUG. False: the stop line is only logged (INFO, WARNING for a
             non-finite or diverging value) and there is no summary. Defaults to True.
 
+    Every argument is also an attribute: settings can be changed later (validated like the
+    argument, effective at the next observation); ``monitor``, ``mode`` and ``log_name`` name
+    the saved state (`state_key`) and are read-only.
+
     Raises:
-        TypeError, ValueError: At construction for bad arguments; at train begin for a
-            metric the trainer cannot produce. Messages name the argument, the value and
-            the valid choices.
+        TypeError, ValueError: At construction for bad arguments (a misspelt monitor gets a
+            "did you mean"); at train begin for a metric the trainer cannot produce, two
+            instances with one ``state_key`` or one instance listed twice. Messages name the
+            argument, the value and the valid choices.
 
     Example:
         >>> stopper = EarlyStopping("eval_loss", patience=2, min_delta=0.01)
