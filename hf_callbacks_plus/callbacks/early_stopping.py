@@ -50,8 +50,6 @@ _FLAGS = ("strict", "restore_best", "reset_on_resume", "sync_decision", "report"
 #: The settings of the rule (`StoppingPolicy`) and of the improvement test (`Monitor`).
 _POLICY = ("patience", "baseline", "stopping_threshold", "divergence_threshold", "start_from_step",
            "start_from_epoch", "check_finite")
-#: What identifies an instance (its ``state_key``): fixed at construction.
-_READ_ONLY = ("monitor", "mode", "log_name")
 #: The state keys claimed at the train begin of the current ``train()`` (duplicates refused).
 _CLAIMS = TrainBeginClaims()
 
@@ -202,6 +200,7 @@ class EarlyStopping(SelfRestoringState):
         options = dict(locals())
         self.grammar = KeyGrammar()
         self._trainer: Any = None
+        self._given_name: Optional[str] = None  # metric_for_best_model as written (monitor=None)
         self._monitor: Optional[Monitor] = None
         #: The one store of the settings; ``policy`` and the monitor are derived from it.
         self._options: dict[str, Any] = {}
@@ -326,7 +325,7 @@ class EarlyStopping(SelfRestoringState):
         monitor was canonical (``EarlyStopping[eval/loss,min]``, ``EarlyStopping[accuracy,max]`` for
         ``metric_for_best_model="accuracy"``), so such a run resumes with its state."""
         found = super().find_saved_state(trainer_state)
-        given = getattr(self, "_given_name", None) or self.monitor
+        given = self._given_name or self.monitor
         if found is not None or not given or self.resolved_mode is None:
             return found
         suffix = "" if self.log_name is None else f",{self.log_name}"
