@@ -230,3 +230,15 @@ def test_mode_auto_on_the_metrics_trl_logs(tmp_path, kind, monitor, mode):
     run_before_integrations(trainer, stopper)
     trainer.train()
     assert stopper.best_value is not None and stopper.best_step in (2, 4) and not stopper.stopped
+
+
+@pytest.mark.parametrize(("metric", "monitor"), [("loss", "eval_loss"), ("accuracy", "eval_accuracy"),
+                                                 ("eval_f1", "eval_f1"), ("eval/f1", "eval/f1")])
+def test_monitor_none_reads_metric_for_best_model_as_transformers_does(metric, monitor):
+    """transformers prefixes eval_ ("loss" is eval_loss, the default with load_best_model_at_end); before,
+    EarlyStopping() with metric_for_best_model="loss" watched the training loss."""
+    from types import SimpleNamespace
+
+    stopper = EarlyStopping(patience=1)
+    stopper._resolve_monitor(SimpleNamespace(metric_for_best_model=metric, greater_is_better=False))
+    assert stopper.monitor_name == monitor
