@@ -2,14 +2,26 @@
 
 Used by ``EarlyStopping(restore_best=True)``. What is kept:
 
-* a checkpoint of the best step (full model files, sharded files, a peft adapter
-  ``adapter_model.safetensors``, or the ``LightweightTrainer``'s ``model_state.pkl``) when it
-  exists and checkpoint rotation cannot delete it;
-* otherwise a CPU copy of **what training changes** only: the parameters with
-  ``requires_grad`` and the persistent buffers (for a LoRA model, the adapter: a few
-  thousand elements instead of the whole model). Every checkpoint written while that copy
-  is needed also gets it (``best_weights-<key>.safetensors``), so a run resumed after the
-  best step, even with the best checkpoint rotated away, still restores the best.
+* a CPU copy of **what training changes** only: the parameters with ``requires_grad`` and
+  the persistent buffers (for a LoRA model, the adapter: a few thousand elements instead of
+  the whole model), taken at each improvement of *our* monitored metric. It is dropped only
+  when a checkpoint of that step exists and rotation can never delete it (no
+  ``save_total_limit``): transformers' ``best_model_checkpoint``, which rotation protects,
+  moves on any improvement (ignoring ``min_delta``), so it cannot protect ours. Every
+  checkpoint written while the copy is held also gets it (``best_weights-<key>.safetensors``),
+  so a run resumed after the best step, even with the best checkpoint rotated away, still
+  restores the best;
+* the checkpoint of the best step (full model files, sharded files, a peft adapter
+  ``adapter_model.safetensors``, or the ``LightweightTrainer``'s ``model_state.pkl``), used
+  when it still exists.
+
+A model that is not a ``torch.nn.Module`` (``LightweightTrainer`` with your own model) needs
+``state_dict()`` and ``load_state_dict(state)``: the copy is a deep copy of ``state_dict()``,
+kept in memory only (after a resume, the best step's own checkpoint is used). A model
+without them is refused at train begin.
+
+A model whose parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3) is refused
+with a clear error: a copy taken on one rank would hold only its shard.
 
 A model whose parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3) is refused
 with a clear error: a copy taken on one rank would hold only its shard.
@@ -17,13 +29,14 @@ with a clear error: a copy taken on one rank would hold only its shard.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import re
 from typing import Any, Optional
 
-__all__ = ["BestWeights", "load_checkpoint_weights", "trainable_state"]
+__all__ = ["BestWeights", "check_restorable", "load_checkpoint_weights", "step_checkpoint", "trainable_state"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -69,6 +82,44 @@ def active_adapter(model: Any) -> Optional[str]:
     return getattr(model, "active_adapter", None) or None
 
 
+def is_torch_module(model: Any) -> bool:
+    """True for a ``torch.nn.Module`` (or anything with its ``modules``/``named_buffers``)."""
+    return callable(getattr(model, "modules", None)) and callable(getattr(model, "named_buffers", None))
+
+
+def check_restorable(model: Any, owner: str = "EarlyStopping(restore_best=True)") -> None:
+    """Refuse, at train begin, a model whose best weights could not be kept or restored.
+
+    Raises:
+        ValueError: There is no model (``LightweightTrainer`` without ``model=``).
+        TypeError: The model is not a torch module and lacks ``state_dict()`` /
+            ``load_state_dict(state)``.
+        RuntimeError: The parameters are sharded across processes.
+    """
+    if model is None:
+        raise ValueError(f"{owner} needs the trainer's model, got model=None: pass model=... to the "
+                         "trainer (LightweightTrainer(..., model=...)), or restore_best=False.")
+    if is_torch_module(model):
+        _refuse_sharded(model)
+        return
+    missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(model, name, None))]
+    if missing:
+        raise TypeError(
+            f"{owner} cannot keep the weights of a {type(model).__name__}: it is not a torch.nn.Module "
+            f"and has no {' / '.join(missing)}() method. Give it state_dict() -> dict and "
+            "load_state_dict(state) (the protocol torch modules follow), or use restore_best=False."
+        )
+
+
+def _load_state(model: Any, state_dict: dict[str, Any], directory: str) -> None:
+    if not is_torch_module(model):
+        model.load_state_dict(state_dict)
+        return
+    result = model.load_state_dict(state_dict, strict=False)
+    if result.unexpected_keys:
+        logger.warning("Best checkpoint %s has unexpected keys %s.", directory, result.unexpected_keys[:5])
+
+
 def load_checkpoint_weights(model: Any, directory: str) -> bool:
     """Load the weights saved in a checkpoint directory into ``model``.
 
@@ -105,9 +156,7 @@ def load_checkpoint_weights(model: Any, directory: str) -> bool:
                 break
     if not state_dict:
         return False
-    result = model.load_state_dict(state_dict, strict=False)
-    if result.unexpected_keys:
-        logger.warning("Best checkpoint %s has unexpected keys %s.", directory, result.unexpected_keys[:5])
+    _load_state(model, state_dict, directory)
     return True
 
 
@@ -136,12 +185,15 @@ def _refuse_sharded(model: Any) -> None:
 
 
 def trainable_state(model: Any) -> dict[str, Any]:
-    """CPU copies of what training changes: trainable parameters and persistent buffers.
+    """CPU copies of what training changes: trainable parameters and persistent buffers
+    (a deep copy of ``state_dict()`` for a model that is not a torch module).
 
     Raises:
         RuntimeError: The parameters are sharded across processes (FSDP, ZeRO-3): a copy
             on one rank would hold only its shard.
     """
+    if not is_torch_module(model):
+        return copy.deepcopy(dict(model.state_dict()))
     _refuse_sharded(model)
     buffers = {name for name, _ in model.named_buffers()}
     return {
@@ -149,6 +201,23 @@ def trainable_state(model: Any) -> dict[str, Any]:
         for key, value in model.state_dict(keep_vars=True).items()
         if getattr(value, "requires_grad", False) or key in buffers
     }
+
+
+def step_checkpoint(step: int, output_dir: Optional[str], *known: Optional[str]) -> Optional[str]:
+    """An existing ``checkpoint-<step>`` directory with weights: one of ``known`` or the one in
+    ``output_dir``; None when there is none."""
+    candidates = [*known]
+    if output_dir:
+        candidates.append(os.path.join(output_dir, f"checkpoint-{step}"))
+    for candidate in candidates:
+        if (
+            candidate
+            and os.path.basename(os.path.normpath(candidate)) == f"checkpoint-{step}"
+            and os.path.isdir(candidate)
+            and _has_weights(candidate)
+        ):
+            return candidate
+    return None
 
 
 class BestWeights:
@@ -185,39 +254,30 @@ class BestWeights:
     @staticmethod
     def checkpoint_for(step: int, args: Any, state: Any, known: Optional[str]) -> Optional[str]:
         """An existing checkpoint directory holding the weights of ``step``, or None."""
-        candidates = [known, getattr(state, "best_model_checkpoint", None)]
-        output_dir = getattr(args, "output_dir", None)
-        if output_dir:
-            candidates.append(os.path.join(output_dir, f"checkpoint-{step}"))
-        for candidate in candidates:
-            if (
-                candidate
-                and os.path.basename(os.path.normpath(candidate)) == f"checkpoint-{step}"
-                and os.path.isdir(candidate)
-                and _has_weights(candidate)
-            ):
-                return candidate
-        return None
+        return step_checkpoint(step, getattr(args, "output_dir", None),
+                               known, getattr(state, "best_model_checkpoint", None))
 
     def after_save(self, args: Any, state: Any, best_step: int) -> Optional[str]:
         """Call after each checkpoint save; returns the best step's checkpoint when this is it.
 
-        The copy is dropped once a checkpoint of the best step exists that rotation cannot
-        delete (no ``save_total_limit``, or it is transformers' protected best checkpoint).
-        Until then every new checkpoint also gets the copy, for a resume after the best step.
+        The copy is dropped once a checkpoint of the best step exists that rotation can never
+        delete: without ``save_total_limit``. With a limit it is kept to the end (the trainer's
+        protection of ``best_model_checkpoint`` follows *its* best, which may move on an
+        improvement below our ``min_delta`` and let ours be rotated away). While the copy is
+        held every new checkpoint also gets it, for a resume after the best step.
         """
         path = None
         if state.global_step == best_step:
             path = self.checkpoint_for(best_step, args, state, None)
-            protected = path is not None and getattr(state, "best_model_checkpoint", None) == path
-            if path is not None and (getattr(args, "save_total_limit", None) is None or protected):
+            if path is not None and getattr(args, "save_total_limit", None) is None:
                 self.drop_snapshot()
                 return path
         if (
             self.snapshot is not None
             and self.snapshot_step == best_step
-            and path is None
+            and state.global_step != best_step
             and getattr(state, "is_world_process_zero", True)
+            and all(hasattr(value, "contiguous") for value in self.snapshot.values())  # tensors
         ):
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             if os.path.isdir(folder):
@@ -228,7 +288,8 @@ class BestWeights:
         return path
 
     def on_train_begin(self, args: Any, state: Any, model: Any, best_step: Optional[int]) -> bool:
-        """Refuse a sharded model; after a resume, get back the copy of ``best_step``.
+        """Refuse a model whose weights cannot be kept (see `check_restorable`); after a
+        resume, get back the copy of ``best_step``.
 
         The copy comes from the file saved in the checkpoint being resumed, or, when that
         checkpoint is the best step's own, from the model (the trainer loaded its weights).
@@ -237,10 +298,10 @@ class BestWeights:
             True when a copy was loaded.
 
         Raises:
+            ValueError: No model. TypeError: a model without ``state_dict``/``load_state_dict``.
             RuntimeError: The model's parameters are sharded across processes.
         """
-        if model is not None and hasattr(model, "modules"):
-            _refuse_sharded(model)
+        check_restorable(model)
         if best_step is None or self.snapshot_step == best_step or not getattr(args, "output_dir", None):
             return False
         if state.global_step == best_step and model is not None:
@@ -268,6 +329,6 @@ class BestWeights:
         if checkpoint is not None and load_checkpoint_weights(model, checkpoint):
             return checkpoint
         if self.snapshot is not None and self.snapshot_step == step:
-            model.load_state_dict(self.snapshot, strict=False)
+            _load_state(model, self.snapshot, "memory")
             return "memory"
         return ""

@@ -21,7 +21,7 @@ from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
 from ..metrics.monitor import Monitor, check_mode, infer_mode
 from ..metrics.numbers import to_float
-from .best_weights import BestWeights
+from .best_weights import BestWeights, step_checkpoint
 from .console import tell
 from .distributed import broadcast_from_rank0, distributed_world_size
 from .early_stopping_diagnosis import (
@@ -346,8 +346,16 @@ class EarlyStopping(SelfRestoringState):
         return {
             "wait": self.wait, "best_value": self.best_value, "best_step": self.best_step,
             "best_epoch": self.best_epoch, "stopped": self.stopped, "stopped_step": self.stopped_step,
-            "reason": self.reason.value, "message": self.message, "best_checkpoint": self.best_checkpoint,
+            "reason": self.reason.value, "message": self.message,
+            "best_checkpoint": self._live_best_checkpoint(),
         }
+
+    def _live_best_checkpoint(self) -> Optional[str]:
+        """The checkpoint holding the best step's weights as it stands now (the trainer exports
+        the state while it saves, before ``on_save``; rotation may have deleted the folder)."""
+        if self.best_step is None:
+            return None
+        return step_checkpoint(self.best_step, getattr(self, "_output_dir", None), self.best_checkpoint)
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         self.wait = int(attributes.get("wait", 0))
@@ -509,6 +517,7 @@ class EarlyStopping(SelfRestoringState):
             logger.warning("%s (strict=False: continuing.)", problem)
         _CLAIMS.claim(state, self.state_key, self)
         super().on_train_begin(args, state, control, **kwargs)
+        self._output_dir = getattr(args, "output_dir", None)
         if self.restore_best:
             self._best_weights.key = self.state_key
             self._best_weights.on_train_begin(args, state, kwargs.get("model"), self.best_step)
@@ -573,5 +582,6 @@ class EarlyStopping(SelfRestoringState):
                             self.best_step, self.monitor_name, self.best_value, source)
             else:
                 logger.warning("EarlyStopping: cannot restore the best weights of step %s: no checkpoint "
-                               "of that step and no copy in memory (the run was resumed after it).",
-                               self.best_step)
+                               "of that step is left in %s and no copy of them was found in memory or in "
+                               "the checkpoint this run resumed from; the model keeps its last weights.",
+                               self.best_step, getattr(args, "output_dir", None))

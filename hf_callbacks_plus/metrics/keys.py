@@ -263,6 +263,16 @@ class KeyGrammar:
         for prefix in prefixes:
             self.declare_prefix(prefix)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable and deep-copyable (callbacks holding the grammar are): the lock is not copied."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @classmethod
     def from_trainer(cls, trainer: Any) -> KeyGrammar:
         """Build the grammar of a trainer: its eval dataset names and known prefixes.
