@@ -142,3 +142,35 @@ def test_adapter_checkpoint_of_the_best_step_is_used_when_kept(tmp_path, stock_b
     assert stopper.best_checkpoint.endswith(f"checkpoint-{BEST_STEP}")
     assert f"checkpoint-{BEST_STEP}" in caplog.text.split("restored the best weights")[1]
     assert_same_weights(lora_weights(trainer), stock_best)
+
+
+#: The issue-15 run: transformers' best moves from 2 to 4 (an improvement below min_delta=0.1).
+NEAR_MISS = {2: 5.0, 4: 4.95, 6: 5.5, 8: 5.6, 10: 5.7, 12: 5.8}
+
+
+class RecordAdapter(TrainerCallback):
+    def __init__(self):
+        self.weights = {}
+
+    def on_evaluate(self, args, state, control, model=None, **kwargs):
+        self.weights[state.global_step] = {n: p.detach().clone() for n, p in model.named_parameters()
+                                           if p.requires_grad}
+
+
+@pytest.mark.parametrize("monitor", ["eval_score", None])
+@pytest.mark.parametrize("load_best", [False, True])
+def test_lora_min_delta_with_a_save_limit_ends_on_its_own_best(tmp_path, monitor, load_best, monkeypatch):
+    """SFTTrainer + LoRA, metric_for_best_model set, min_delta=0.1, save_total_limit=1: ours is
+    step 2 while transformers protects checkpoint-4 and rotates checkpoint-2 away."""
+    monkeypatch.setattr(ScriptedScore, "__call__",
+                        lambda self, _: {"score": NEAR_MISS[self.trainer.state.global_step]})
+    stopper = EarlyStopping(monitor, mode="min", patience=3, min_delta=0.1, restore_best=True)
+    recorder = RecordAdapter()
+    trainer = build(tmp_path, [stopper, recorder], max_steps=12, metric_for_best_model="score",
+                    greater_is_better=False, load_best_model_at_end=load_best)
+    trainer.train()
+    assert (stopper.best_step, stopper.stopped_step) == (2, 8)
+    assert trainer.state.best_model_checkpoint.endswith("checkpoint-4")
+    assert not (tmp_path / "checkpoint-2").exists()
+    assert any(bool((recorder.weights[8][n] != recorder.weights[2][n]).any()) for n in recorder.weights[2])
+    assert_same_weights(lora_weights(trainer), recorder.weights[2])
