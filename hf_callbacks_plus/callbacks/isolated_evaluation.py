@@ -8,9 +8,14 @@ its evaluation record. Trainer subclasses that keep their own metric accumulator
 log-probs; ``GRPOTrainer`` completions as well) would average the subset's batches into
 their own numbers. `isolated_evaluate` avoids this in general:
 
-* the subset is evaluated by the trainer's **own** ``evaluate`` (its dataset preparation,
-  collator, ``prediction_step``, ``compute_loss``, ``compute_metrics`` and the metrics its
-  ``log`` adds), so the subset's metrics are the trainer's metrics on the subset;
+* the subset is evaluated by the trainer's **own** ``evaluate`` (its ``prediction_step``,
+  ``compute_loss``, ``compute_metrics`` and the metrics its ``log`` adds), so the subset's
+  metrics are the trainer's metrics on the subset, **from its own dataloader**: built once by
+  the trainer's ``get_eval_dataloader`` from the rows as they were prepared for training
+  (tokenized, packed with their ``seq_lengths``, with precomputed reference log-probs), never
+  placed in the trainer's loader cache (persistent workers), and handed to ``evaluate`` under
+  a split name, so a subclass's ``evaluate`` does not prepare the rows a second time (trl's
+  SFT packing, DPO's reference log-probs);
 * around it, everything the evaluation would change is put back: the accumulators named in
   `TRAINER_ACCUMULATORS` are replaced by empty ones of the same shape for the
   duration and the originals restored after (the single place that knows trainer-specific
@@ -38,12 +43,15 @@ from typing import Any
 from ..metrics.keys import TIMING_NAMES
 
 __all__ = [
+    "ISOLATED_SPLIT",
     "RUN_COUNTERS",
     "TRAINER_ACCUMULATORS",
+    "TRAINER_SWITCHES",
     "accumulators_set_aside",
     "close_prediction_bars",
     "isolated_evaluate",
     "register_trainer_accumulator",
+    "isolated_dataloader",
     "relabel_metrics",
     "trainer_sandbox",
 ]
@@ -65,6 +73,16 @@ TRAINER_ACCUMULATORS: dict[str, str] = {
 }
 
 
+
+#: Trainer attributes switched off during an isolated evaluation (the original value put back
+#: after): side outputs of an evaluation that are not metrics. trl ``GRPOTrainer``/``RLOOTrainer``
+#: ``log_completions`` prints (and sends) a completions table at each evaluation.
+TRAINER_SWITCHES: dict[str, Any] = {
+    "log_completions": False,
+}
+
+#: The split name under which an isolated evaluation hands its own dataloader to ``evaluate``.
+ISOLATED_SPLIT = "hf_callbacks_plus_isolated"
 
 #: Counters of training progress a trainer's ``log`` attaches to every record (trl's
 #: ``num_tokens``: tokens trained on so far): not measurements of the evaluated data.
@@ -222,10 +240,22 @@ def trainer_sandbox(trainer: Any) -> Iterator[None]:
     if handler is not None:
         close_prediction_bars(handler)  # the subset gets its own bar, sized to it
         trainer.callback_handler = _MutedHandler(handler)
+    switches = {name: trainer.__dict__[name] for name in TRAINER_SWITCHES if name in vars(trainer)}
+    for name in switches:
+        setattr(trainer, name, TRAINER_SWITCHES[name])
+    marked = "_isolated_evaluation" in vars(trainer)
+    previous_mark = vars(trainer).get("_isolated_evaluation")
+    trainer._isolated_evaluation = True  # TrainerPlus: no key-grammar learning from these logs
     try:
         with accumulators_set_aside(trainer):
             yield
     finally:
+        for name, value in switches.items():
+            setattr(trainer, name, value)
+        if marked:
+            trainer._isolated_evaluation = previous_mark
+        else:
+            del trainer._isolated_evaluation
         if handler is not None:
             close_prediction_bars(handler)
             trainer.callback_handler = handler
@@ -240,15 +270,80 @@ def trainer_sandbox(trainer: Any) -> Iterator[None]:
             del state.log_history[history_length:]
 
 
-def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str) -> dict[str, float]:
-    """``trainer.evaluate(dataset, metric_key_prefix=...)`` inside `trainer_sandbox`.
+_MISSING = object()
 
-    Works with any ``transformers.Trainer`` subclass (trl's, ``Seq2SeqTrainer``, yours).
+#: Dataloader settings an isolated loader uses instead of the trainer's: load in the main process.
+_MAIN_PROCESS_LOADING: dict[str, Any] = {
+    "dataloader_num_workers": 0,
+    "dataloader_persistent_workers": False,
+    "dataloader_prefetch_factor": None,
+}
+
+
+def isolated_dataloader(trainer: Any, dataset: Any) -> Any:
+    """The trainer's own evaluation dataloader for ``dataset``, kept out of its loader cache.
+
+    ``get_eval_dataloader`` collates, removes unused columns and shards like for the
+    trainer's eval set (a subclass's override, e.g. GRPO's, applies). transformers caches eval
+    loaders under ``"eval"`` when ``dataloader_persistent_workers`` is set and returns the cached
+    one for *any* dataset: the cache is hidden during the call and restored unchanged after, so
+    the subset never gets the eval loader and the eval set never gets the subset's. The
+    subset (a few hundred rows) is loaded in the main process (no dataloader worker processes,
+    persistent or not, beside the trainer's own); the rows, collator and batches are the
+    trainer's. Build it once and reuse it.
+    """
+    saved = vars(trainer).pop("_eval_dataloaders", _MISSING)
+    args = trainer.args
+    loading = {name: getattr(args, name) for name in _MAIN_PROCESS_LOADING if hasattr(args, name)}
+    try:
+        for name in loading:
+            setattr(args, name, _MAIN_PROCESS_LOADING[name])
+        return trainer.get_eval_dataloader(dataset)
+    finally:
+        for name, value in loading.items():
+            setattr(args, name, value)
+        vars(trainer).pop("_eval_dataloaders", None)
+        if saved is not _MISSING:
+            trainer._eval_dataloaders = saved
+
+
+@contextlib.contextmanager
+def _serving(trainer: Any, dataloader: Any) -> Iterator[None]:
+    """``trainer.get_eval_dataloader(ISOLATED_SPLIT)`` returns ``dataloader`` within the block."""
+    own = vars(trainer).get("get_eval_dataloader", _MISSING)
+    original = trainer.get_eval_dataloader
+
+    def get_eval_dataloader(eval_dataset: Any = None) -> Any:
+        if isinstance(eval_dataset, str) and eval_dataset == ISOLATED_SPLIT:
+            return dataloader
+        return original(eval_dataset)
+
+    trainer.get_eval_dataloader = get_eval_dataloader
+    try:
+        yield
+    finally:
+        if own is _MISSING:
+            del trainer.get_eval_dataloader
+        else:
+            trainer.get_eval_dataloader = own
+
+
+def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str, *,
+                      dataloader: Any = None) -> dict[str, float]:
+    """The trainer's own ``evaluate`` of ``dataset``, inside `trainer_sandbox`.
+
+    Works with any ``transformers.Trainer`` subclass (trl's, ``Seq2SeqTrainer``, yours): the
+    rows are evaluated from `isolated_dataloader` (pass one built earlier to reuse it), handed
+    to ``evaluate`` under the split name `ISOLATED_SPLIT`, so the numbers are those the
+    trainer reports for these rows as its eval set.
 
     Args:
         trainer: The trainer.
-        dataset: The data to evaluate, in the form ``trainer.evaluate`` accepts.
+        dataset: The rows to evaluate, already prepared as the trainer prepares its data
+            (e.g. a selection of ``trainer.train_dataset``).
         metric_key_prefix: Prefix of the returned metrics.
+        dataloader: A dataloader from `isolated_dataloader` for ``dataset``. Defaults to
+            None (one is built for this call).
 
     Returns:
         ``{"<prefix>_<metric>": value}``: every metric the trainer's evaluation reports for
@@ -256,7 +351,10 @@ def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str) -> dic
         counters such as trl's ``num_tokens``.
     """
     with trainer_sandbox(trainer):
-        raw = dict(trainer.evaluate(dataset, metric_key_prefix=metric_key_prefix))
+        if dataloader is None:
+            dataloader = isolated_dataloader(trainer, dataset)
+        with _serving(trainer, dataloader):
+            raw = dict(trainer.evaluate(ISOLATED_SPLIT, metric_key_prefix=metric_key_prefix))
     return relabel_metrics(raw, metric_key_prefix)
 
 

@@ -28,7 +28,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 from ..core.callback import TrainerCallback
-from .isolated_evaluation import accumulators_set_aside, isolated_evaluate, relabel_metrics
+from .isolated_evaluation import (
+    accumulators_set_aside,
+    isolated_dataloader,
+    isolated_evaluate,
+    relabel_metrics,
+    trainer_sandbox,
+)
 from .subset_sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
@@ -135,6 +141,7 @@ class TrainSubsetEvaluation(TrainerCallback):
         self.indices: Optional[list[int]] = None
         self._subset: Any = None
         self._running = False
+        self._loader: Any = None
         self._handled: Optional[dict] = None
         self._warned_unfired = False
         self._warned_empty = False
@@ -150,6 +157,7 @@ class TrainSubsetEvaluation(TrainerCallback):
         if self.trainer is not None and self.trainer is not trainer:
             self._subset = None
             self.indices = None
+            self._loader = None
         self.trainer = trainer
         return self
 
@@ -222,11 +230,14 @@ class TrainSubsetEvaluation(TrainerCallback):
         subset = self.subset()
         self._running = True
         try:
-            evaluate = getattr(trainer, "isolated_evaluate", None)
-            if callable(evaluate):  # whatever it returns keeps only what a subset reports
-                metrics = relabel_metrics(evaluate(subset, metric_key_prefix=self.prefix), self.prefix)
-            else:
-                metrics = isolated_evaluate(trainer, subset, self.prefix)
+            if callable(getattr(trainer, "get_eval_dataloader", None)):  # a transformers.Trainer
+                if self._loader is None:  # built once, outside the trainer's loader cache
+                    with trainer_sandbox(trainer):
+                        self._loader = isolated_dataloader(trainer, subset)
+                metrics = isolated_evaluate(trainer, subset, self.prefix, dataloader=self._loader)
+            else:  # LightweightTrainer: whatever it returns keeps only what a subset reports
+                metrics = relabel_metrics(trainer.isolated_evaluate(subset, metric_key_prefix=self.prefix),
+                                          self.prefix)
         finally:
             self._running = False
         if not metrics and not self._warned_empty:

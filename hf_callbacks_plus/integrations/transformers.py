@@ -133,11 +133,7 @@ class TrainerPlusMixin:
         Returns:
             Every metric the evaluation reports, prefixed, without timing keys and ``epoch``.
         """
-        self._isolated_evaluation = True
-        try:
-            return isolated_evaluate(self, eval_dataset, metric_key_prefix)
-        finally:
-            self._isolated_evaluation = False
+        return isolated_evaluate(self, eval_dataset, metric_key_prefix)
 
     def _declare_prefix(self, prefix: Any) -> None:
         if getattr(self, "_isolated_evaluation", False):
