@@ -1,8 +1,9 @@
 """Microseconds per dispatched event: our CallbackHandler vs transformers' CallbackHandler.
 
 Both handlers hold the same 5 callbacks (a typical mix: most override only one or two
-events) and dispatch the same cycle of training events. Ours skips callbacks that do not
-override an event; transformers' calls every callback's no-op. The two handlers are
+events) and dispatch the same cycle of training events. Both call every callback for every
+event (ours dispatches exactly as transformers' does; it no longer skips callbacks that seem
+not to override an event, which mocks and patched methods escaped). The two handlers are
 measured alternately (``ROUNDS`` rounds, the best of each kept), so both see the same load.
 
 Run: .venv/bin/python benchmarks/bench_callback_dispatch.py
@@ -105,7 +106,7 @@ def main() -> None:
     print(f"{'handler':<32}{'us/event':>10}")
     print(f"{'hf_callbacks_plus.CallbackHandler':<32}{ours:>10.2f}")
     print(f"{'transformers CallbackHandler':<32}{theirs:>10.2f}")
-    print(f"ratio ours/transformers: {ours / theirs:.3f} (target <= 0.333); speed-up x{theirs / ours:.1f}")
+    print(f"ratio ours/transformers: {ours / theirs:.3f} (target <= 1.2: transformers' own dispatch, same semantics)")
 
 
 if __name__ == "__main__":
