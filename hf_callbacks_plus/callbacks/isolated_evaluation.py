@@ -332,18 +332,18 @@ def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str, *,
                       dataloader: Any = None) -> dict[str, float]:
     """The trainer's own ``evaluate`` of ``dataset``, inside `trainer_sandbox`.
 
-    Works with any ``transformers.Trainer`` subclass (trl's, ``Seq2SeqTrainer``, yours): the
-    rows are evaluated from `isolated_dataloader` (pass one built earlier to reuse it), handed
-    to ``evaluate`` under the split name `ISOLATED_SPLIT`, so the numbers are those the
-    trainer reports for these rows as its eval set.
+    Works with any ``transformers.Trainer`` subclass (trl's, ``Seq2SeqTrainer``, yours). With a
+    ``dataloader`` from `isolated_dataloader` (rows already prepared as the trainer prepares
+    its data, e.g. a selection of ``trainer.train_dataset``), the rows are evaluated from it,
+    handed to ``evaluate`` under the split name `ISOLATED_SPLIT`, so a subclass's ``evaluate``
+    does not prepare them again. Without one, ``dataset`` goes to ``evaluate`` as any eval
+    dataset would (a trl trainer prepares raw rows), with the trainer's loader cache hidden.
 
     Args:
         trainer: The trainer.
-        dataset: The rows to evaluate, already prepared as the trainer prepares its data
-            (e.g. a selection of ``trainer.train_dataset``).
+        dataset: The rows to evaluate.
         metric_key_prefix: Prefix of the returned metrics.
-        dataloader: A dataloader from `isolated_dataloader` for ``dataset``. Defaults to
-            None (one is built for this call).
+        dataloader: A dataloader from `isolated_dataloader` for ``dataset``. Defaults to None.
 
     Returns:
         ``{"<prefix>_<metric>": value}``: every metric the trainer's evaluation reports for
@@ -351,10 +351,17 @@ def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str, *,
         counters such as trl's ``num_tokens``.
     """
     with trainer_sandbox(trainer):
-        if dataloader is None:
-            dataloader = isolated_dataloader(trainer, dataset)
-        with _serving(trainer, dataloader):
-            raw = dict(trainer.evaluate(ISOLATED_SPLIT, metric_key_prefix=metric_key_prefix))
+        if dataloader is not None:
+            with _serving(trainer, dataloader):
+                raw = dict(trainer.evaluate(ISOLATED_SPLIT, metric_key_prefix=metric_key_prefix))
+        else:
+            cache = vars(trainer).pop("_eval_dataloaders", _MISSING)
+            try:
+                raw = dict(trainer.evaluate(dataset, metric_key_prefix=metric_key_prefix))
+            finally:
+                vars(trainer).pop("_eval_dataloaders", None)
+                if cache is not _MISSING:
+                    trainer._eval_dataloaders = cache
     return relabel_metrics(raw, metric_key_prefix)
 
 

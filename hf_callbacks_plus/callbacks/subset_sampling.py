@@ -8,6 +8,7 @@ Used by `TrainSubsetEvaluation`. Works on a
 
 from __future__ import annotations
 
+import difflib
 import logging
 import numbers
 import random
@@ -79,9 +80,11 @@ def _hashable(label: Any) -> Any:
 def _labels(source: Any, column: str) -> list[Any]:
     if hasattr(source, "column_names"):  # datasets.Dataset: one columnar read
         if column not in source.column_names:
+            close = difflib.get_close_matches(column, list(source.column_names), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
                 f"TrainSubsetEvaluation: stratify_by={column!r} is not a column of the training "
-                f"dataset; columns: {source.column_names}."
+                f"dataset; columns: {source.column_names}.{hint}"
             )
         return list(source[column])
     labels = []
@@ -90,9 +93,13 @@ def _labels(source: Any, column: str) -> list[Any]:
         try:
             labels.append(sample[column])
         except (KeyError, IndexError, TypeError):
+            keys = list(sample) if isinstance(sample, dict) else []
+            close = difflib.get_close_matches(column, [str(k) for k in keys], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
                 f"TrainSubsetEvaluation: stratify_by={column!r} is not a key of the training samples "
-                f"(sample 0 is a {type(sample).__name__})."
+                f"(sample {index} is a {type(sample).__name__}"
+                f"{' with keys ' + repr(keys) if keys else ''}).{hint}"
             ) from None
     return labels
 
@@ -127,7 +134,9 @@ def take_subset(
     if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
         raise TypeError(
             "TrainSubsetEvaluation: the training data must be sized and indexable (a dataset, a "
-            f"DataLoader over one, or a list of batches), got {type(source).__name__}; pass dataset=..."
+            f"DataLoader over one, or a list of batches), got {type(source).__name__} (an iterable "
+            "dataset has no fixed rows to pick a subset from); pass dataset=<a map-style dataset of "
+            "training rows>, e.g. datasets.Dataset.from_list(list(itertools.islice(train, 512)))."
         )
     if batches_of is not None and loader_dataset is None and stratify_by is not None:
         raise ValueError(

@@ -39,6 +39,9 @@ from .subset_sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
 
+#: Below this many samples (an int ``size``), a warning says the metrics are mostly noise.
+_FEW_SAMPLES = 8
+
 logger = logging.getLogger("hf_callbacks_plus")
 
 
@@ -128,6 +131,10 @@ class TrainSubsetEvaluation(TrainerCallback):
                 f"TrainSubsetEvaluation: gap_metrics must be a bool or a list of metric names, got "
                 f"{gap_metrics!r}; did you mean [{gap_metrics!r}]?"
             )
+        if isinstance(size, numbers.Integral) and size < _FEW_SAMPLES:
+            logger.warning(
+                "TrainSubsetEvaluation(size=%d): metrics over %d sample(s) are mostly noise; the usual "
+                "choice is a few hundred samples (or a fraction such as size=0.05).", size, size)
         self.size = size
         self.seed = int(seed)
         self.stratify_by = stratify_by
@@ -171,8 +178,18 @@ class TrainSubsetEvaluation(TrainerCallback):
         return self.trainer
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        """Check the binding; warn once when training will run no evaluation to join."""
-        self._require_trainer()
+        """Check everything knowable now: the binding, one prefix per instance, the training data
+        (sized, indexable, the ``stratify_by`` column: the subset is chosen here); warn once when
+        training will run no evaluation to join."""
+        trainer = self._require_trainer()
+        for other in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+            if other is not self and isinstance(other, TrainSubsetEvaluation) and other.prefix == self.prefix:
+                raise ValueError(
+                    f"TrainSubsetEvaluation: two instances report under prefix={self.prefix!r}, so one "
+                    "would overwrite the other's metrics; give each its own prefix "
+                    "(e.g. prefix='train_subset_small')."
+                )
+        self.subset()
         strategy = getattr(args, "eval_strategy", None)
         strategy = getattr(strategy, "value", strategy)
         if self.every == "eval" and strategy == "no" and not self._warned_no_eval:
@@ -242,12 +259,15 @@ class TrainSubsetEvaluation(TrainerCallback):
             self._running = False
         if not metrics and not self._warned_empty:
             self._warned_empty = True
+            if getattr(trainer, "compute_metrics", None) is None:
+                why = "the trainer has no compute_metrics"
+            else:
+                why = "the trainer's compute_metrics returned nothing for them"
             logger.warning(
                 "TrainSubsetEvaluation: evaluating the %d-sample train subset produced no metric: the "
-                "samples carry no labels (so the model returns no loss) and the trainer has no "
-                "compute_metrics. Give the training samples labels (or label_names), pass "
-                "compute_metrics, or pass dataset=... with labeled samples.",
-                len(self.indices or ()),
+                "samples carry no labels (so the model returns no loss) and %s. Give the training "
+                "samples labels (or label_names), or pass dataset=... with labeled samples.",
+                len(self.indices or ()), why,
             )
         return metrics
 
