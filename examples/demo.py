@@ -42,12 +42,15 @@ from demo_pipeline import build_datasets, build_model, build_tokenizer, compute_
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Command-line options; the defaults are the full demo (about a minute on 2 CPU cores)."""
+def parse_args(argv: Optional[list[str]] = None, default_name: str = "demo") -> argparse.Namespace:
+    """Command-line options; the defaults are the full demo (about a minute on 2 CPU cores).
+
+    ``default_name`` is the run's sub-directory when ``--name`` is not given (each example
+    has its own, so one never wipes another's run)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"), help="where everything is written")
-    parser.add_argument("--name", default="demo", help="run name and sub-directory of --runs-dir")
+    parser.add_argument("--name", default=default_name, help="run name and sub-directory of --runs-dir")
     parser.add_argument("--n-train", type=int, default=600, help="training examples")
     parser.add_argument("--n-eval", type=int, default=400, help="evaluation examples")
     parser.add_argument("--subset-size", type=int, default=200, help="train-subset size")

@@ -43,7 +43,7 @@ class SubsetRowRecorder:
 
 
 def main() -> None:
-    options = parse_args()
+    options = parse_args(default_name="distributed")  # never runs/demo: that is `make demo`'s
     rank = int(os.environ.get("RANK", "0"))
     recorders: dict[str, Any] = {}
 

@@ -74,7 +74,13 @@ def load_log_history(source: Source) -> tuple[list[dict[str, Any]], dict[str, An
     """
     if isinstance(source, (str, os.PathLike)):
         path = _state_path(Path(source))
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"plot_learning_curves: {str(path)!r} is not a text file (not UTF-8); give a "
+                "trainer_state.json, a checkpoint or output folder, or a JSONL log."
+            ) from None
         try:
             state = json.loads(text)
         except json.JSONDecodeError:  # several JSON documents: one per line

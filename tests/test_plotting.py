@@ -245,3 +245,12 @@ def test_cli_plot(run_dir, tmp_path, capsys):
         assert output.read_bytes()[:8] == PNG_MAGIC
     assert main(["plot", str(run_dir), "-o", str(output), "-m", "eval/nope"]) == 1
     assert "no curve for metrics ['eval/nope']" in capsys.readouterr().err
+
+
+def test_a_binary_file_gets_a_clear_error_naming_it(tmp_path):
+    from hf_callbacks_plus.plotting import plot_learning_curves
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"model\.safetensors.*not a text file"):
+        plot_learning_curves(str(path))

@@ -41,7 +41,7 @@ def test_two_ranks_one_tracker_run_same_stop_step_subset_split(tmp_path, launch)
         "--patience", "2", "--min-delta", "10", "--eval-batch-size", "8",
         command=launcher(launch), timeout=300,
     )
-    ranks = [json.loads((tmp_path / "demo" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    ranks = [json.loads((tmp_path / "distributed" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
 
     # the same early-stopping decision at the same step on both ranks
@@ -60,7 +60,7 @@ def test_two_ranks_one_tracker_run_same_stop_step_subset_split(tmp_path, launch)
     history = client.get_metric_history(runs[0].info.run_id, "train_subset/accuracy")
     assert [m.step for m in history] == [3, 6, 9]
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
-    lines = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "distributed" / "metrics.jsonl").read_text().splitlines()]
     steps = [line["step"] for line in lines if line["event"] == "log" and "eval/loss" in line["curves"]]
     assert steps == [3, 6, 9]
 

@@ -48,16 +48,20 @@ def wired(tmp_path, callbacks):
 RUNNERS: dict[str, Callable[..., Any]] = {"TrainerPlus": plus, "run_before_integrations": wired}
 
 
+#: The events of the installed transformers (4.41 has no on_pre_optimizer_step/on_optimizer_step).
+STOCK_EVENTS = [event for event in EVENTS if hasattr(TransformersCallback, event)]
+
+
 def quiet_mock(**kwargs: Any) -> mock.MagicMock:
     """A mock callback whose events return None (as a real callback that keeps ``control``)."""
     callback = mock.MagicMock(**kwargs)
-    for event in EVENTS:
+    for event in STOCK_EVENTS:
         getattr(callback, event).return_value = None
     return callback
 
 
 def standard_calls(callback: mock.Mock) -> list[str]:
-    return [name for name, _, _ in callback.method_calls if name in EVENTS]
+    return [name for name, _, _ in callback.method_calls if name in STOCK_EVENTS]
 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
@@ -72,6 +76,11 @@ def test_a_mock_callback_receives_every_event_as_in_the_stock_trainer(tmp_path, 
 
 
 def test_a_mock_callback_receives_every_event_in_the_loop(tmp_path):
+    from hf_callbacks_plus._compat import transformers_version
+
+    if transformers_version() < (4, 57):
+        pytest.skip("the loop fires transformers 5.x's events in 5.x's order (docs/loop.md lists what "
+                    "older releases order differently); compared with transformers >= 4.57")
     reference = quiet_mock()
     stock(tmp_path, [reference]).train()
     callback = quiet_mock()
