@@ -106,7 +106,8 @@ def main() -> None:
     print(f"{'handler':<32}{'us/event':>10}")
     print(f"{'hf_callbacks_plus.CallbackHandler':<32}{ours:>10.2f}")
     print(f"{'transformers CallbackHandler':<32}{theirs:>10.2f}")
-    print(f"ratio ours/transformers: {ours / theirs:.3f} (target <= 1.2: transformers' own dispatch, same semantics)")
+    print(f"ratio ours/transformers: {ours / theirs:.3f} "
+          "(target <= 1.2: transformers' own dispatch, same semantics)")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def test_two_ranks_one_tracker_run_same_stop_step_subset_split(tmp_path, launch)
     history = client.get_metric_history(runs[0].info.run_id, "train_subset/accuracy")
     assert [m.step for m in history] == [3, 6, 9]
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
-    lines = [json.loads(line) for line in (tmp_path / "distributed" / "metrics.jsonl").read_text().splitlines()]
+    jsonl = tmp_path / "distributed" / "metrics.jsonl"
+    lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     steps = [line["step"] for line in lines if line["event"] == "log" and "eval/loss" in line["curves"]]
     assert steps == [3, 6, 9]
 
