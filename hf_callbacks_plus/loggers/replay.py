@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from .backend import Backend
-from .records import FinishRecord, LogRecord, NameSanitizer, Record, WarnOnce
+from .records import FinishRecord, LogRecord, NameSanitizer, Record, WarnOnce, record_from_json
 from .spill import read_records, write_records
 from .worker import send_to_run
 
@@ -75,6 +75,31 @@ def find_spill_files(path: Union[str, Path]) -> list[Path]:
     found = sorted(file for file in root.rglob("*.jsonl") if _target_path(file).exists())
     held_first = sorted(found, key=lambda file: (not file.stem.endswith(".held"), str(file)))
     return held_first
+
+
+def _refuse_non_spill_file(file: Path) -> None:
+    """A file given by path with no ``.target.json`` beside it: refuse it unless its lines are
+    spill records (a metrics JSONL log or any other file is not replayable).
+
+    Raises:
+        ValueError: The file holds lines that are not spill records.
+    """
+    with open(file, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                data = None
+            if not isinstance(data, dict) or record_from_json(data) is None:
+                raise ValueError(
+                    f"replay: {str(file)!r} is not a spill file (its lines are not spilled tracker "
+                    "records, and it has no .target.json beside it; a metrics JSONL log is read "
+                    "with `hf-callbacks-plus plot`). Spill files are in <output_dir>/.tracker_spill/; "
+                    "pass that folder."
+                )
+            return
 
 
 def _target_path(file: Path) -> Path:
@@ -158,6 +183,8 @@ def replay_spill(path: Union[str, Path], dry_run: bool = False, tracking_uri: Op
         report(f"nothing to replay in {path}")
     for file in files:
         target_file = _target_path(file)
+        if not target_file.exists():
+            _refuse_non_spill_file(file)
         target = json.loads(target_file.read_text(encoding="utf-8")) if target_file.exists() else {}
         name = str(target.get("logger", "unknown logger"))
         records = read_records(file, name)
