@@ -3,7 +3,7 @@
 Shared by ``examples/demo.py``, the other examples and their tests:
 
 - :func:`load_corpus` reads ``examples/demo_data/reviews.jsonl`` (a seeded, generated corpus
-  of short review sentences with 20% label noise, see ``demo_data/generate.py``);
+  of short review sentences with 10% label noise, see ``demo_data/generate.py``);
 - :func:`train_vocabulary` trains a tiny WordPiece vocabulary with ``tokenizers`` (shipped as
   ``demo_data/vocab.txt``) and :func:`build_tokenizer` builds the tokenizer on it;
 - :func:`build_datasets` returns tokenized ``datasets.Dataset`` train and eval splits;
