@@ -99,11 +99,11 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
     if unknown:
         raise ValueError(f"--trackers: unknown {sorted(unknown)}; choose from mlflow, wandb, jsonl, none")
 
-    callbacks: dict[str, Any] = {
-        "early_stopping": EarlyStopping(monitor="eval_loss", patience=options.patience,
-                                        min_delta=options.min_delta),
+    callbacks: dict[str, Any] = {  # in call order: the subset's metrics first, then the stop rule
         "train_subset": TrainSubsetEvaluation(size=options.subset_size, stratify_by="labels", seed=0,
                                               gap_metrics=["accuracy"]),
+        "early_stopping": EarlyStopping(monitor="eval_loss", patience=options.patience,
+                                        min_delta=options.min_delta),
     }
     if "mlflow" in trackers:
         callbacks["mlflow"] = MLflowLogger(tracking_uri=f"sqlite:///{runs_dir / 'mlflow.db'}",
@@ -130,16 +130,15 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
         report_to="none", use_cpu=True, seed=0, dataloader_num_workers=0,
         disable_tqdm=options.no_progress,
     )
-    loggers = [cb for key, cb in callbacks.items() if key in ("mlflow", "wandb", "jsonl")]
     trainer = Trainer(
         model=build_model(tokenizer, hidden_size=options.hidden_size), args=args,
         train_dataset=train_dataset, eval_dataset=eval_dataset, data_collator=data_collator(tokenizer),
-        compute_metrics=compute_metrics, callbacks=loggers,
+        compute_metrics=compute_metrics, callbacks=list(callbacks.values()),
     )
-    # A stock Trainer runs user callbacks after its integrations and has no on_pre_log event:
-    # this binds TrainSubsetEvaluation to the trainer and runs both callbacks ahead of the
-    # loggers, so the train-subset metrics and early_stopping/* keys are in the record they log.
-    run_before_integrations(trainer, callbacks["train_subset"], callbacks["early_stopping"])
+    # A stock Trainer has no on_pre_log event: this gives it the handler that fires it (so the
+    # train-subset metrics and early_stopping/* keys are in the record every logger and the
+    # console get), binds TrainSubsetEvaluation to the trainer and puts ours before the loggers.
+    run_before_integrations(trainer)
     return trainer, callbacks
 
 

@@ -2,10 +2,10 @@
 
     python examples/stock_trainer.py [output_dir]
 
-Nothing to subclass. ``EarlyStopping``, ``TerminateOnNonFinite`` and the loggers work from
-``callbacks=[...]``. ``TrainSubsetEvaluation`` needs the trainer object to evaluate, and a
-stock Trainer has no event that runs before its report_to integrations, so it goes through
-``run_before_integrations`` (which binds it and puts it ahead of the loggers).
+Nothing to subclass: every callback goes in ``callbacks=[...]``, then one line,
+``run_before_integrations(trainer)``, gives the stock Trainer the handler that fires our
+``on_pre_log`` event (train-subset, gap and early-stopping values reach every logger and the
+console), binds ``TrainSubsetEvaluation`` to the trainer and puts ours ahead of the loggers.
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ def main(output_dir: str) -> None:
         args=training_arguments(output_dir),
         train_dataset=train, eval_dataset=evaluation, data_collator=data_collator(tokenizer),
         compute_metrics=compute_metrics,
-        callbacks=[stopper, TerminateOnNonFinite(),
+        callbacks=[TrainSubsetEvaluation(size=sizes["subset"], gap_metrics=True), stopper,
+                   TerminateOnNonFinite(),
                    MLflowLogger(tracking_uri=f"sqlite:///{output_dir}/mlflow.db", experiment_name="stock"),
                    JsonlLogger(f"{output_dir}/metrics.jsonl")],
     )
-    run_before_integrations(trainer, TrainSubsetEvaluation(size=sizes["subset"], gap_metrics=True), stopper)
+    run_before_integrations(trainer)
     trainer.train()
 
     for record in trainer.state.log_history:
