@@ -7,6 +7,9 @@ begin, before any step runs.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
@@ -16,17 +19,16 @@ from hf_callbacks_plus.loop import LightweightTrainer, LoopArguments, TrainerCal
 SCRIPT = {2: 5.0, 4: 3.0, 6: 3.5, 8: 3.4, 10: 3.3, 12: 3.2}
 
 
-class LinearModel:
-    """``y = w * x + b`` with a ``state_dict``, as in examples/lightweight_loop.py."""
+def _example_linear_model() -> type:
+    """The ``LinearModel`` of examples/lightweight_loop.py itself."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "lightweight_loop.py"
+    spec = importlib.util.spec_from_file_location("lightweight_loop_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LinearModel
 
-    def __init__(self) -> None:
-        self.w, self.b = 0.0, 0.0
 
-    def state_dict(self) -> dict[str, float]:
-        return {"w": self.w, "b": self.b}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.w, self.b = state["w"], state["b"]
+LinearModel = _example_linear_model()
 
 
 class RecordWeights(TrainerCallback):
