@@ -77,6 +77,9 @@ class TensorBoardBackend(Backend):
         kwargs: dict[str, Any] = {}
         if resume and self.resume_step is not None:
             kwargs["purge_step"] = self.resume_step + 1
+        # the purge belongs to the first open of a resumed train() only: a writer reopened later
+        # (evaluate()/predict() after it) would erase what the resumed training just logged
+        self.resume_step = None
         self._writer = self._writer_class(log_dir=self.directory, **kwargs)
         return run_id
 

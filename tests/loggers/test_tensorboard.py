@@ -66,3 +66,24 @@ def test_log_dir_argument_and_validation(tmp_path):
     logger = TensorBoardLogger(log_dir=str(tmp_path / "tb"))
     make_trainer(tmp_path / "out", callbacks=[logger], max_steps=2, logging_steps=1).train()
     assert set(read_scalars(tmp_path / "tb")["train/loss"]) == {1, 2}
+
+
+@pytest.mark.parametrize("after", ["evaluate", "predict"])
+def test_evaluate_or_predict_after_a_resumed_train_erases_nothing(tmp_path, after):
+    """Issue 16: the writer reopened for evaluate()/predict() after a resumed train() purged
+    every event after the checkpoint step, erasing what the resumed training logged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4)
+    make_trainer(tmp_path, callbacks=[TensorBoardLogger()], **args).train()
+    logger = TensorBoardLogger()
+    resumed = make_trainer(tmp_path, callbacks=[logger], **args)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    if after == "evaluate":
+        resumed.evaluate()
+    else:
+        resumed.predict(resumed.eval_dataset)
+    logger.flush(timeout=30)
+    accumulator = EventAccumulator(str(tmp_path / "runs" / logger.run_id))
+    accumulator.Reload()
+    assert [event.step for event in accumulator.Scalars("train/loss")] == list(range(1, 9))
