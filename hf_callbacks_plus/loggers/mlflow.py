@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
@@ -172,8 +173,25 @@ class MLflowBackend(Backend):
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.http_timeout))
             from mlflow.tracking import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            client = MlflowClient(tracking_uri=self.tracking_uri)
+            service = getattr(client, "_tracking_client", None)
+            if service is not None and callable(getattr(service, "_log_url", None)):
+                # MLflow writes "View run ... at: <tracking URI>" to stdout at each set_terminated,
+                # credentials included: this client prints the masked URL instead (no global switch)
+                service._log_url = self._print_masked_run_url
+            self._client = client
         return self._client
+
+    def _print_masked_run_url(self, run_id: str) -> None:
+        """What MLflow prints when a run ends on a server, with the URI's credentials masked."""
+        if not self.tracking_uri or not self.tracking_uri.startswith(("http://", "https://")):
+            return
+        base = mask_url_credentials(self.tracking_uri).rstrip("/")
+        try:
+            experiment_id = self._client.get_run(run_id).info.experiment_id
+        except Exception:  # the print is a courtesy: never let it fail the run's end
+            return
+        sys.stdout.write(f"View run {run_id} at: {base}/#/experiments/{experiment_id}/runs/{run_id}\n")
 
     def _experiment_id(self) -> str:
         client = self.client

@@ -86,3 +86,18 @@ def test_server_killed_mid_training_every_step_exactly_once(tmp_path, mlflow_ser
     messages = [record.getMessage() for record in caplog.records]
     assert len([m for m in messages if "unreachable" in m]) == 1, messages  # one warning, not one per step
     assert len([m for m in messages if "reachable again" in m]) == 1, messages
+
+
+def test_mlflow_url_print_never_shows_the_password(tmp_path, mlflow_server, monkeypatch, capfd):
+    """Issue 16 finding 5: MLflow prints 'View run ... at: http://alice:<password>@...' at every
+    set_terminated to a server; our client must not (the print is MLflow's, on our client only)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = mlflow_server.uri.replace("http://", "http://alice:S3cretPW123@")
+    logger = MLflowLogger(tracking_uri=uri, experiment_name="masked-url")
+    trainer = make_trainer(tmp_path, callbacks=[logger], logging_steps=2, max_steps=4)
+    trainer.train()
+    trainer.evaluate()  # a second run segment: set_terminated again
+    logger.flush(timeout=30)
+    captured = capfd.readouterr()
+    assert "S3cretPW123" not in captured.out + captured.err
+    assert "alice:***@" in captured.out or "View run" not in captured.out
