@@ -3,7 +3,8 @@
 Transformers deletes old ``checkpoint-*`` folders (``save_total_limit``) right after a save,
 possibly before a background worker uploaded them. `stage_folder` makes, on the training
 thread, a copy made of hard links (no data copied; a real copy only where links fail), which
-the worker uploads and removes.
+the worker uploads and removes. Files that hold secrets in clear are left out (`NEVER_UPLOADED`:
+``training_args.bin`` is the pickled ``TrainingArguments``, ``hub_token`` included).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["stage_folder"]
+__all__ = ["NEVER_UPLOADED", "stage_folder"]
+
+#: Checkpoint files never staged for upload: they hold credentials in clear.
+NEVER_UPLOADED = ("training_args.bin",)
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -42,7 +46,8 @@ def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str) -> 
         if target.exists():
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(source, target, copy_function=_link_or_copy)
+        shutil.copytree(source, target, copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns(*NEVER_UPLOADED))
     except OSError as error:
         logger.warning("Could not stage %s for upload (%s); it is not uploaded.", source, error)
         shutil.rmtree(target, ignore_errors=True)

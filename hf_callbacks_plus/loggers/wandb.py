@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
+from .artifacts import stage_folder
 from .backend import FINISHED, Backend
 from .base import TrackerLogger, save_model_to_temp
 from .records import ArtifactRecord, LogRecord, WarnOnce
@@ -453,7 +454,10 @@ class WandbLogger(TrackerLogger):
         if self.backend is None or self.log_model != "checkpoint" or self._worker is None:
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        self._worker.submit(ArtifactRecord(str(folder), [f"checkpoint_global_step_{state.global_step}"]))
+        staged = stage_folder(folder, Path(args.output_dir) / ".tracker_artifacts")  # no training_args.bin
+        if staged is not None:
+            self._worker.submit(ArtifactRecord(str(staged), [f"checkpoint_global_step_{state.global_step}"],
+                                               cleanup=True))
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Queue the final model (``log_model="end"``), flush and finish the run (exit code 0)."""

@@ -79,3 +79,17 @@ def test_system_metrics_through_mlflows_monitor(tmp_path, sqlite_uri, experiment
     assert "system/cpu_utilization_percentage" in system and "system/system_memory_usage_megabytes" in system
     assert run.info.status == "FINISHED"
     assert not [thread for thread in threading.enumerate() if "SystemMetricsMonitor" in thread.name]
+
+
+def test_uploaded_checkpoints_never_hold_the_hub_token(tmp_path, sqlite_uri, experiment, monkeypatch):
+    """Issue 16 finding 5: ``training_args.bin`` (the pickled TrainingArguments, ``hub_token``
+    in clear) was uploaded with every checkpoint; the artifact store must not receive it."""
+    token = "hf_" + "Z" * 34
+    monkeypatch.setenv("HF_MLFLOW_LOG_ARTIFACTS", "true")
+    logger = MLflowLogger(tracking_uri=sqlite_uri, experiment_name=experiment)
+    make_trainer(tmp_path / "out", callbacks=[logger], max_steps=2, logging_steps=1, save_strategy="steps",
+                 save_steps=2, hub_token=token).train()
+    assert (tmp_path / "out" / "checkpoint-2" / "training_args.bin").is_file()  # the trainer's own copy
+    stored = [path for path in (tmp_path / "artifacts").rglob("*") if path.is_file()]
+    assert stored and not any(path.name == "training_args.bin" for path in stored)
+    assert not any(token.encode() in path.read_bytes() for path in stored)
