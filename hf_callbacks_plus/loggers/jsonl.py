@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import math
 import os
 import time
@@ -26,6 +27,8 @@ from typing import Any, Callable, Optional
 from .backend import Backend
 from .base import TrackerLogger
 from .records import LogRecord
+
+logger = logging.getLogger("hf_callbacks_plus")
 
 __all__ = ["JsonlBackend", "JsonlLogger"]
 
@@ -53,6 +56,19 @@ class JsonlBackend(Backend):
     def __init__(self, file: Callable[[], Path]) -> None:
         self._file = file
 
+    def _close_partial_line(self) -> None:
+        """A file ending mid-line (a process killed while writing) gets its newline, so the next
+        record starts on a line of its own (the partial line stays, readers skip it)."""
+        path = self._file()
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with open(path, "rb+") as handle:
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
+                logger.warning("JsonlLogger: %s ended in the middle of a line (a process was killed "
+                               "while writing); the line is closed and left as it is.", path)
+
     def _append(self, lines: list[dict[str, Any]]) -> None:
         path = self._file()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,6 +77,7 @@ class JsonlBackend(Backend):
 
     def start(self, run_id: Optional[str], resume: bool) -> str:
         run_id = run_id or uuid.uuid4().hex
+        self._close_partial_line()
         self._append([{"event": "start", "run_id": run_id, "time": time.time(), "resumed": resume}])
         return run_id
 
@@ -125,6 +142,10 @@ class JsonlLogger(TrackerLogger):
         super().__init__(**kwargs)
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}: {path!r}")
+        if path is not None and os.path.isdir(path):
+            raise ValueError(f"JsonlLogger: path={str(path)!r} is a directory; pass a file path "
+                             f"(e.g. {os.path.join(str(path), DEFAULT_FILE_NAME)!r}) or leave it unset "
+                             "for <output_dir>/" + DEFAULT_FILE_NAME + ".")
         self.path = None if path is None else str(path)
         self.backend: JsonlBackend = JsonlBackend(lambda: self.file)
 

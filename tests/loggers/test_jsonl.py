@@ -137,3 +137,33 @@ def test_trainer_plus(tmp_path):
              if "custom/extra" in line["curves"]]
     assert extra == [(step, float(step)) for step in (2, 4, 6, 8)]  # a repeat is not written twice
     assert lines[-1]["status"] == "FINISHED"
+
+
+def test_a_file_ending_mid_line_is_closed_before_appending(tmp_path, caplog):
+    """Issue 16 finding 7: a process killed mid-write left a partial line; the next process's
+    first record was glued onto it (both lines unreadable)."""
+    import json
+    import logging
+
+    from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+    from tests.tiny_models import make_trainer
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "log", "step": 1, "loss": 1.0}\n{"event": "log", "st')
+    logger = JsonlLogger(str(path))
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        make_trainer(tmp_path / "out", callbacks=[logger], max_steps=2, logging_steps=1).train()
+    lines = path.read_text().splitlines()
+    assert lines[1] == '{"event": "log", "st'  # left as it is, on its own line
+    parsed = [json.loads(line) for line in lines[2:]]
+    assert parsed[0]["event"] == "start" and any(r.get("step") == 2 for r in parsed)
+    assert "middle of a line" in caplog.text
+
+
+def test_a_directory_as_the_path_is_refused_at_construction(tmp_path):
+    import pytest
+
+    from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+
+    with pytest.raises(ValueError, match=r"is a directory.*metrics\.jsonl"):
+        JsonlLogger(str(tmp_path))
