@@ -82,7 +82,8 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
     if not isinstance(uri, str):
         raise TypeError(f"tracking_uri must be a str, got {type(uri).__name__}: {uri!r}")
     scheme = urlparse(uri).scheme.lower()
-    if len(scheme) <= 1:  # a plain path, or a Windows drive letter
+    if len(scheme) <= 1 or scheme == "file":  # a plain path, a Windows drive letter, file:
+        _refuse_file_store_if_disabled(uri)
         return uri
     base = scheme.split("+")[0]
     if base in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
@@ -91,6 +92,21 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. Valid schemes: "
         f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an MLflow plugin."
     )
+
+
+def _refuse_file_store_if_disabled(uri: str) -> None:
+    """The installed mlflow refuses file stores (``./mlruns``, ``file:``) unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is set: say so now, not as an outage at the first log."""
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:  # mlflow missing (said at start) or an mlflow that still accepts file stores
+        return
+    if not MLFLOW_ALLOW_FILE_STORE.get():
+        raise ValueError(
+            f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} is a file store, which the installed mlflow "
+            "refuses. Use a database store, e.g. tracking_uri='sqlite:///mlflow.db', or set "
+            "MLFLOW_ALLOW_FILE_STORE=true to keep the file store."
+        )
 
 
 def parse_tags_env() -> dict[str, str]:

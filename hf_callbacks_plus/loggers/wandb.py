@@ -56,6 +56,8 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 #: Values of ``log_model`` / ``WANDB_LOG_MODEL`` ("true" is transformers' legacy spelling of "end").
 LOG_MODEL_CHOICES = ("false", "end", "checkpoint")
+#: Characters W&B refuses in a project name.
+_PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")
 #: Values of ``watch`` / ``WANDB_WATCH``.
 WATCH_CHOICES = ("false", "gradients", "parameters", "all")
 RESUME_CHOICES = ("allow", "must")
@@ -390,6 +392,14 @@ class WandbLogger(TrackerLogger):
             raise ValueError(f"WandbLogger: resume={resume!r} is not valid; choose one of {RESUME_CHOICES}.")
         if tags is not None and (isinstance(tags, str) or not all(isinstance(t, str) for t in tags)):
             raise TypeError(f"WandbLogger: tags must be a list of strings, got {tags!r}")
+        chosen_project = project if project is not None else os.environ.get("WANDB_PROJECT")
+        if chosen_project is not None and any(char in str(chosen_project) for char in _PROJECT_FORBIDDEN):
+            raise ValueError(
+                f"WandbLogger: project={chosen_project!r}"
+                f"{'' if project is not None else ' (from WANDB_PROJECT)'} is not a valid W&B project name: "
+                f"it may not contain any of {' '.join(_PROJECT_FORBIDDEN)}. For 'team/project' pass "
+                "entity='team', project='project'."
+            )
         self.project = project
         self.entity = entity
         self.name = name
