@@ -63,7 +63,7 @@ def _tensorboard_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
 
     points: Counter = Counter()
     statuses = []
-    for run_dir in sorted({path.parent for path in (tmp_path / "runs").rglob("events.out.tfevents.*")}):
+    for run_dir in sorted({path.parent for path in tmp_path.rglob("events.out.tfevents.*")}):
         accumulator = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags()["scalars"]:
@@ -196,3 +196,37 @@ def test_crash_then_resume(tmp_path, backend, request):
     assert not duplicates(points), duplicates(points)
     assert train_steps(points) == list(range(1, 9))
     assert statuses and statuses[-1 if name != "mlflow_sqlite" else 0] == "FINISHED", statuses
+
+
+@pytest.mark.xfail(strict=True, reason="issue 16 finding 9: stock TensorBoardCallback + TensorBoardLogger "
+                   "write two values per (tag, step) into one directory, without a word")
+@pytest.mark.parametrize("stock", ["tensorboard"])
+def test_stock_integration_beside_ours_warns_or_swaps(tmp_path, _template_db, monkeypatch, caplog, stock):
+    """report_to=<the same tracker> beside our logger: one run and every (key, step) once, or a warning
+    naming the stock callback; never two runs or double points silently."""
+    import logging
+    import shutil
+    import warnings
+
+    pytest.importorskip(stock)
+    shutil.copy(_template_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    if stock == "mlflow":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "lifecycle")
+        make, read = _mlflow, _mlflow_points
+    else:
+        make, read = _tensorboard, _tensorboard_points
+    args = {**ARGS, "save_strategy": "no", "report_to": [stock]}
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, callbacks=[make(tmp_path, uri)], **args).train()
+    told = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    told = [text for text in told if stock.lower() in text.lower() and "callback" in text.lower()]
+    points, statuses = read(tmp_path, uri)
+    if not told:
+        assert not duplicates(points), f"double points without a word: {sorted(duplicates(points))[:4]}"
+        if stock == "mlflow":
+            assert len(statuses) == 1, f"{len(statuses)} runs without a word"
