@@ -17,6 +17,7 @@ import logging
 import weakref
 from typing import Any, Callable, Optional
 
+from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
 from ..metrics.monitor import Monitor, check_mode, infer_mode
@@ -25,7 +26,6 @@ from .best_weights import BestWeights, step_checkpoint
 from .console import tell
 from .distributed import broadcast_from_rank0, distributed_world_size
 from .early_stopping_diagnosis import (
-    TrainBeginClaims,
     check_against_args,
     check_against_trainer,
     expected_prefix,
@@ -52,6 +52,9 @@ _POLICY = ("patience", "baseline", "stopping_threshold", "divergence_threshold",
            "start_from_epoch", "check_finite")
 #: The state keys claimed at the train begin of the current ``train()`` (duplicates refused).
 _CLAIMS = TrainBeginClaims()
+_SAME_KEY = ("the same monitor and mode, so their states would mix on resume and their reports would "
+             "overwrite each other. Give each a distinct log_name, e.g. EarlyStopping(..., "
+             "log_name='patient') and EarlyStopping(..., log_name='strict').")
 
 
 def _setting(name: str) -> property:
@@ -515,7 +518,7 @@ class EarlyStopping(SelfRestoringState):
             if self.strict:
                 raise ValueError(problem)
             logger.warning("%s (strict=False: continuing.)", problem)
-        _CLAIMS.claim(state, self.state_key, self)
+        _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         if self.restore_best:

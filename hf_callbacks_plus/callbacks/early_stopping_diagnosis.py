@@ -10,14 +10,13 @@ keys present with a "did you mean"). The argument validation lives with what it 
 from __future__ import annotations
 
 import difflib
-import weakref
 from typing import Any, Optional
 
 from ..metrics.keys import SPEED_SUFFIXES, TRAINING_LOOP_KEYS, KeyGrammar
 from ..metrics.monitor import MAXIMIZE_WORDS, MINIMIZE_WORDS, TRL_DIRECTIONS, Monitor
 
 __all__ = [
-    "TrainBeginClaims", "check_against_args", "check_against_trainer", "expected_prefix",
+    "check_against_args", "check_against_trainer", "expected_prefix",
     "misspelt_against_args", "missing_metric_problem", "monitor_from_args", "typo_suggestion",
 ]
 
@@ -46,58 +45,6 @@ def typo_suggestion(monitor: str, grammar: KeyGrammar, known: Any = KNOWN_NAMES)
             return raw[: len(raw) - len(tail)] + close[0]
     return None
 
-
-class TrainBeginClaims:
-    """Which instance claimed each ``state_key`` at the train begin of one ``train()`` call.
-
-    Every ``EarlyStopping`` claims its key in ``on_train_begin``; all callbacks of one
-    ``train()`` share one ``TrainerState`` object, so a second claim of a key on the same
-    state is either a second instance with the same key or the same instance listed twice.
-    """
-
-    def __init__(self) -> None:
-        self._state: Any = None
-        self._claims: dict[str, Any] = {}
-
-    def _current(self) -> Any:
-        state = self._state
-        return state() if isinstance(state, weakref.ref) else state
-
-    def claim(self, state: Any, key: str, instance: Any) -> None:
-        """Claim ``key`` for ``instance`` in the run whose state is ``state``.
-
-        Raises:
-            ValueError: The key is already claimed in this run: by ``instance`` (listed twice
-                in ``callbacks``) or by another instance (same monitor, mode and log_name).
-        """
-        if self._current() is not state:
-            try:
-                self._state = weakref.ref(state)
-            except TypeError:  # a state type without weak references
-                self._state = state
-            self._claims = {}
-        owner = self._claims.get(key)
-        owner = owner() if owner is not None else None
-        name = type(instance).__name__
-        if owner is instance:
-            raise ValueError(
-                f"{name}: the same instance ({key}) is listed twice in the trainer's callbacks; it would "
-                f"count every evaluation twice. Pass it once (check callbacks=[...] and add_callback)."
-            )
-        if owner is not None:
-            raise ValueError(
-                f"{name}: 2 instances share state_key={key!r} (same monitor and mode), so their states "
-                "would mix on resume and their reports would overwrite each other. Give each a distinct "
-                "log_name, e.g. EarlyStopping(..., log_name='patient') and EarlyStopping(..., "
-                "log_name='strict')."
-            )
-        self._claims[key] = weakref.ref(instance)
-
-    def release(self, state: Any, key: str, instance: Any) -> None:
-        """Forget ``instance``'s claim (at train end: a later ``train()`` may reuse the state)."""
-        owner = self._claims.get(key)
-        if self._current() is state and owner is not None and owner() is instance:
-            del self._claims[key]
 
 def expected_prefix(monitor: str, grammar: KeyGrammar) -> str:
     """The ``metric_key_prefix`` of the evaluation that produces ``monitor`` (``"eval"``,

@@ -35,6 +35,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Optional
 
+from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
 from .backend import FAILED, FINISHED, Backend
@@ -61,6 +62,10 @@ def is_main_process(state: Any = None) -> bool:
     if os.environ.get("RANK", "0").strip() not in ("", "0"):
         return False
     return bool(getattr(state, "is_world_process_zero", True)) if state is not None else True
+
+
+#: One logger per state key and run (see `TrackerLogger._check_neighbours`).
+_CLAIMS = TrainBeginClaims()
 
 
 def save_model_to_temp(model: Any, prefix: str) -> str:
@@ -278,11 +283,34 @@ class TrackerLogger(SelfRestoringState):
         self.ledger.restore(attributes.get("last_steps") or {})
         self._params_logged = bool(attributes.get("params_logged", False))
 
+    #: Class name of transformers' ``report_to`` callback for the same tracker (a subclass sets it).
+    stock_callback: Optional[str] = None
+
+    def _check_neighbours(self, state: Any) -> None:
+        """Refuse a second instance with this state key in the run (they would share one
+        checkpoint entry and one spill file: runs mixed on resume); warn when transformers' own
+        callback for the same tracker runs too (two runs, or each point twice)."""
+        name = type(self).__name__
+        _CLAIMS.claim(state, self.state_key, self,
+                      f"so they would share one checkpoint entry and one spill file and a resumed run "
+                      f"would attach to the other's run. Use one {name} per trainer.")
+        trainer = self._trainer_ref() if self._trainer_ref is not None else None
+        callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", None) or ()
+        stock = [other for other in callbacks if self.stock_callback is not None
+                 and type(other).__name__ == self.stock_callback
+                 and type(other).__module__.startswith("transformers.integrations")]
+        if stock:
+            self._warn(("stock-twin",), "%s: transformers' %s (report_to) runs in this trainer too, so the "
+                       "same metrics go to the tracker twice (a second run, or a second value per step). "
+                       "Set report_to='none', or call hf_callbacks_plus.replace_report_to_callbacks(trainer) "
+                       "to swap it for this logger.", name, self.stock_callback)
+
     # -- events ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Restore the run from the checkpoint, start the worker, queue the config."""
         if self.backend is None or not is_main_process(state):
             return
+        self._check_neighbours(state)
         if self._worker is not None:  # a previous train() that never ended
             self.close(FAILED)
         self.ledger.new_session(self.explicit_run_id)
@@ -322,6 +350,7 @@ class TrackerLogger(SelfRestoringState):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Flush and close the run FINISHED."""
+        _CLAIMS.release(state, self.state_key, self)
         if is_main_process(state):
             self.close(FINISHED)
 

@@ -391,6 +391,8 @@ class MLflowLogger(TrackerLogger):
         >>> trainer = Trainer(..., callbacks=[logger])  # doctest: +SKIP
     """
 
+    stock_callback = "MLflowCallback"
+
     def __init__(
         self,
         tracking_uri: Optional[str] = None,

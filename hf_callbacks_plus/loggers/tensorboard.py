@@ -130,6 +130,8 @@ class TensorBoardLogger(TrackerLogger):
         ...                   callbacks=[TensorBoardLogger()])
     """
 
+    stock_callback = "TensorBoardCallback"
+
     def __init__(self, log_dir: Optional[str] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):

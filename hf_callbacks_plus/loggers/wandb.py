@@ -368,6 +368,8 @@ class WandbLogger(TrackerLogger):
         ...                   callbacks=[WandbLogger(project="my-project")])
     """
 
+    stock_callback = "WandbCallback"
+
     def __init__(
         self,
         project: Optional[str] = None,

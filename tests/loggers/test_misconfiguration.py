@@ -29,3 +29,35 @@ def test_mlflow_file_store_the_installed_mlflow_refuses(uri, monkeypatch):
         MLflowLogger(tracking_uri=uri)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert MLflowLogger(tracking_uri=uri).tracking_uri == uri
+
+
+def test_two_loggers_of_one_class_are_refused_at_train_begin(tmp_path):
+    """Issue 16 finding 3: they shared one checkpoint entry and one spill file."""
+    pytest.importorskip("transformers")
+    from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+    from tests.tiny_models import make_trainer
+
+    trainer = make_trainer(tmp_path, callbacks=[JsonlLogger(str(tmp_path / "a.jsonl")),
+                                                JsonlLogger(str(tmp_path / "b.jsonl"))], max_steps=2)
+    with pytest.raises(ValueError, match="JsonlLogger: 2 instances share state_key.*one JsonlLogger per"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_the_stock_callback_for_the_same_tracker_is_named_at_train_begin(tmp_path, caplog):
+    """Issue 16 finding 9: report_to='tensorboard' + TensorBoardLogger wrote two values per step
+    into one directory (report_to='mlflow' + MLflowLogger: two runs) without a word."""
+    import logging
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("tensorboard")
+    from hf_callbacks_plus import run_before_integrations
+    from hf_callbacks_plus.loggers.tensorboard import TensorBoardLogger
+    from tests.tiny_models import make_trainer
+
+    trainer = make_trainer(tmp_path, callbacks=[TensorBoardLogger()], max_steps=2, report_to="tensorboard")
+    run_before_integrations(trainer)
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        trainer.train()
+    assert "TensorBoardCallback (report_to) runs in this trainer too" in caplog.text
+    assert "replace_report_to_callbacks" in caplog.text
