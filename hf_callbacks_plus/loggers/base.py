@@ -311,8 +311,11 @@ class TrackerLogger(SelfRestoringState):
         if self.backend is None or not is_main_process(state):
             return
         self._check_neighbours(state)
-        if self._worker is not None:  # a previous train() that never ended
-            self.close(FAILED)
+        if self._worker is not None:
+            # a run reopened by evaluate()/predict() outside training ended well (it was closed
+            # FAILED, also the first, successful run of train(); evaluate(); train()); one left
+            # open by a train() that never reached its end did not
+            self.close(FAILED if self.training else FINISHED)
         self.ledger.new_session(self.explicit_run_id)
         self._params_logged = False
         super().on_train_begin(args, state, control, **kwargs)

@@ -133,8 +133,6 @@ def train_steps(points: Counter) -> list[int]:
     return sorted(step for key, step in points if key == "train/loss")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 finding 4: evaluate() before train() opens a run that "
-                   "train() closes FAILED")
 def test_evaluate_before_train(tmp_path, backend):
     name, make, read = backend
     trainer = make_trainer(tmp_path, callbacks=[make()], **ARGS)
@@ -147,8 +145,6 @@ def test_evaluate_before_train(tmp_path, backend):
     assert "FAILED" not in statuses, statuses
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 finding 4: train(); evaluate(); train() closes the first, "
-                   "successful run FAILED")
 def test_train_evaluate_train(tmp_path, backend):
     name, make, read = backend
     trainer = make_trainer(tmp_path, callbacks=[make()], **{**ARGS, "save_strategy": "no"})
