@@ -44,6 +44,7 @@ EXTRA_FOR = {
     "matplotlib": "plot",
     "tensorboard": "tensorboard",
     "tensorboardX": "tensorboard",
+    "torchmetrics": "metrics",
 }
 
 

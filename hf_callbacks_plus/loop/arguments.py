@@ -144,6 +144,9 @@ class LoopArguments:
         gradient_accumulation_steps: Batches per optimizer step. Defaults to 1.
         per_device_train_batch_size: Informational (samples/s metrics). Defaults to 8.
         per_device_eval_batch_size: Informational (samples/s metrics). Defaults to 8.
+        batch_eval_metrics: Call ``metrics_fn`` once per evaluation batch, with that batch's
+            outputs and ``compute_result`` (True on the last batch, whose result is used), and
+            keep no outputs, as transformers does. Defaults to False.
         learning_rate: Informational; logged values come from ``learning_rate_fn``. Defaults to 5e-5.
         logging_strategy: ``"no"``, ``"steps"`` or ``"epoch"``. Defaults to ``"steps"``.
         logging_steps: Steps between logs, or a fraction (< 1) of ``max_steps``. Defaults to 500.
@@ -193,6 +196,7 @@ class LoopArguments:
     gradient_accumulation_steps: int = 1
     per_device_train_batch_size: int = 8
     per_device_eval_batch_size: int = 8
+    batch_eval_metrics: bool = False
     learning_rate: float = 5e-5
     logging_strategy: Any = "steps"
     logging_steps: float = 500

@@ -20,6 +20,10 @@ from ..metrics.numbers import to_float
 __all__ = ["EvaluationMixin", "PredictionOutput", "speed_metrics"]
 
 
+#: Marks the end of the evaluation data (the loop looks one batch ahead to know the last one).
+_END = object()
+
+
 class PredictionOutput(NamedTuple):
     """What `LightweightTrainer.predict` returns (same fields as transformers')."""
 
@@ -203,23 +207,29 @@ class EvaluationMixin:
         outputs: list[Any] = []
         losses: list[tuple[float, int]] = []
         num_samples = 0
-        for batch in data:
+        metrics: dict[str, Any] = {}
+        # transformers' batch_eval_metrics: metrics_fn per batch, no outputs kept (predict keeps them)
+        per_batch = bool(self.args.batch_eval_metrics) and self.metrics_fn is not None
+        keep_outputs = not per_batch or caller == "predict"
+        batches = iter(data)
+        batch = next(batches, _END)
+        while batch is not _END:
+            following = next(batches, _END)
             output = self.eval_step(batch) if self.eval_step is not None else batch
             size = batch_length(batch, self.args.eval_batch_size)
             loss = _output_loss(output) if self.eval_step is not None else None
             if loss is not None:
                 losses.append((loss, size))
-            outputs.append(output)
+            if keep_outputs:
+                outputs.append(output)
             num_samples += size
             self.control = handler.on_prediction_step(self.args, self.state, self.control)
-        metrics: dict[str, Any] = {}
-        if self.metrics_fn is not None:
-            raw = self.metrics_fn(outputs)
-            if not isinstance(raw, Mapping):
-                raise TypeError(
-                    f"{caller}: metrics_fn must return a dict of metrics, got {type(raw).__name__}."
-                )
-            metrics.update(raw)
+            if per_batch:
+                raw = self.metrics_fn([output], compute_result=following is _END)
+                metrics = dict(self._checked_metrics(raw, caller))
+            batch = following
+        if self.metrics_fn is not None and not per_batch:
+            metrics.update(self._checked_metrics(self.metrics_fn(outputs), caller))
         if losses:
             finite = [(loss, size) for loss, size in losses if math.isfinite(loss)]
             if self.args.logging_nan_inf_filter and finite:
@@ -227,6 +237,12 @@ class EvaluationMixin:
             total = sum(size for _, size in losses)
             metrics[f"{prefix}_loss"] = sum(loss * size for loss, size in losses) / max(total, 1)
         return add_prefix(self._add_model_preparation_time(metrics), prefix), num_samples, outputs
+
+    @staticmethod
+    def _checked_metrics(raw: Any, caller: str) -> Mapping[str, Any]:
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"{caller}: metrics_fn must return a dict of metrics, got {type(raw).__name__}.")
+        return raw
 
     def _determine_best_metric(self, metrics: Mapping[str, float]) -> bool:
         """Update ``state.best_metric``/``best_global_step``; True on a new best (transformers' rule)."""

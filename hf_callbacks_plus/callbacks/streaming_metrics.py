@@ -1,0 +1,418 @@
+"""`StreamingMetrics`: exact metrics batch by batch, in evaluation and in training.
+
+**Evaluation.** ``transformers.Trainer`` concatenates every batch's logits before calling
+``compute_metrics`` (samples x tokens x vocabulary floats for a language model). With
+``TrainingArguments(batch_eval_metrics=True)`` it calls ``compute_metrics`` once per batch
+instead, with ``compute_result=True`` on the last one, and keeps no logits. `StreamingMetrics`
+is that per-batch ``compute_metrics``: each batch updates metrics that keep exact sufficient
+statistics (`hf_callbacks_plus.metrics.streaming`), and the last one returns their values,
+the same numbers a ``compute_metrics`` over every logit at once returns. Under ``torchrun`` the
+Trainer hands every rank the gathered batch (duplicates of the last uneven batch dropped); only
+rank 0 counts it and torchmetrics' own synchronisation gives every rank the totals.
+
+**Training.** A forward hook on the model reads the logits and labels of every training
+forward pass the Trainer already runs (each micro-batch of a gradient-accumulation step, on
+every rank) and the metrics of the logging window are added to the training log record
+(``accuracy`` -> ``train/accuracy``), then reset, like the loss. No extra forward pass.
+
+How it reaches the trainer: ``TrainerPlus`` and ``LightweightTrainer`` bind their callbacks;
+with a stock or trl trainer, ``run_before_integrations(trainer)`` does (it also makes the
+training metrics reach the report_to integrations in the same record).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from ..core.callback import TrainerCallback
+from ..metrics.streaming import IGNORE_INDEX, MetricSet, check_task, rank, scored_pairs, standard_metrics
+
+__all__ = ["StreamingMetrics"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+#: Rows per predictions file when ``save_predictions=True``.
+DEFAULT_MAX_PREDICTIONS = 10_000
+
+#: Marks the functions this callback installs, so a second bind does not wrap them twice.
+_INSTALLED_BY = "__streaming_metrics__"
+
+
+class StreamingMetrics(TrainerCallback):
+    """Exact evaluation metrics without holding the logits, and running training metrics for free.
+
+    Args:
+        metrics: The evaluation metrics: ``{name: metric}``, a torchmetrics
+            ``MetricCollection`` or one metric; each metric has ``update(scores, target)``,
+            ``compute()`` and ``reset()`` (torchmetrics metrics, or your own). Defaults to
+            None: `standard_metrics(task, num_classes)`.
+        task: How logits and labels become ``(scores [n, classes], target [n])``:
+            ``"classification"``, ``"token_classification"`` or ``"causal_lm"`` (next-token,
+            labels shifted as the model's loss does); labels equal to ``ignore_index`` are left
+            out. Defaults to ``"classification"``.
+        num_classes: Number of classes, for the default metrics of a classifier. Defaults to None.
+        train_metrics: Metrics of the training forward passes, logged at each logging step:
+            ``"same"`` (a copy of ``metrics``; for ``task="causal_lm"`` with default metrics only
+            ``token_accuracy``, since the training perplexity is ``exp(loss)``), a mapping like
+            ``metrics``, or None for none. Defaults to ``"same"``.
+        ignore_index: Label of positions no metric counts. Defaults to -100.
+        save_predictions: Write each evaluation's predictions, one JSON line per example
+            (``id``, ``label``, ``prediction``, ``score``), on rank 0: True for at most
+            10,000 rows per evaluation, an int for another bound, False for none.
+            Defaults to False.
+        predictions_dir: Folder of the prediction files. Defaults to
+            ``<output_dir>/predictions``.
+
+    Raises:
+        ValueError: ``task`` is unknown, ``train_metrics`` is not "same"/None/metrics,
+            ``save_predictions`` is negative, or the default metrics lack ``num_classes``.
+        TypeError: A metric lacks ``update``/``compute``/``reset``.
+        ModuleNotFoundError: Default metrics without torchmetrics
+            (``pip install 'hf-callbacks-plus[metrics]'``).
+
+    Note:
+        Your own ``compute_metrics`` keeps working beside it: its results are merged with
+        these (a name both produce is an error). When it takes ``compute_result`` it streams
+        too; when it does not, the Trainer must hold every logit for it, so batch-wise
+        evaluation stays off (one INFO line says so) and these metrics are computed from the
+        full predictions, with the same results. Without a ``compute_metrics`` of yours,
+        ``batch_eval_metrics`` is switched on at bind.
+
+    Example:
+        >>> metrics = StreamingMetrics(task="classification", num_classes=3)
+        >>> trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val,
+        ...                   callbacks=[metrics])
+        >>> run_before_integrations(trainer)   # binds it: eval_accuracy, eval_f1_macro, accuracy...
+    """
+
+    def __init__(
+        self,
+        metrics: Any = None,
+        *,
+        task: str = "classification",
+        num_classes: Optional[int] = None,
+        train_metrics: Any = "same",
+        ignore_index: int = IGNORE_INDEX,
+        save_predictions: Union[bool, int] = False,
+        predictions_dir: Optional[Union[str, os.PathLike]] = None,
+    ) -> None:
+        self.task = check_task(task, "StreamingMetrics")
+        if isinstance(save_predictions, bool):
+            self.max_predictions = DEFAULT_MAX_PREDICTIONS if save_predictions else 0
+        elif isinstance(save_predictions, int) and save_predictions >= 0:
+            self.max_predictions = save_predictions
+        else:
+            raise ValueError(f"StreamingMetrics: save_predictions must be True, False or an int >= 0 (rows per "
+                             f"evaluation), got {save_predictions!r}.")
+        defaults = metrics is None
+        self.eval_metrics = MetricSet(standard_metrics(task, num_classes) if defaults else metrics)
+        if isinstance(train_metrics, str) and train_metrics == "same":
+            self.train_metrics: Optional[MetricSet] = self.eval_metrics.copy()
+            if defaults and task == "causal_lm":
+                self.train_metrics = MetricSet({"token_accuracy": self.train_metrics.metrics["token_accuracy"]})
+        elif train_metrics is None or train_metrics is False:
+            self.train_metrics = None
+        elif isinstance(train_metrics, str):
+            raise ValueError(f"StreamingMetrics: train_metrics must be 'same', None or metrics, got {train_metrics!r}.")
+        else:
+            self.train_metrics = MetricSet(train_metrics)
+        self.ignore_index = ignore_index
+        self.predictions_dir = None if predictions_dir is None else Path(predictions_dir)
+        self.trainer: Any = None
+        self.user_compute_metrics: Optional[Callable[..., Any]] = None
+        self.prediction_files: list[Path] = []
+        self._hook: Any = None
+        self._warned: set[str] = set()
+        self._writer: Optional[_PredictionWriter] = None
+        self._unnamed: list[tuple[Path, dict[str, float]]] = []
+
+    # -- binding ---------------------------------------------------------------------------
+    def bind(self, trainer: Any) -> StreamingMetrics:
+        """Install the per-batch evaluation (and, in the loop, the training) hooks on ``trainer``.
+
+        Returns:
+            self.
+        """
+        self.trainer = trainer
+        if hasattr(trainer, "metrics_fn") and hasattr(trainer, "train_step"):  # LightweightTrainer
+            self._bind_loop(trainer)
+        elif hasattr(trainer, "compute_metrics"):
+            self._bind_transformers(trainer)
+        else:
+            raise TypeError(f"StreamingMetrics: cannot bind to {type(trainer).__name__}: it has neither "
+                            "compute_metrics (transformers.Trainer) nor metrics_fn (LightweightTrainer).")
+        return self
+
+    def _bind_transformers(self, trainer: Any) -> None:
+        current = trainer.compute_metrics
+        if getattr(current, _INSTALLED_BY, None) is self:
+            return
+        self.user_compute_metrics = current
+        streams = current is None or "compute_result" in _parameters(current)
+        if current is None:
+            trainer.args.batch_eval_metrics = True
+        elif not streams and not trainer.args.batch_eval_metrics:
+            logger.info("StreamingMetrics: your compute_metrics takes no compute_result, so the Trainer holds every "
+                        "logit for it (batch_eval_metrics=False); the streaming metrics are computed from them.")
+
+        def compute_metrics(eval_pred: Any, compute_result: Optional[bool] = None) -> dict[str, Any]:
+            return self._compute_metrics(eval_pred, compute_result)
+
+        setattr(compute_metrics, _INSTALLED_BY, self)
+        trainer.compute_metrics = compute_metrics
+
+    def _bind_loop(self, trainer: Any) -> None:
+        if getattr(trainer.metrics_fn, _INSTALLED_BY, None) is self:
+            return
+        self.user_compute_metrics = trainer.metrics_fn
+        if trainer.metrics_fn is None:
+            trainer.args.batch_eval_metrics = True
+
+        def metrics_fn(outputs: list, compute_result: Optional[bool] = None) -> dict[str, Any]:
+            return self._loop_metrics(outputs, compute_result)
+
+        setattr(metrics_fn, _INSTALLED_BY, self)
+        trainer.metrics_fn = metrics_fn
+        if self.train_metrics is not None and trainer.train_step is not None:
+            user_step = trainer.train_step
+
+            def train_step(batch: Any) -> Any:
+                output = user_step(batch)
+                if isinstance(output, Mapping) and "logits" in output and "labels" in output:
+                    self._update_train(output["logits"], output["labels"])
+                    output = {k: v for k, v in output.items() if k not in ("logits", "labels")}
+                else:
+                    self._warn_once("loop-train", "StreamingMetrics: train_step returns no 'logits' and 'labels', "
+                                    "so there are no training metrics; return them in its dict.")
+                return output
+
+            setattr(train_step, _INSTALLED_BY, self)
+            trainer.train_step = train_step
+
+    # -- evaluation ------------------------------------------------------------------------
+    def _compute_metrics(self, eval_pred: Any, compute_result: Optional[bool]) -> dict[str, Any]:
+        """The installed ``compute_metrics``: per batch (``compute_result`` given) or all at once."""
+        self._update_eval(eval_pred.predictions, eval_pred.label_ids)
+        user = self.user_compute_metrics
+        if compute_result is None:
+            return self._merge(self._finish_eval(), user(eval_pred) if user is not None else {})
+        theirs = user(eval_pred, compute_result=compute_result) if user is not None else None
+        if not compute_result:
+            return {}
+        return self._merge(self._finish_eval(), theirs or {})
+
+    def _loop_metrics(self, outputs: list, compute_result: Optional[bool]) -> dict[str, Any]:
+        for output in outputs:
+            if not (isinstance(output, Mapping) and "logits" in output and "labels" in output):
+                raise TypeError("StreamingMetrics: in a LightweightTrainer, eval_step must return a dict with "
+                                f"'logits' and 'labels' (and optionally 'loss'), got {type(output).__name__}.")
+            self._update_eval(output["logits"], output["labels"])
+        user = self.user_compute_metrics
+        if compute_result is None:
+            return self._merge(self._finish_eval(), user(outputs) if user is not None else {})
+        if not compute_result:
+            return {}
+        return self._merge(self._finish_eval(), {})
+
+    def _update_eval(self, logits: Any, labels: Any) -> None:
+        scores, target = scored_pairs(logits, labels, self.task, self.ignore_index)
+        self.eval_metrics.update(scores, target, replicated=True)
+        if self.max_predictions and rank() == 0:
+            if self._writer is None:
+                self._writer = _PredictionWriter(self._predictions_folder(), self.max_predictions)
+            self._writer.add(logits, labels, self.task, self.ignore_index)
+
+    def _finish_eval(self) -> dict[str, float]:
+        values = self.eval_metrics.compute()
+        self.eval_metrics.reset()
+        if self._writer is not None:
+            step = getattr(getattr(self.trainer, "state", None), "global_step", 0)
+            path = self._writer.close(step)
+            self._writer = None
+            self.prediction_files.append(path)
+            self._unnamed.append((path, values))
+        return values
+
+    @staticmethod
+    def _merge(ours: dict[str, float], theirs: Mapping[str, Any]) -> dict[str, Any]:
+        clash = sorted(set(ours) & set(theirs))
+        if clash:
+            raise ValueError(f"StreamingMetrics: your compute_metrics also returns {clash}; rename your metrics or "
+                             "pass StreamingMetrics other names (metrics={name: metric}).")
+        return {**theirs, **ours}
+
+    def _predictions_folder(self) -> Path:
+        if self.predictions_dir is not None:
+            return self.predictions_dir
+        output_dir = getattr(getattr(self.trainer, "args", None), "output_dir", None) or "."
+        return Path(output_dir) / "predictions"
+
+    def _name_prediction_files(self, metrics: Mapping[str, Any]) -> None:
+        """Rename each new predictions file after the prefix its metrics were logged under."""
+        still = []
+        for path, values in self._unnamed:
+            prefix = _prefix_of(values, metrics)
+            if prefix is None:
+                still.append((path, values))
+                continue
+            step = path.stem.split("-step-")[1].split("-")[0]
+            target = path.with_name(f"{prefix}-step-{step}.jsonl")  # a re-run of this evaluation replaces it
+            if path.exists():
+                path.replace(target)
+                self.prediction_files[self.prediction_files.index(path)] = target
+        self._unnamed = still[-8:]
+
+    # -- training --------------------------------------------------------------------------
+    def _update_train(self, logits: Any, labels: Any) -> None:
+        scores, target = scored_pairs(logits, labels, self.task, self.ignore_index)
+        self.train_metrics.update(scores, target)
+
+    def _on_forward(self, module: Any, args: Any, kwargs: Mapping[str, Any], output: Any) -> None:
+        if not module.training:
+            return
+        labels = kwargs.get("labels")
+        logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+        if logits is None or labels is None:
+            missing = "logits" if logits is None else "labels"
+            self._warn_once("forward", f"StreamingMetrics: the training forward pass has no {missing} "
+                            f"({type(module).__name__}), so there are no training metrics. trl's SFTTrainer builds no "
+                            "logits in training (fused LM head) and logs mean_token_accuracy itself; a label smoother "
+                            "or compute_loss_func takes the labels out of the model's inputs.")
+            return
+        self._update_train(logits, labels)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """Start counting training batches (a fresh window, as the loss after a resume)."""
+        if self.trainer is None:
+            raise RuntimeError(
+                "StreamingMetrics is not bound to a trainer. TrainerPlus and LightweightTrainer bind their "
+                "callbacks; with a stock transformers.Trainer (or a trl trainer), call "
+                "run_before_integrations(trainer) once after building it.")
+        if self.train_metrics is None:
+            return
+        self.train_metrics.reset()
+        in_loop = hasattr(self.trainer, "metrics_fn")  # the loop's train_step hands over its logits
+        if self._hook is None and not in_loop and hasattr(model, "register_forward_hook"):
+            self._hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+
+    def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """Add the training window's metrics to a training record, then reset them."""
+        if self.train_metrics is None or not isinstance(logs, dict) or "loss" not in logs:
+            return
+        if any(isinstance(key, str) and key.startswith("eval_") for key in logs):
+            return
+        if self.train_metrics.updates == 0 and _world_size() == 1:
+            return
+        values = self.train_metrics.compute()
+        self.train_metrics.reset()
+        clash = sorted(set(values) & set(logs))
+        if clash:
+            self._warn_once("train-clash", f"StreamingMetrics: the training record already has {clash}; "
+                            "keeping the trainer's values (name your metrics differently).")
+        for key, value in values.items():
+            logs.setdefault(key, value)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """Name the predictions files after the prefix of the record their metrics are in."""
+        if self._unnamed and isinstance(logs, Mapping):
+            self._name_prediction_files(logs)
+
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        """Name the predictions file of a ``predict()``."""
+        if self._unnamed and isinstance(metrics, Mapping):
+            self._name_prediction_files(metrics)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Remove the forward hook."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
+
+
+def _parameters(function: Callable[..., Any]) -> Mapping[str, Any]:
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _prefix_of(values: Mapping[str, float], logged: Mapping[str, Any]) -> Optional[str]:
+    """The prefix ``p`` under which ``values`` appear in ``logged`` as ``p_<name>``, or None."""
+    if not values:
+        return None
+    name, value = next(iter(values.items()))
+    suffix = f"_{name}"
+    for key, item in logged.items():
+        if isinstance(key, str) and key.endswith(suffix) and item == value:
+            prefix = key[: -len(suffix)]
+            if all(logged.get(f"{prefix}_{other}") == v for other, v in values.items()):
+                return prefix
+    return None
+
+
+def _world_size() -> int:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class _PredictionWriter:
+    """One evaluation's predictions, a JSON line per example, at most ``limit`` lines."""
+
+    def __init__(self, folder: Path, limit: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.limit, self.rows, self.seen = folder, limit, 0, 0
+        self.path = folder / f".evaluation-{os.getpid()}-{id(self)}.jsonl.partial"
+        self.file = open(self.path, "w", encoding="utf-8")
+
+    def add(self, logits: Any, labels: Any, task: str, ignore_index: int) -> None:
+        import torch
+
+        scores = logits[0] if isinstance(logits, (tuple, list)) else logits
+        scores = torch.as_tensor(scores).detach()
+        target = torch.as_tensor(labels[0] if isinstance(labels, (tuple, list)) else labels)
+        count = int(target.shape[0])
+        room = self.limit - self.rows
+        if room > 0:
+            probabilities = torch.softmax(scores[:room].double(), dim=-1)
+            confidence, predicted = probabilities.max(dim=-1)
+            for row in range(min(room, count)):
+                self.file.write(json.dumps(_row(self.seen + row, target[row], predicted[row], confidence[row],
+                                                task, ignore_index)) + "\n")
+            self.rows += min(room, count)
+        self.seen += count
+
+    def close(self, step: int) -> Path:
+        self.file.close()
+        index = 0
+        while (self.folder / f"evaluation-step-{step}-{index}.jsonl").exists():
+            index += 1
+        target = self.folder / f"evaluation-step-{step}-{index}.jsonl"
+        self.path.replace(target)
+        if self.seen > self.rows:
+            logger.info("StreamingMetrics: %s holds the first %d of %d predictions (save_predictions bound).",
+                        target, self.rows, self.seen)
+        return target
+
+
+def _row(index: int, label: Any, predicted: Any, confidence: Any, task: str, ignore_index: int) -> dict[str, Any]:
+    if task == "classification":
+        return {"id": index, "label": int(label), "prediction": int(predicted), "score": float(confidence)}
+    if task == "causal_lm":  # position t predicts label t + 1
+        label, predicted, confidence = label[1:], predicted[:-1], confidence[:-1]
+    keep = label != ignore_index
+    return {"id": index, "label": label[keep].tolist(), "prediction": predicted[keep].tolist(),
+            "score": [round(float(value), 6) for value in confidence[keep]]}
