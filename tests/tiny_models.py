@@ -90,3 +90,86 @@ def make_trainer(output_dir: str | Path, callbacks=(), n_train: int = 64, n_eval
         compute_metrics=compute_metrics,
         callbacks=list(callbacks),
     )
+
+
+class TinyClassifier(nn.Module):
+    """A linear classifier over 4 features; ``{"loss", "logits"}`` like HF models."""
+
+    def __init__(self, num_classes: int = 3, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(4, num_classes)
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, Any]:
+        logits = self.linear(features)
+        if labels is None:
+            return {"logits": logits}
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def classification_rows(n: int, seed: int = 0, num_classes: int = 3) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows ``{"features", "labels"}`` whose label depends on the features (learnable)."""
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(n, 4, generator=generator)
+    labels = ((features[:, 0] > 0).long() + (features[:, 1] > 0.5).long()).clamp(max=num_classes - 1)
+    return [{"features": features[i], "labels": labels[i]} for i in range(n)]
+
+
+class TinyTagger(nn.Module):
+    """Token classification: embedding + linear; labels ``-100`` are ignored by the loss."""
+
+    def __init__(self, vocab_size: int = 20, num_classes: int = 4, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embedding = nn.Embedding(vocab_size, 8)
+        self.linear = nn.Linear(8, num_classes)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, Any]:
+        logits = self.linear(self.embedding(input_ids))
+        if labels is None:
+            return {"logits": logits}
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                           ignore_index=-100)
+        return {"loss": loss, "logits": logits}
+
+
+def tagging_rows(n: int, seed: int = 0, length: int = 6, vocab_size: int = 20,
+                 num_classes: int = 4) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows of ``length`` tokens; tag = token % classes; the last positions of some rows
+    are padding (label -100)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        ids = torch.randint(0, vocab_size, (length,), generator=generator)
+        labels = ids % num_classes
+        pad = int(torch.randint(0, 3, (1,), generator=generator))
+        if pad:
+            labels[-pad:] = -100
+        rows.append({"input_ids": ids, "labels": labels})
+    return rows
+
+
+def tiny_causal_lm(vocab_size: int = 48, seed: int = 0) -> Any:
+    """A seeded 1-layer Llama (hidden 16) built from a config."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                         pad_token_id=0)
+    return LlamaForCausalLM(config)
+
+
+def lm_rows(n: int, seed: int = 0, length: int = 10, vocab_size: int = 48) -> list[dict[str, torch.Tensor]]:
+    """``n`` rows of random tokens; labels = input ids with a prompt of 2 and some padding as -100."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        ids = torch.randint(1, vocab_size, (length,), generator=generator)
+        labels = ids.clone()
+        labels[:2] = -100
+        pad = int(torch.randint(0, 3, (1,), generator=generator))
+        if pad:
+            labels[-pad:] = -100
+        rows.append({"input_ids": ids, "attention_mask": torch.ones(length, dtype=torch.long), "labels": labels})
+    return rows
