@@ -4,7 +4,8 @@ package's own JSONL log (``metrics.jsonl`` of `JsonlLogger`).
 One panel per metric: the eval curve (one per eval dataset), the train-subset curve
 (`TrainSubsetEvaluation`), curves of custom prefixes (``val``...), the running metrics of
 the training batches ("training": the loss, trl's ``mean_token_accuracy``,
-``rewards/chosen``...; never drawn as the train subset), the generalization gap (the logged
+``rewards/chosen``, `StreamingMetrics`' running metrics...; never drawn as the train subset;
+confusion counts are not drawn), the generalization gap (the logged
 ``gap_<metric>`` on a right-hand axis, else the shaded area between the train-subset and eval
 curves), and vertical markers at the best step and at the early-stopping point
 (``early_stopping/best_step``, ``early_stopping/stopped_step``, else the trainer state's
@@ -33,6 +34,8 @@ __all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learnin
 _TIMING = {*TIMING_NAMES, "epoch", "step", "total_flos"}
 #: Training-loop keys that get a panel only when asked for.
 _LOOP_EXTRAS = {"learning_rate", "grad_norm", "num_input_tokens_seen", "num_tokens"}
+#: Confusion-matrix counts (``StreamingMetrics``): numbers per evaluation, not learning curves.
+_COUNTS = re.compile(r"confusion_\d+_\d+")
 
 Source = Union[str, os.PathLike, Sequence[Mapping[str, Any]], Mapping[str, Any]]
 
@@ -183,7 +186,7 @@ def collect_curves(
                 elif parsed.name == "stopped_step":
                     curves.stopped_step = int(value)
                 continue
-            if parsed.name in _TIMING:
+            if parsed.name in _TIMING or _COUNTS.fullmatch(parsed.name):
                 continue
             if parsed.is_summary:
                 continue

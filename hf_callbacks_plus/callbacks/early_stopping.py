@@ -289,6 +289,7 @@ class EarlyStopping(SelfRestoringState):
         self.message = ""
         self.best_checkpoint: Optional[str] = None
         self._last_observed: Optional[tuple[int, str]] = None
+        self._bare_means_eval = False  # set at train begin (see _observe)
         self._found = False
         self._first_checked = False
         self._warned_missing = False
@@ -406,6 +407,9 @@ class EarlyStopping(SelfRestoringState):
             if len(self._keys_seen) < 1000:
                 self._keys_seen.update(k for k in values if isinstance(k, str))
         key, raw = self._monitor.lookup(values)
+        if key is not None and not from_evaluate and self._bare_means_eval and key == self._monitor.monitor \
+                and "loss" in values:
+            return  # a bare name means eval_<name> in a run that evaluates, never the training record's
         step = int(getattr(state, "global_step", 0))
         if key is None:
             self._check_missing(values, from_evaluate)
@@ -519,6 +523,8 @@ class EarlyStopping(SelfRestoringState):
                 raise ValueError(problem)
             logger.warning("%s (strict=False: continuing.)", problem)
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
+        evaluates = str(getattr(getattr(args, "eval_strategy", "no"), "value", getattr(args, "eval_strategy", "no")))
+        self._bare_means_eval = evaluates != "no" and not self.grammar.has_section(name)
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         if self.restore_best:

@@ -483,7 +483,7 @@ class KeyGrammar:
         convention) or a bare key; ``"eval/accuracy"`` is matched through rendering.
         """
         out = [monitor]
-        if not self._has_section(monitor):
+        if not self.has_section(monitor):
             out.insert(0, f"eval_{monitor}")
         return out
 
@@ -509,7 +509,9 @@ class KeyGrammar:
             return f"eval_{parts[0]}_{'/'.join(parts[1:])}"
         return f"{head}_{rest}"
 
-    def _has_section(self, key: str) -> bool:
+    def has_section(self, key: str) -> bool:
+        """``key`` names its section (``eval_loss``, ``train/accuracy``, ``loss``); a bare metric name
+        (``accuracy``) does not."""
         if key in TRAINING_LOOP_KEYS:
             return True
         head = key.split("/", 1)[0]

@@ -306,3 +306,33 @@ def test_a_forward_pass_without_labels_is_said_once(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "no labels" in r.getMessage()]
     assert len(said) == 1 and "label smoother" in said[0]
     assert not any("accuracy" in r for r in trainer.state.log_history if "loss" in r)
+
+
+def test_early_stopping_and_the_plot_see_training_metrics_in_their_section(tmp_path):
+    """``train/accuracy`` watches the running training metric; a bare ``accuracy`` means
+    ``eval_accuracy`` in a run that evaluates (never the training record's); the plot draws the
+    training, train-subset and eval curves of ``accuracy`` on one panel."""
+    from hf_callbacks_plus import EarlyStopping
+    from hf_callbacks_plus.plotting import collect_curves
+
+    watched = {}
+    callbacks = [streaming("classification"), TrainSubsetEvaluation(size=10)]
+    for monitor in ("train/accuracy", "accuracy"):
+        stopper = EarlyStopping(monitor=monitor, mode="max", patience=100, log_name=monitor.replace("/", "_"))
+        seen = watched.setdefault(monitor, [])
+        decide = stopper.decide
+        stopper.decide = lambda value, step, epoch, seen=seen, decide=decide: (seen.append((step, value)),
+                                                                              decide(value, step, epoch))[1]
+        callbacks.append(stopper)
+    trainer = build("classification", tmp_path, callbacks=callbacks, eval_strategy="steps", eval_steps=4,
+                    max_steps=8)
+    trainer.train()
+    history = trainer.state.log_history
+    training = [(r["step"], r["accuracy"]) for r in history if "loss" in r]
+    evaluated = [(r["step"], r["eval_accuracy"]) for r in history if "eval_accuracy" in r]
+    assert watched["train/accuracy"] == training and len(training) == 4
+    assert watched["accuracy"] == evaluated and len(evaluated) == 2
+
+    curves = collect_curves(history)
+    assert set(curves.series["accuracy"]) == {"training", "train subset", "eval"}
+    assert not any(name.startswith("confusion_") for name in curves.series)
