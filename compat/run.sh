@@ -15,7 +15,7 @@ if [ ! -f "$stamp" ] || [ "$pins" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp
     # a plain torch==2.13.0 from PyPI would pull gigabytes of CUDA wheels).
     "$venv/bin/python" -m pip install -q 'torch==2.13.0+cpu'
     "$venv/bin/python" -m pip install -q -c "$pins" -r "$pins" \
-        pytest pytest-timeout hypothesis tensorboard matplotlib -e .
+        pytest pytest-timeout hypothesis tensorboard matplotlib torchmetrics scikit-learn -e .
     touch "$stamp"
 fi
 "$venv/bin/python" -c "import transformers, torch, accelerate; print('transformers', transformers.__version__, 'torch', torch.__version__, 'accelerate', accelerate.__version__)"
@@ -25,4 +25,5 @@ fi
 trl_tests=()
 if "$venv/bin/python" -c "import trl, peft" 2>/dev/null; then trl_tests=(tests/trl_peft); fi
 "$venv/bin/python" -m pytest -q -m compat -p no:cacheprovider tests/integrations tests/callbacks/test_train_subset.py \
+    tests/callbacks/test_streaming_metrics.py tests/loop/test_streaming_in_loop.py \
     "${trl_tests[@]}"

@@ -85,6 +85,7 @@ def without(metrics, prefix="eval", task="classification"):
     return {name: metrics[f"{prefix}_{name}"] for name in reference_keys(task)}
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("task", list(TASKS))
 @pytest.mark.parametrize("trainer_class", [Trainer, TrainerPlus], ids=["Trainer", "TrainerPlus"])
 @pytest.mark.parametrize("user", ["alone", "beside_full", "beside_streaming"])
@@ -137,6 +138,7 @@ def window_reference(batches, task, num_classes):
     return reference_values(logits, labels, task, num_classes)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("task", list(TASKS))
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_training_metrics_cover_each_logging_window(task, accumulation, tmp_path):
@@ -168,6 +170,7 @@ class StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
+@pytest.mark.compat
 def test_training_metrics_resume_like_the_loss(tmp_path):
     """A resumed run logs, after the checkpoint, the same training and evaluation metrics as the
     uninterrupted run (windows start at the resume point, like the Trainer's loss)."""

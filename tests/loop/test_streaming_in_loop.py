@@ -23,6 +23,7 @@ def batches(rows, size):
             for i in range(0, len(rows), size)]
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("batch_eval_metrics", [False, True])
 def test_metrics_calls_are_those_of_transformers(batch_eval_metrics, tmp_path):
     """The same evaluation data: the loop calls metrics_fn with the batches and compute_result

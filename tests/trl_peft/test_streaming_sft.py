@@ -15,6 +15,7 @@ from tests.streaming_reference import assert_same_metrics, reference_compute_met
 from tests.trl_peft import runs  # noqa: E402
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
 def test_sft_evaluation_equals_a_stock_compute_metrics(peft, tmp_path, caplog):
     stock = runs.trainer("sft", tmp_path / "stock", peft=peft, with_subset_eval=False,
