@@ -34,6 +34,8 @@ _EXPORTS = {
     "StopReason": "hf_callbacks_plus.callbacks.stop_reason",
     "TerminateOnNonFinite": "hf_callbacks_plus.callbacks.terminate_on_nonfinite",
     "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
+    "StreamingMetrics": "hf_callbacks_plus.callbacks.streaming_metrics",
+    "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",
     "MLflowLogger": "hf_callbacks_plus.loggers.mlflow",

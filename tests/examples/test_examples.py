@@ -141,3 +141,20 @@ def test_trl_sft_lora_example(tmp_path, monkeypatch):
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id,
                                                       "train_subset/mean_token_accuracy")] == [4, 8, 12, 16]
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
+
+
+@pytest.mark.transformers
+def test_streaming_metrics_example(tmp_path, monkeypatch):
+    pytest.importorskip("torchmetrics")
+    tiny(monkeypatch)
+    out = run_example(tmp_path, "streaming_metrics.py", str(tmp_path)).stdout
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    pattern = r"step +\d+: accuracy training [0-9.]+  train subset [0-9.]+  eval [0-9.]+  eval f1_macro [0-9.]+"
+    assert len(lines) >= 2 and all(re.fullmatch(pattern, line) for line in lines)
+    assert re.search(r"\d+ predictions files; (eval|train_subset)-step-\d+\.jsonl: \d+ rows", out)
+    evals = sorted((tmp_path / "predictions").glob("eval-step-*.jsonl"))
+    assert evals and all(1 <= len(path.read_text().splitlines()) <= 100 for path in evals)
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    curves = [r["curves"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "log"]
+    assert any("train/accuracy" in c for c in curves) and any("eval/f1_macro" in c for c in curves)
+    assert any("train_subset/accuracy" in c for c in curves)
