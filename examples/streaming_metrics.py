@@ -51,9 +51,15 @@ def main(output_dir: str) -> None:
     trainer = Trainer(
         model=build_model(tokenizer, hidden_size=sizes["hidden_size"]),
         args=training_arguments(output_dir, save_strategy="no"),
-        train_dataset=train, eval_dataset=evaluation, data_collator=data_collator(tokenizer),
-        callbacks=[metrics, TrainSubsetEvaluation(size=sizes["subset"]), stopper,
-                   JsonlLogger(f"{output_dir}/metrics.jsonl")],
+        train_dataset=train,
+        eval_dataset=evaluation,
+        data_collator=data_collator(tokenizer),
+        callbacks=[
+            metrics,
+            TrainSubsetEvaluation(size=sizes["subset"]),
+            stopper,
+            JsonlLogger(f"{output_dir}/metrics.jsonl"),
+        ],
     )
     run_before_integrations(trainer)  # binds StreamingMetrics: its compute_metrics, batch_eval_metrics=True
     trainer.train()
@@ -62,15 +68,21 @@ def main(output_dir: str) -> None:
     for record in history:
         if "eval_accuracy" in record:
             training = next(r for r in history if r["step"] == record["step"] and "loss" in r)
-            print(f"step {record['step']:>4}: accuracy training {training['accuracy']:.3f}  "
-                  f"train subset {record['train_subset_accuracy']:.3f}  eval {record['eval_accuracy']:.3f}  "
-                  f"eval f1_macro {record['eval_f1_macro']:.3f}")
+            print(
+                f"step {record['step']:>4}: accuracy training {training['accuracy']:.3f}  "
+                f"train subset {record['train_subset_accuracy']:.3f}  eval {record['eval_accuracy']:.3f}  "
+                f"eval f1_macro {record['eval_f1_macro']:.3f}"
+            )
     last = metrics.prediction_files[-1]
     rows = [json.loads(line) for line in last.read_text().splitlines()]
-    print(f"{len(metrics.prediction_files)} predictions files; {last.name}: {len(rows)} rows, first {rows[0]}")
+    print(
+        f"{len(metrics.prediction_files)} predictions files; {last.name}: {len(rows)} rows, first {rows[0]}"
+    )
     plot_learning_curves(history, Path(output_dir) / "curves.png", metrics=["loss", "accuracy", "f1_macro"])
-    print(f"best eval_f1_macro {stopper.best_value:.3f} at step {stopper.best_step}; curves in "
-          f"{output_dir}/curves.png")
+    print(
+        f"best eval_f1_macro {stopper.best_value:.3f} at step {stopper.best_step}; curves in "
+        f"{output_dir}/curves.png"
+    )
 
 
 if __name__ == "__main__":

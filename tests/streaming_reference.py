@@ -30,13 +30,22 @@ def reference_values(logits: Any, labels: Any, task: str, num_classes: int | Non
         shifted = scores - scores.max(axis=-1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
         nll = -log_probs[np.arange(len(target)), target]
-        return {"token_accuracy": float(np.mean(predicted == target)), "perplexity": math.exp(float(nll.mean()))}
+        return {
+            "token_accuracy": float(np.mean(predicted == target)),
+            "perplexity": math.exp(float(nll.mean())),
+        }
     out = {"accuracy": float(accuracy_score(target, predicted))}
     for average in ("micro", "macro"):
-        precision, recall, f1, _ = precision_recall_fscore_support(target, predicted, average=average,
-                                                                   zero_division=0)
-        out.update({f"precision_{average}": float(precision), f"recall_{average}": float(recall),
-                    f"f1_{average}": float(f1)})
+        precision, recall, f1, _ = precision_recall_fscore_support(
+            target, predicted, average=average, zero_division=0
+        )
+        out.update(
+            {
+                f"precision_{average}": float(precision),
+                f"recall_{average}": float(recall),
+                f"f1_{average}": float(f1),
+            }
+        )
     counts = confusion_matrix(target, predicted, labels=list(range(num_classes)))
     for label in range(num_classes):
         for prediction in range(num_classes):

@@ -171,5 +171,6 @@ def lm_rows(n: int, seed: int = 0, length: int = 10, vocab_size: int = 48) -> li
         pad = int(torch.randint(0, 3, (1,), generator=generator))
         if pad:
             labels[-pad:] = -100
-        rows.append({"input_ids": ids, "attention_mask": torch.ones(length, dtype=torch.long), "labels": labels})
+        mask = torch.ones(length, dtype=torch.long)
+        rows.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
     return rows

@@ -523,8 +523,9 @@ class EarlyStopping(SelfRestoringState):
                 raise ValueError(problem)
             logger.warning("%s (strict=False: continuing.)", problem)
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
-        evaluates = str(getattr(getattr(args, "eval_strategy", "no"), "value", getattr(args, "eval_strategy", "no")))
-        self._bare_means_eval = evaluates != "no" and not self.grammar.has_section(name)
+        strategy = getattr(args, "eval_strategy", "no")
+        evaluates = str(getattr(strategy, "value", strategy)) != "no"
+        self._bare_means_eval = evaluates and not self.grammar.has_section(name)
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         if self.restore_best:

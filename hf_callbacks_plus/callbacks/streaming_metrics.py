@@ -108,18 +108,24 @@ class StreamingMetrics(TrainerCallback):
         elif isinstance(save_predictions, int) and save_predictions >= 0:
             self.max_predictions = save_predictions
         else:
-            raise ValueError(f"StreamingMetrics: save_predictions must be True, False or an int >= 0 (rows per "
-                             f"evaluation), got {save_predictions!r}.")
+            raise ValueError(
+                f"StreamingMetrics: save_predictions must be True, False or an int >= 0 (rows per "
+                f"evaluation), got {save_predictions!r}."
+            )
         defaults = metrics is None
         self.eval_metrics = MetricSet(standard_metrics(task, num_classes) if defaults else metrics)
         if isinstance(train_metrics, str) and train_metrics == "same":
             self.train_metrics: Optional[MetricSet] = self.eval_metrics.copy()
             if defaults and task == "causal_lm":
-                self.train_metrics = MetricSet({"token_accuracy": self.train_metrics.metrics["token_accuracy"]})
+                self.train_metrics = MetricSet(
+                    {"token_accuracy": self.train_metrics.metrics["token_accuracy"]}
+                )
         elif train_metrics is None or train_metrics is False:
             self.train_metrics = None
         elif isinstance(train_metrics, str):
-            raise ValueError(f"StreamingMetrics: train_metrics must be 'same', None or metrics, got {train_metrics!r}.")
+            raise ValueError(
+                f"StreamingMetrics: train_metrics must be 'same', None or metrics, got {train_metrics!r}."
+            )
         else:
             self.train_metrics = MetricSet(train_metrics)
         self.ignore_index = ignore_index
@@ -145,8 +151,10 @@ class StreamingMetrics(TrainerCallback):
         elif hasattr(trainer, "compute_metrics"):
             self._bind_transformers(trainer)
         else:
-            raise TypeError(f"StreamingMetrics: cannot bind to {type(trainer).__name__}: it has neither "
-                            "compute_metrics (transformers.Trainer) nor metrics_fn (LightweightTrainer).")
+            raise TypeError(
+                f"StreamingMetrics: cannot bind to {type(trainer).__name__}: it has neither "
+                "compute_metrics (transformers.Trainer) nor metrics_fn (LightweightTrainer)."
+            )
         return self
 
     def _bind_transformers(self, trainer: Any) -> None:
@@ -158,8 +166,10 @@ class StreamingMetrics(TrainerCallback):
         if current is None:
             trainer.args.batch_eval_metrics = True
         elif not streams and not trainer.args.batch_eval_metrics:
-            logger.info("StreamingMetrics: your compute_metrics takes no compute_result, so the Trainer holds every "
-                        "logit for it (batch_eval_metrics=False); the streaming metrics are computed from them.")
+            logger.info(
+                "StreamingMetrics: your compute_metrics takes no compute_result, so the Trainer holds every "
+                "logit for it (batch_eval_metrics=False); the streaming metrics are computed from them."
+            )
 
         def compute_metrics(eval_pred: Any, compute_result: Optional[bool] = None) -> dict[str, Any]:
             return self._compute_metrics(eval_pred, compute_result)
@@ -188,8 +198,11 @@ class StreamingMetrics(TrainerCallback):
                     self._update_train(output["logits"], output["labels"])
                     output = {k: v for k, v in output.items() if k not in ("logits", "labels")}
                 else:
-                    self._warn_once("loop-train", "StreamingMetrics: train_step returns no 'logits' and 'labels', "
-                                    "so there are no training metrics; return them in its dict.")
+                    self._warn_once(
+                        "loop-train",
+                        "StreamingMetrics: train_step returns no 'logits' and 'labels', "
+                        "so there are no training metrics; return them in its dict.",
+                    )
                 return output
 
             setattr(train_step, _INSTALLED_BY, self)
@@ -210,8 +223,10 @@ class StreamingMetrics(TrainerCallback):
     def _loop_metrics(self, outputs: list, compute_result: Optional[bool]) -> dict[str, Any]:
         for output in outputs:
             if not (isinstance(output, Mapping) and "logits" in output and "labels" in output):
-                raise TypeError("StreamingMetrics: in a LightweightTrainer, eval_step must return a dict with "
-                                f"'logits' and 'labels' (and optionally 'loss'), got {type(output).__name__}.")
+                raise TypeError(
+                    "StreamingMetrics: in a LightweightTrainer, eval_step must return a dict with "
+                    f"'logits' and 'labels' (and optionally 'loss'), got {type(output).__name__}."
+                )
             self._update_eval(output["logits"], output["labels"])
         user = self.user_compute_metrics
         if compute_result is None:
@@ -243,8 +258,10 @@ class StreamingMetrics(TrainerCallback):
     def _merge(ours: dict[str, float], theirs: Mapping[str, Any]) -> dict[str, Any]:
         clash = sorted(set(ours) & set(theirs))
         if clash:
-            raise ValueError(f"StreamingMetrics: your compute_metrics also returns {clash}; rename your metrics or "
-                             "pass StreamingMetrics other names (metrics={name: metric}).")
+            raise ValueError(
+                f"StreamingMetrics: your compute_metrics also returns {clash}; rename your metrics or "
+                "pass StreamingMetrics other names (metrics={name: metric})."
+            )
         return {**theirs, **ours}
 
     def _predictions_folder(self) -> Path:
@@ -280,10 +297,13 @@ class StreamingMetrics(TrainerCallback):
         logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
         if logits is None or labels is None:
             missing = "logits" if logits is None else "labels"
-            self._warn_once("forward", f"StreamingMetrics: the training forward pass has no {missing} "
-                            f"({type(module).__name__}), so there are no training metrics. trl's SFTTrainer builds no "
-                            "logits in training (fused LM head) and logs mean_token_accuracy itself; a label smoother "
-                            "or compute_loss_func takes the labels out of the model's inputs.")
+            self._warn_once(
+                "forward",
+                f"StreamingMetrics: the training forward pass has no {missing} "
+                f"({type(module).__name__}), so there are no training metrics. trl's SFTTrainer builds no "
+                "logits in training (fused LM head) and logs mean_token_accuracy itself; a label smoother "
+                "or compute_loss_func takes the labels out of the model's inputs.",
+            )
             return
         self._update_train(logits, labels)
 
@@ -293,7 +313,8 @@ class StreamingMetrics(TrainerCallback):
             raise RuntimeError(
                 "StreamingMetrics is not bound to a trainer. TrainerPlus and LightweightTrainer bind their "
                 "callbacks; with a stock transformers.Trainer (or a trl trainer), call "
-                "run_before_integrations(trainer) once after building it.")
+                "run_before_integrations(trainer) once after building it."
+            )
         if self.train_metrics is None:
             return
         self.train_metrics.reset()
@@ -313,8 +334,11 @@ class StreamingMetrics(TrainerCallback):
         self.train_metrics.reset()
         clash = sorted(set(values) & set(logs))
         if clash:
-            self._warn_once("train-clash", f"StreamingMetrics: the training record already has {clash}; "
-                            "keeping the trainer's values (name your metrics differently).")
+            self._warn_once(
+                "train-clash",
+                f"StreamingMetrics: the training record already has {clash}; "
+                "keeping the trainer's values (name your metrics differently).",
+            )
         for key, value in values.items():
             logs.setdefault(key, value)
 
@@ -390,8 +414,14 @@ class _PredictionWriter:
             probabilities = torch.softmax(scores[:room].double(), dim=-1)
             confidence, predicted = probabilities.max(dim=-1)
             for row in range(min(room, count)):
-                self.file.write(json.dumps(_row(self.seen + row, target[row], predicted[row], confidence[row],
-                                                task, ignore_index)) + "\n")
+                self.file.write(
+                    json.dumps(
+                        _row(
+                            self.seen + row, target[row], predicted[row], confidence[row], task, ignore_index
+                        )
+                    )
+                    + "\n"
+                )
             self.rows += min(room, count)
         self.seen += count
 
@@ -403,16 +433,26 @@ class _PredictionWriter:
         target = self.folder / f"evaluation-step-{step}-{index}.jsonl"
         self.path.replace(target)
         if self.seen > self.rows:
-            logger.info("StreamingMetrics: %s holds the first %d of %d predictions (save_predictions bound).",
-                        target, self.rows, self.seen)
+            logger.info(
+                "StreamingMetrics: %s holds the first %d of %d predictions (save_predictions bound).",
+                target,
+                self.rows,
+                self.seen,
+            )
         return target
 
 
-def _row(index: int, label: Any, predicted: Any, confidence: Any, task: str, ignore_index: int) -> dict[str, Any]:
+def _row(
+    index: int, label: Any, predicted: Any, confidence: Any, task: str, ignore_index: int
+) -> dict[str, Any]:
     if task == "classification":
         return {"id": index, "label": int(label), "prediction": int(predicted), "score": float(confidence)}
     if task == "causal_lm":  # position t predicts label t + 1
         label, predicted, confidence = label[1:], predicted[:-1], confidence[:-1]
     keep = label != ignore_index
-    return {"id": index, "label": label[keep].tolist(), "prediction": predicted[keep].tolist(),
-            "score": [round(float(value), 6) for value in confidence[keep]]}
+    return {
+        "id": index,
+        "label": label[keep].tolist(),
+        "prediction": predicted[keep].tolist(),
+        "score": [round(float(value), 6) for value in confidence[keep]],
+    }

@@ -24,8 +24,15 @@ from typing import Any, Optional
 
 from .._compat import require
 
-__all__ = ["IGNORE_INDEX", "TASKS", "MetricSet", "classification_scores", "rank", "scored_pairs",
-           "standard_metrics"]
+__all__ = [
+    "IGNORE_INDEX",
+    "TASKS",
+    "MetricSet",
+    "classification_scores",
+    "rank",
+    "scored_pairs",
+    "standard_metrics",
+]
 
 #: The tasks `scored_pairs` knows, with what the model's logits and the labels look like.
 TASKS = {
@@ -74,12 +81,16 @@ def scored_pairs(logits: Any, labels: Any, task: str, ignore_index: int = IGNORE
     scores, target = _as_tensor(logits), _as_tensor(labels)
     if task == "classification":
         if scores.ndim != 2 or target.ndim != 1 or scores.shape[0] != target.shape[0]:
-            raise ValueError(f"task='classification' needs logits [batch, classes] and labels [batch]; got "
-                             f"logits {tuple(scores.shape)} and labels {tuple(target.shape)}.")
+            raise ValueError(
+                f"task='classification' needs logits [batch, classes] and labels [batch]; got "
+                f"logits {tuple(scores.shape)} and labels {tuple(target.shape)}."
+            )
     else:
         if scores.ndim != 3 or target.ndim != 2 or tuple(scores.shape[:2]) != tuple(target.shape):
-            raise ValueError(f"task={task!r} needs logits [batch, tokens, classes] and labels [batch, tokens]; "
-                             f"got logits {tuple(scores.shape)} and labels {tuple(target.shape)}.")
+            raise ValueError(
+                f"task={task!r} needs logits [batch, tokens, classes] and labels [batch, tokens]; "
+                f"got logits {tuple(scores.shape)} and labels {tuple(target.shape)}."
+            )
         if task == "causal_lm":
             scores, target = scores[:, :-1, :], target[:, 1:]
         scores, target = scores.reshape(-1, scores.shape[-1]), target.reshape(-1)
@@ -231,11 +242,14 @@ def standard_metrics(task: str, num_classes: Optional[int] = None) -> dict[str, 
     check_task(task, "standard_metrics")
     require("torchmetrics", "standard_metrics")
     if task == "causal_lm":
-        return {"token_accuracy": _torchmetrics_classes()["token_accuracy"](),
-                "perplexity": _torchmetrics_classes()["perplexity"]()}
+        return {
+            "token_accuracy": _torchmetrics_classes()["token_accuracy"](),
+            "perplexity": _torchmetrics_classes()["perplexity"](),
+        }
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
         raise ValueError(
-            f"standard_metrics: task={task!r} needs num_classes, an int >= 2, got {num_classes!r}.")
+            f"standard_metrics: task={task!r} needs num_classes, an int >= 2, got {num_classes!r}."
+        )
     return {"classification": _torchmetrics_classes()["classification"](num_classes)}
 
 
@@ -266,11 +280,15 @@ def classification_scores(confusion: Any) -> dict[str, float]:
 
     total = int(counts.sum())
     out = {"accuracy": float(tp.sum() / total) if total else math.nan}
-    for name, numerator, denominator in (("precision", tp, predicted), ("recall", tp, actual),
-                                         ("f1", 2 * tp, predicted + actual)):
+    for name, numerator, denominator in (
+        ("precision", tp, predicted),
+        ("recall", tp, actual),
+        ("f1", 2 * tp, predicted + actual),
+    ):
         out[f"{name}_micro"] = float(divide(numerator.sum(), denominator.sum()))
-        out[f"{name}_macro"] = float(np.average(divide(numerator, denominator)[present])) if present.any() \
-            else math.nan
+        out[f"{name}_macro"] = (
+            float(np.average(divide(numerator, denominator)[present])) if present.any() else math.nan
+        )
     for label, row in enumerate(counts):
         for prediction, count in enumerate(row):
             out[f"confusion_{label}_{prediction}"] = float(count)
@@ -332,17 +350,23 @@ def _torchmetrics_classes() -> dict[str, Any]:
         def __init__(self, num_classes: int, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.num_classes = num_classes
-            self.add_state("confusion", default=torch.zeros(num_classes, num_classes, dtype=torch.long),
-                           dist_reduce_fx="sum")
+            self.add_state(
+                "confusion",
+                default=torch.zeros(num_classes, num_classes, dtype=torch.long),
+                dist_reduce_fx="sum",
+            )
 
         def update(self, scores: Any, target: Any) -> None:
             predicted = scores.argmax(dim=-1) if scores.ndim == target.ndim + 1 else scores
             if int(target.max()) >= self.num_classes or int(target.min()) < 0:
-                raise ValueError(f"ClassificationCounts: labels must be in [0, {self.num_classes}), got "
-                                 f"{int(target.min())}..{int(target.max())} (num_classes={self.num_classes}).")
+                raise ValueError(
+                    f"ClassificationCounts: labels must be in [0, {self.num_classes}), got "
+                    f"{int(target.min())}..{int(target.max())} (num_classes={self.num_classes})."
+                )
             pairs = target.long() * self.num_classes + predicted.long()
-            self.confusion += torch.bincount(pairs, minlength=self.num_classes ** 2).reshape(
-                self.num_classes, self.num_classes)
+            self.confusion += torch.bincount(pairs, minlength=self.num_classes**2).reshape(
+                self.num_classes, self.num_classes
+            )
 
         def compute(self) -> Any:
             return classification_scores(self.confusion.cpu().numpy())

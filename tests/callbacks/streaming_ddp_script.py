@@ -34,12 +34,25 @@ def main() -> None:
             recorded.append((output["logits"].detach().tolist(), kwargs["labels"].tolist()))
 
     model.register_forward_hook(record, with_kwargs=True)
-    args = training_args(output_dir, per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=5,
-                         logging_steps=2, eval_strategy="steps", eval_steps=5, learning_rate=0.05,
-                         ddp_backend="gloo", gradient_accumulation_steps=1)
-    trainer = Trainer(model=model, args=args, train_dataset=classification_rows(40, seed=1),
-                      eval_dataset=classification_rows(30, seed=2),
-                      callbacks=[StreamingMetrics(task="classification", num_classes=3, save_predictions=True)])
+    args = training_args(
+        output_dir,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=5,
+        logging_steps=2,
+        eval_strategy="steps",
+        eval_steps=5,
+        learning_rate=0.05,
+        ddp_backend="gloo",
+        gradient_accumulation_steps=1,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=classification_rows(40, seed=1),
+        eval_dataset=classification_rows(30, seed=2),
+        callbacks=[StreamingMetrics(task="classification", num_classes=3, save_predictions=True)],
+    )
     run_before_integrations(trainer)
     trainer.train()
     if rank == 0:

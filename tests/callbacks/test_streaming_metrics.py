@@ -42,16 +42,35 @@ TASKS = {
 }
 
 
-def build(task, tmp_path, *, trainer_class=Trainer, callbacks=(), compute_metrics=None, n_train=40, n_eval=30,
-          eval_dataset=None, **overrides):
+def build(
+    task,
+    tmp_path,
+    *,
+    trainer_class=Trainer,
+    callbacks=(),
+    compute_metrics=None,
+    n_train=40,
+    n_eval=30,
+    eval_dataset=None,
+    **overrides,
+):
     make_model, make_rows, _ = TASKS[task]
-    options = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 7, "learning_rate": 0.05,
-               "num_train_epochs": 1, "logging_steps": 2}
+    options = {
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 7,
+        "learning_rate": 0.05,
+        "num_train_epochs": 1,
+        "logging_steps": 2,
+    }
     options.update(overrides)
     trainer = trainer_class(
-        model=make_model(), args=training_args(tmp_path, **options),
-        train_dataset=make_rows(n_train, seed=1), eval_dataset=eval_dataset or make_rows(n_eval, seed=2),
-        compute_metrics=compute_metrics, callbacks=list(callbacks))
+        model=make_model(),
+        args=training_args(tmp_path, **options),
+        train_dataset=make_rows(n_train, seed=1),
+        eval_dataset=eval_dataset or make_rows(n_eval, seed=2),
+        compute_metrics=compute_metrics,
+        callbacks=list(callbacks),
+    )
     if trainer_class is Trainer:
         run_before_integrations(trainer)
     return trainer
@@ -63,8 +82,9 @@ def streaming(task, **kwargs):
 
 def stock_metrics(task, tmp_path, **overrides):
     """The stock Trainer's evaluation with the reference compute_metrics (every logit at once)."""
-    trainer = build(task, tmp_path / "stock", compute_metrics=reference_compute_metrics(task, TASKS[task][2]),
-                    **overrides)
+    trainer = build(
+        task, tmp_path / "stock", compute_metrics=reference_compute_metrics(task, TASKS[task][2]), **overrides
+    )
     return trainer.evaluate()
 
 
@@ -104,12 +124,20 @@ def test_evaluation_equals_a_stock_compute_metrics(task, trainer_class, user, tm
 
     user_fn = {"alone": None, "beside_full": full, "beside_streaming": batched}[user]
     overrides = {"batch_eval_metrics": True} if user == "beside_streaming" else {}
-    trainer = build(task, tmp_path / "ours", trainer_class=trainer_class, callbacks=[streaming(task)],
-                    compute_metrics=user_fn, **overrides)
+    trainer = build(
+        task,
+        tmp_path / "ours",
+        trainer_class=trainer_class,
+        callbacks=[streaming(task)],
+        compute_metrics=user_fn,
+        **overrides,
+    )
     assert trainer.args.batch_eval_metrics is (user != "beside_full")
     metrics = trainer.evaluate()
 
-    assert_same_metrics(metrics, without(expected and {f"eval_{k}": v for k, v in expected.items()}, task=task))
+    assert_same_metrics(
+        metrics, without(expected and {f"eval_{k}": v for k, v in expected.items()}, task=task)
+    )
     assert metrics["eval_loss"] == pytest.approx(expected["loss"], rel=1e-6)
     if user == "beside_full":
         assert calls == [30] and metrics["eval_rows"] == 30.0
@@ -143,8 +171,9 @@ def window_reference(batches, task, num_classes):
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_training_metrics_cover_each_logging_window(task, accumulation, tmp_path):
     callback = streaming(task)
-    trainer = build(task, tmp_path, callbacks=[callback], gradient_accumulation_steps=accumulation,
-                    logging_steps=2)
+    trainer = build(
+        task, tmp_path, callbacks=[callback], gradient_accumulation_steps=accumulation, logging_steps=2
+    )
     recorder = ForwardRecorder(trainer.model)
     trainer.train()
 
@@ -152,7 +181,7 @@ def test_training_metrics_cover_each_logging_window(task, accumulation, tmp_path
     assert len(records) == (10 // accumulation) // 2
     per_window = 2 * accumulation
     for index, record in enumerate(records):
-        window = recorder.batches[index * per_window:(index + 1) * per_window]
+        window = recorder.batches[index * per_window : (index + 1) * per_window]
         expected = window_reference(window, task, TASKS[task][2])
         if task == "causal_lm":  # default training metrics of a causal LM: token accuracy only
             expected = {"token_accuracy": expected["token_accuracy"]}
@@ -175,35 +204,56 @@ def test_training_metrics_resume_like_the_loss(tmp_path, monkeypatch):
     """A resumed run logs, after the checkpoint, the same training and evaluation metrics as the
     uninterrupted run (windows start at the resume point, like the Trainer's loss)."""
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # transformers < 4.47 with torch >= 2.6
-    options = {"max_steps": 8, "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "steps",
-               "save_steps": 4, "logging_steps": 2, "num_train_epochs": 2}
+    options = {
+        "max_steps": 8,
+        "eval_strategy": "steps",
+        "eval_steps": 4,
+        "save_strategy": "steps",
+        "save_steps": 4,
+        "logging_steps": 2,
+        "num_train_epochs": 2,
+    }
     whole = build("classification", tmp_path / "whole", callbacks=[streaming("classification")], **options)
     whole.train()
 
-    first = build("classification", tmp_path / "resumed", callbacks=[streaming("classification"), StopAt(4)],
-                  **options)
+    first = build(
+        "classification", tmp_path / "resumed", callbacks=[streaming("classification"), StopAt(4)], **options
+    )
     first.train()  # "crashes" after checkpoint-4
-    resumed = build("classification", tmp_path / "resumed", callbacks=[streaming("classification")], **options)
+    resumed = build(
+        "classification", tmp_path / "resumed", callbacks=[streaming("classification")], **options
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-4"))
 
     def after_checkpoint(trainer):
-        return [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
-                for r in trainer.state.log_history if 4 < r["step"] and "train_loss" not in r]
+        return [
+            {k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
+            for r in trainer.state.log_history
+            if 4 < r["step"] and "train_loss" not in r
+        ]
 
     ours, theirs = after_checkpoint(resumed), after_checkpoint(whole)
     assert [sorted(r) for r in ours] == [sorted(r) for r in theirs]
     for mine, other in zip(ours, theirs):
         for key, value in other.items():
-            if key.startswith(("accuracy", "f1", "precision", "recall", "confusion", "eval_accuracy", "eval_f1")):
+            if key.startswith(
+                ("accuracy", "f1", "precision", "recall", "confusion", "eval_accuracy", "eval_f1")
+            ):
                 assert mine[key] == value, (key, mine, other)
 
 
 def test_several_eval_sets_and_predict(tmp_path):
     eval_sets = {"a": classification_rows(13, seed=3), "b": classification_rows(9, seed=4)}
-    trainer = build("classification", tmp_path, callbacks=[streaming("classification")], eval_dataset=eval_sets)
+    trainer = build(
+        "classification", tmp_path, callbacks=[streaming("classification")], eval_dataset=eval_sets
+    )
     metrics = trainer.evaluate()
-    stock = build("classification", tmp_path / "stock", eval_dataset=eval_sets,
-                  compute_metrics=reference_compute_metrics("classification", 3))
+    stock = build(
+        "classification",
+        tmp_path / "stock",
+        eval_dataset=eval_sets,
+        compute_metrics=reference_compute_metrics("classification", 3),
+    )
     expected = stock.evaluate()
     for name in ("a", "b"):
         assert_same_metrics(metrics, without(expected, f"eval_{name}"), prefix=f"eval_{name}")
@@ -213,12 +263,18 @@ def test_several_eval_sets_and_predict(tmp_path):
 
 def test_train_subset_gets_the_streaming_metrics(tmp_path):
     subset = TrainSubsetEvaluation(size=11, seed=3)
-    trainer = build("classification", tmp_path, callbacks=[streaming("classification", train_metrics=None), subset])
+    trainer = build(
+        "classification", tmp_path, callbacks=[streaming("classification", train_metrics=None), subset]
+    )
     trainer.train()
     metrics = trainer.evaluate()
     rows = [trainer.train_dataset[i] for i in subset.indices]
-    stock = build("classification", tmp_path / "stock", eval_dataset=rows,
-                  compute_metrics=reference_compute_metrics("classification", 3))
+    stock = build(
+        "classification",
+        tmp_path / "stock",
+        eval_dataset=rows,
+        compute_metrics=reference_compute_metrics("classification", 3),
+    )
     stock.model.load_state_dict(trainer.model.state_dict())
     expected = stock.evaluate()
     record = trainer.state.log_history[-1]
@@ -229,23 +285,37 @@ def test_train_subset_gets_the_streaming_metrics(tmp_path):
 @pytest.mark.parametrize("task", list(TASKS))
 def test_predictions_files(task, tmp_path):
     bound = 20
-    trainer = build(task, tmp_path, callbacks=[streaming(task, save_predictions=bound, train_metrics=None)],
-                    eval_strategy="steps", eval_steps=5, max_steps=10)
+    trainer = build(
+        task,
+        tmp_path,
+        callbacks=[streaming(task, save_predictions=bound, train_metrics=None)],
+        eval_strategy="steps",
+        eval_steps=5,
+        max_steps=10,
+    )
     trainer.train()
     files = sorted(p.name for p in (tmp_path / "predictions").iterdir())
     assert files == ["eval-step-10.jsonl", "eval-step-5.jsonl"]
-    rows = [json.loads(line) for line in (tmp_path / "predictions" / "eval-step-10.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "predictions" / "eval-step-10.jsonl").read_text().splitlines()
+    ]
     assert [row["id"] for row in rows] == list(range(bound))
 
     output = trainer.predict(trainer.eval_dataset)
     logits, labels = output.predictions, output.label_ids
-    test_rows = [json.loads(line) for line in (tmp_path / "predictions" / "test-step-10.jsonl").read_text().splitlines()]
+    test_rows = [
+        json.loads(line)
+        for line in (tmp_path / "predictions" / "test-step-10.jsonl").read_text().splitlines()
+    ]
     assert len(test_rows) == bound
     for row in test_rows:
         scores, target = logits[row["id"]], labels[row["id"]]
         if task == "classification":
             assert (row["label"], row["prediction"]) == (int(target), int(scores.argmax()))
-            assert row["score"] == pytest.approx(float(torch.softmax(torch.tensor(scores, dtype=torch.float64), -1).max()))
+            assert row["score"] == pytest.approx(
+                float(torch.softmax(torch.tensor(scores, dtype=torch.float64), -1).max())
+            )
         else:
             if task == "causal_lm":
                 scores, target = scores[:-1], target[1:]
@@ -266,16 +336,24 @@ def test_errors_name_the_argument_and_the_choices(tmp_path):
     with pytest.raises(TypeError, match="metric 'acc' .* has no update, reset"):
         StreamingMetrics({"acc": type("Half", (), {"compute": lambda self: 1.0})()})
 
-    unbound = Trainer(model=TinyClassifier(), args=training_args(tmp_path, max_steps=1),
-                      train_dataset=classification_rows(8), callbacks=[streaming("classification")])
+    unbound = Trainer(
+        model=TinyClassifier(),
+        args=training_args(tmp_path, max_steps=1),
+        train_dataset=classification_rows(8),
+        callbacks=[streaming("classification")],
+    )
     with pytest.raises(RuntimeError, match=r"not bound to a trainer.*run_before_integrations\(trainer\)"):
         unbound.train()
 
     def clashing(eval_pred):
         return {"accuracy": 1.0}
 
-    trainer = build("classification", tmp_path / "clash", callbacks=[streaming("classification")],
-                    compute_metrics=clashing)
+    trainer = build(
+        "classification",
+        tmp_path / "clash",
+        callbacks=[streaming("classification")],
+        compute_metrics=clashing,
+    )
     with pytest.raises(ValueError, match=r"your compute_metrics also returns \['accuracy'\]"):
         trainer.evaluate()
 
@@ -296,15 +374,19 @@ def test_own_metric_objects(tmp_path):
         def reset(self):
             self.n = 0
 
-    trainer = build("token_classification", tmp_path, callbacks=[StreamingMetrics({"labelled": Count()},
-                                                                                   task="token_classification")])
+    trainer = build(
+        "token_classification",
+        tmp_path,
+        callbacks=[StreamingMetrics({"labelled": Count()}, task="token_classification")],
+    )
     labelled = sum(int((row["labels"] != -100).sum()) for row in trainer.eval_dataset)
     assert trainer.evaluate()["eval_labelled"] == labelled
 
 
 def test_a_forward_pass_without_labels_is_said_once(tmp_path, caplog):
-    trainer = build("causal_lm", tmp_path, callbacks=[streaming("causal_lm")], max_steps=4,
-                    label_smoothing_factor=0.1)  # the label smoother takes the labels out of the inputs
+    trainer = build(
+        "causal_lm", tmp_path, callbacks=[streaming("causal_lm")], max_steps=4, label_smoothing_factor=0.1
+    )  # the label smoother takes the labels out of the inputs
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         trainer.train()
     said = [r.getMessage() for r in caplog.records if "no labels" in r.getMessage()]
@@ -325,11 +407,14 @@ def test_early_stopping_and_the_plot_see_training_metrics_in_their_section(tmp_p
         stopper = EarlyStopping(monitor=monitor, mode="max", patience=100, log_name=monitor.replace("/", "_"))
         seen = watched.setdefault(monitor, [])
         decide = stopper.decide
-        stopper.decide = lambda value, step, epoch, seen=seen, decide=decide: (seen.append((step, value)),
-                                                                              decide(value, step, epoch))[1]
+        stopper.decide = lambda value, step, epoch, seen=seen, decide=decide: (
+            seen.append((step, value)),
+            decide(value, step, epoch),
+        )[1]
         callbacks.append(stopper)
-    trainer = build("classification", tmp_path, callbacks=callbacks, eval_strategy="steps", eval_steps=4,
-                    max_steps=8)
+    trainer = build(
+        "classification", tmp_path, callbacks=callbacks, eval_strategy="steps", eval_steps=4, max_steps=8
+    )
     trainer.train()
     history = trainer.state.log_history
     training = [(r["step"], r["accuracy"]) for r in history if "loss" in r]

@@ -29,23 +29,48 @@ def test_two_ranks_count_every_example_once(tmp_path):
     script = Path(__file__).with_name("streaming_ddp_script.py")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-         str(script), str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     outcomes = [json.loads((tmp_path / f"outcome-rank{rank}.json").read_text()) for rank in (0, 1)]
-    def same_on_every_rank(record):  # timings, and the Trainer's own per-rank train_loss, differ
-        return {k: v for k, v in record.items() if not any(t in k for t in ("runtime", "per_second", "train_loss"))}
 
-    assert [same_on_every_rank(r) for r in outcomes[0]["log_history"]] == \
-        [same_on_every_rank(r) for r in outcomes[1]["log_history"]]
+    def same_on_every_rank(record):  # timings, and the Trainer's own per-rank train_loss, differ
+        return {
+            k: v
+            for k, v in record.items()
+            if not any(t in k for t in ("runtime", "per_second", "train_loss"))
+        }
+
+    assert [same_on_every_rank(r) for r in outcomes[0]["log_history"]] == [
+        same_on_every_rank(r) for r in outcomes[1]["log_history"]
+    ]
 
     # training: each logged window holds both ranks' micro-batches (2 steps x 2 ranks x 4 rows)
     records = [r for r in outcomes[0]["log_history"] if "loss" in r]
     assert len(records) == 2
     for index, record in enumerate(records):
-        batches = [b for outcome in outcomes for b in outcome["recorded"][2 * index:2 * index + 2]]
-        expected = reference_values(np.concatenate([np.array(b[0]) for b in batches]),
-                                    np.concatenate([np.array(b[1]) for b in batches]), "classification", 3)
+        batches = [b for outcome in outcomes for b in outcome["recorded"][2 * index : 2 * index + 2]]
+        expected = reference_values(
+            np.concatenate([np.array(b[0]) for b in batches]),
+            np.concatenate([np.array(b[1]) for b in batches]),
+            "classification",
+            3,
+        )
         assert sum(v for k, v in record.items() if k.startswith("confusion_")) == 16
         assert_same_metrics(record, expected, prefix="")
 
@@ -54,8 +79,12 @@ def test_two_ranks_count_every_example_once(tmp_path):
     model.load_state_dict(torch.load(tmp_path / "final.pt"))
     rows = classification_rows(30, seed=2)
     with torch.no_grad():  # in the ranks' batches of 4 rows, so the logits are bit for bit theirs
-        logits = np.concatenate([model(torch.stack([r["features"] for r in rows[i:i + 4]]))["logits"].numpy()
-                                 for i in range(0, 30, 4)])
+        logits = np.concatenate(
+            [
+                model(torch.stack([r["features"] for r in rows[i : i + 4]]))["logits"].numpy()
+                for i in range(0, 30, 4)
+            ]
+        )
     labels = np.array([int(r["labels"]) for r in rows])
     evaluation = next(r for r in outcomes[0]["log_history"] if "eval_accuracy" in r)
     assert sum(v for k, v in evaluation.items() if k.startswith("eval_confusion_")) == 30

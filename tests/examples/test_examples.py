@@ -149,7 +149,8 @@ def test_streaming_metrics_example(tmp_path, monkeypatch):
     tiny(monkeypatch)
     out = run_example(tmp_path, "streaming_metrics.py", str(tmp_path)).stdout
     lines = [line for line in out.splitlines() if line.startswith("step ")]
-    pattern = r"step +\d+: accuracy training [0-9.]+  train subset [0-9.]+  eval [0-9.]+  eval f1_macro [0-9.]+"
+    pattern = (r"step +\d+: accuracy training [0-9.]+  train subset [0-9.]+  eval [0-9.]+  "
+               r"eval f1_macro [0-9.]+")
     assert len(lines) >= 2 and all(re.fullmatch(pattern, line) for line in lines)
     assert re.search(r"\d+ predictions files; (eval|train_subset)-step-\d+\.jsonl: \d+ rows", out)
     evals = sorted((tmp_path / "predictions").glob("eval-step-*.jsonl"))

@@ -19,8 +19,10 @@ from tests.tiny_models import TinyClassifier, classification_rows, training_args
 
 
 def batches(rows, size):
-    return [{key: torch.stack([row[key] for row in rows[i:i + size]]) for key in rows[0]}
-            for i in range(0, len(rows), size)]
+    return [
+        {key: torch.stack([row[key] for row in rows[i : i + size]]) for key in rows[0]}
+        for i in range(0, len(rows), size)
+    ]
 
 
 @pytest.mark.compat
@@ -33,21 +35,30 @@ def test_metrics_calls_are_those_of_transformers(batch_eval_metrics, tmp_path):
 
     def recording(calls):
         if batch_eval_metrics:
+
             def compute(prediction, compute_result=False):
                 labels = prediction.label_ids if hasattr(prediction, "label_ids") else prediction[0]["labels"]
                 calls.append((len(labels), compute_result))
                 return {"n": float(sum(size for size, _ in calls))} if compute_result else {}
         else:
+
             def compute(prediction):
-                size = len(prediction.label_ids) if hasattr(prediction, "label_ids") else \
-                    sum(len(output["labels"]) for output in prediction)
+                size = (
+                    len(prediction.label_ids)
+                    if hasattr(prediction, "label_ids")
+                    else sum(len(output["labels"]) for output in prediction)
+                )
                 calls.append((size, None))
                 return {"n": float(size)}
+
         return compute
 
-    stock = Trainer(model=TinyClassifier(), args=training_args(tmp_path, per_device_eval_batch_size=7,
-                                                               batch_eval_metrics=batch_eval_metrics),
-                    eval_dataset=rows, compute_metrics=recording(theirs))
+    stock = Trainer(
+        model=TinyClassifier(),
+        args=training_args(tmp_path, per_device_eval_batch_size=7, batch_eval_metrics=batch_eval_metrics),
+        eval_dataset=rows,
+        compute_metrics=recording(theirs),
+    )
     expected = stock.evaluate()
 
     model = TinyClassifier()
@@ -57,9 +68,17 @@ def test_metrics_calls_are_those_of_transformers(batch_eval_metrics, tmp_path):
             output = model(**batch)
         return {"loss": output["loss"], "logits": output["logits"], "labels": batch["labels"]}
 
-    loop = LightweightTrainer(LoopArguments(output_dir=str(tmp_path / "loop"), batch_eval_metrics=batch_eval_metrics,
-                                            per_device_eval_batch_size=7, disable_tqdm=True),
-                              eval_data=batches(rows, 7), eval_step=eval_step, metrics_fn=recording(ours))
+    loop = LightweightTrainer(
+        LoopArguments(
+            output_dir=str(tmp_path / "loop"),
+            batch_eval_metrics=batch_eval_metrics,
+            per_device_eval_batch_size=7,
+            disable_tqdm=True,
+        ),
+        eval_data=batches(rows, 7),
+        eval_step=eval_step,
+        metrics_fn=recording(ours),
+    )
     metrics = loop.evaluate()
     assert ours == theirs
     assert metrics["eval_n"] == expected["eval_n"] == 30.0
@@ -84,24 +103,46 @@ def test_streaming_metrics_in_the_loop(tmp_path):
 
     callback = StreamingMetrics(task="classification", num_classes=3)
     eval_batches = batches(classification_rows(30, seed=2), 7)
-    args = LoopArguments(output_dir=str(tmp_path), max_steps=10, logging_steps=2, eval_strategy="steps",
-                         eval_steps=10, save_strategy="no", disable_tqdm=True)
-    trainer = LightweightTrainer(args, train_step, batches(classification_rows(40, seed=1), 4), model=model,
-                                 optimizer=optimizer, eval_data=eval_batches, eval_step=eval_step,
-                                 callbacks=[callback])
+    args = LoopArguments(
+        output_dir=str(tmp_path),
+        max_steps=10,
+        logging_steps=2,
+        eval_strategy="steps",
+        eval_steps=10,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = LightweightTrainer(
+        args,
+        train_step,
+        batches(classification_rows(40, seed=1), 4),
+        model=model,
+        optimizer=optimizer,
+        eval_data=eval_batches,
+        eval_step=eval_step,
+        callbacks=[callback],
+    )
     assert args.batch_eval_metrics is True  # switched on at bind: nothing else needs the outputs
     trainer.train()
 
     records = [r for r in trainer.state.log_history if "loss" in r]
     assert len(records) == 5
     for index, record in enumerate(records):
-        window = seen[2 * index:2 * index + 2]
-        expected = reference_values(np.concatenate([w[0] for w in window]), np.concatenate([w[1] for w in window]),
-                                    "classification", 3)
+        window = seen[2 * index : 2 * index + 2]
+        expected = reference_values(
+            np.concatenate([w[0] for w in window]),
+            np.concatenate([w[1] for w in window]),
+            "classification",
+            3,
+        )
         assert_same_metrics(record, expected, prefix="")
 
     final = [eval_step(batch) for batch in eval_batches]
-    expected = reference_values(np.concatenate([o["logits"].numpy() for o in final]),
-                                np.concatenate([o["labels"].numpy() for o in final]), "classification", 3)
+    expected = reference_values(
+        np.concatenate([o["logits"].numpy() for o in final]),
+        np.concatenate([o["labels"].numpy() for o in final]),
+        "classification",
+        3,
+    )
     evaluation = next(r for r in trainer.state.log_history if "eval_accuracy" in r)
     assert_same_metrics(evaluation, expected)

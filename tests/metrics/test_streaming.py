@@ -28,14 +28,20 @@ def streamed(task, logits, labels, splits, num_classes=None):
     start = 0
     for end in [*splits, len(labels)]:
         if end > start:
-            metrics.update(*scored_pairs(torch.as_tensor(logits[start:end]), torch.as_tensor(labels[start:end]), task))
+            metrics.update(
+                *scored_pairs(torch.as_tensor(logits[start:end]), torch.as_tensor(labels[start:end]), task)
+            )
         start = end
     return metrics.compute()
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 60), classes=st.integers(2, 6),
-       cuts=st.lists(st.integers(0, 60), max_size=5))
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 60),
+    classes=st.integers(2, 6),
+    cuts=st.lists(st.integers(0, 60), max_size=5),
+)
 def test_classification_equals_sklearn_for_any_batch_split(seed, n, classes, cuts):
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(n, classes)).astype(np.float32)
@@ -48,8 +54,12 @@ def test_classification_equals_sklearn_for_any_batch_split(seed, n, classes, cut
 
 
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), length=st.integers(2, 7),
-       cuts=st.lists(st.integers(0, 12), max_size=3))
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 12),
+    length=st.integers(2, 7),
+    cuts=st.lists(st.integers(0, 12), max_size=3),
+)
 def test_token_tasks_equal_numpy_for_any_batch_split(seed, n, length, cuts):
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 5, size=(n, length))
@@ -88,7 +98,9 @@ def test_scored_pairs_shapes_and_ignored_positions():
     assert target.tolist() == [1, 2, 0, 3] and scores.shape == (4, 4)
     scores, target = scored_pairs(logits, labels, "causal_lm")  # position t predicts t + 1
     assert target.tolist() == [2, 3] and torch.equal(scores, torch.stack([logits[0, 1], logits[1, 0]]))
-    scores, target = scored_pairs((torch.zeros(2, 3), "hidden states"), torch.tensor([0, 2]), "classification")
+    scores, target = scored_pairs(
+        (torch.zeros(2, 3), "hidden states"), torch.tensor([0, 2]), "classification"
+    )
     assert scores.shape == (2, 3)
     with pytest.raises(ValueError, match=r"task='classification' needs logits \[batch, classes\]"):
         scored_pairs(logits, labels, "classification")

@@ -18,22 +18,36 @@ from tests.trl_peft import runs  # noqa: E402
 @pytest.mark.compat
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
 def test_sft_evaluation_equals_a_stock_compute_metrics(peft, tmp_path, caplog):
-    stock = runs.trainer("sft", tmp_path / "stock", peft=peft, with_subset_eval=False,
-                         compute_metrics=reference_compute_metrics("causal_lm"))
+    stock = runs.trainer(
+        "sft",
+        tmp_path / "stock",
+        peft=peft,
+        with_subset_eval=False,
+        compute_metrics=reference_compute_metrics("causal_lm"),
+    )
     stock.train()
     expected = {k: v for k, v in stock.state.log_history[-2].items()}  # the last evaluation
 
     callback = StreamingMetrics(task="causal_lm")
-    ours = runs.trainer("sft", tmp_path / "ours", peft=peft, with_subset_eval=False,
-                        callbacks=[callback, TrainSubsetEvaluation(size=8),
-                                   EarlyStopping(monitor="eval_token_accuracy", patience=10)])
+    ours = runs.trainer(
+        "sft",
+        tmp_path / "ours",
+        peft=peft,
+        with_subset_eval=False,
+        callbacks=[
+            callback,
+            TrainSubsetEvaluation(size=8),
+            EarlyStopping(monitor="eval_token_accuracy", patience=10),
+        ],
+    )
     run_before_integrations(ours)
     assert ours.args.batch_eval_metrics is True
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         ours.train()
     record = ours.state.log_history[-2]
-    assert_same_metrics(record, {"token_accuracy": expected["eval_token_accuracy"],
-                                 "perplexity": expected["eval_perplexity"]})
+    assert_same_metrics(
+        record, {"token_accuracy": expected["eval_token_accuracy"], "perplexity": expected["eval_perplexity"]}
+    )
     assert record["eval_mean_token_accuracy"] == expected["eval_mean_token_accuracy"]  # trl's own, untouched
     assert "train_subset_token_accuracy" in record and "train_subset_perplexity" in record
 
