@@ -68,6 +68,9 @@ class StreamingMetrics(TrainerCallback):
             Defaults to False.
         predictions_dir: Folder of the prediction files. Defaults to
             ``<output_dir>/predictions``.
+        log_predictions: Also upload each predictions file to the runs of this package's
+            loggers that keep files (``MLflowLogger``: folder ``predictions_<file name>``;
+            ``WandbLogger``: a ``predictions`` artifact with that alias). Defaults to False.
 
     Raises:
         ValueError: ``task`` is unknown, ``train_metrics`` is not "same"/None/metrics,
@@ -101,6 +104,7 @@ class StreamingMetrics(TrainerCallback):
         ignore_index: int = IGNORE_INDEX,
         save_predictions: Union[bool, int] = False,
         predictions_dir: Optional[Union[str, os.PathLike]] = None,
+        log_predictions: bool = False,
     ) -> None:
         self.task = check_task(task, "StreamingMetrics")
         if isinstance(save_predictions, bool):
@@ -130,6 +134,9 @@ class StreamingMetrics(TrainerCallback):
             self.train_metrics = MetricSet(train_metrics)
         self.ignore_index = ignore_index
         self.predictions_dir = None if predictions_dir is None else Path(predictions_dir)
+        if log_predictions and not self.max_predictions:
+            raise ValueError("StreamingMetrics: log_predictions=True needs save_predictions (True or a row bound).")
+        self.log_predictions = bool(log_predictions)
         self.trainer: Any = None
         self.user_compute_metrics: Optional[Callable[..., Any]] = None
         self.prediction_files: list[Path] = []
@@ -283,7 +290,17 @@ class StreamingMetrics(TrainerCallback):
             if path.exists():
                 path.replace(target)
                 self.prediction_files[self.prediction_files.index(path)] = target
+                if self.log_predictions:
+                    self._upload(target)
         self._unnamed = still[-8:]
+
+    def _upload(self, path: Path) -> None:
+        """Hand a predictions file to every logger of the trainer that keeps files."""
+        handler = getattr(self.trainer, "callback_handler", None)
+        for callback in getattr(handler, "callbacks", []):
+            log_file = getattr(callback, "log_file", None)
+            if callable(log_file) and not isinstance(callback, StreamingMetrics):
+                log_file(path, f"predictions_{path.stem}")
 
     # -- training --------------------------------------------------------------------------
     def _update_train(self, logits: Any, labels: Any) -> None:

@@ -28,12 +28,13 @@ import atexit
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
@@ -42,6 +43,7 @@ from .backend import FAILED, FINISHED, Backend
 from .ledger import StepLedger
 from .records import (
     KEY_NAMES,
+    ArtifactRecord,
     NONFINITE_POLICIES,
     ParamsRecord,
     RawLog,
@@ -227,6 +229,35 @@ class TrackerLogger(SelfRestoringState):
     def worker(self) -> Optional[BackgroundWorker]:
         """The background worker of the open run (None when closed)."""
         return self._worker
+
+    def log_file(self, path: Union[str, os.PathLike], name: str, artifact_type: str = "predictions") -> bool:
+        """Queue a file for upload to the open run as an artifact (MLflow: under ``name/``; W&B: an
+        artifact of type ``artifact_type`` with alias ``name``). `StreamingMetrics` uses it for its
+        predictions files.
+
+        Args:
+            path: The file (copied at once: it may change afterwards).
+            name: Where it goes in the run.
+            artifact_type: The W&B artifact type. Defaults to ``"predictions"``.
+
+        Returns:
+            True when queued; False when this tracker keeps no files (JSONL, TensorBoard), no run
+            is open, or this is not the main process.
+        """
+        worker = self._worker
+        if worker is None or type(self.backend).log_artifact is Backend.log_artifact:
+            return False
+        staging = Path(self._output_dir or tempfile.gettempdir()) / ".tracker_artifacts" / name
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            shutil.copy2(path, staging / Path(path).name)
+        except OSError as error:
+            self._warn(("log_file", name), "%s: could not stage %s for upload (%s); not uploaded.",
+                       type(self).__name__, path, error)
+            return False
+        worker.submit(ArtifactRecord(str(staging), [name], cleanup=True, artifact_type=artifact_type))
+        return True
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until every record so far reached the backend. Returns False on timeout."""

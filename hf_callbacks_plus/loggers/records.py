@@ -150,11 +150,13 @@ class TagsRecord:
 
 @_record
 class ArtifactRecord:
-    """A folder to upload as a model artifact (W&B ``log_model``)."""
+    """A folder to upload as an artifact: a model (W&B ``log_model``) or another ``artifact_type``
+    (``"predictions"``: `StreamingMetrics`' files)."""
 
     path: str
     aliases: list[str]
     cleanup: bool = False
+    artifact_type: str = "model"
     kind = "artifact"
 
 

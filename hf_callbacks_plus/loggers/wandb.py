@@ -320,7 +320,8 @@ class WandbBackend(Backend):
             self._warn(("artifact", str(folder)), "WandbLogger: %s no longer exists; not logged as an "
                        "artifact.", folder)
             return
-        artifact = self._wandb.Artifact(name=f"model-{run_id}", type="model")
+        kind = record.artifact_type
+        artifact = self._wandb.Artifact(name=f"{kind}-{run_id}", type=kind)
         artifact.add_dir(str(folder))
         self.run.log_artifact(artifact, aliases=record.aliases)
         if record.cleanup:
