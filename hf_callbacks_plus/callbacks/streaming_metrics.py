@@ -135,7 +135,9 @@ class StreamingMetrics(TrainerCallback):
         self.ignore_index = ignore_index
         self.predictions_dir = None if predictions_dir is None else Path(predictions_dir)
         if log_predictions and not self.max_predictions:
-            raise ValueError("StreamingMetrics: log_predictions=True needs save_predictions (True or a row bound).")
+            raise ValueError(
+                "StreamingMetrics: log_predictions=True needs save_predictions (True or a row bound)."
+            )
         self.log_predictions = bool(log_predictions)
         self.trainer: Any = None
         self.user_compute_metrics: Optional[Callable[..., Any]] = None

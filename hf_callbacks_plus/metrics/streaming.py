@@ -78,6 +78,8 @@ def scored_pairs(logits: Any, labels: Any, task: str, ignore_index: int = IGNORE
     Raises:
         ValueError: The shapes do not fit the task.
     """
+    import torch
+
     scores, target = _as_tensor(logits), _as_tensor(labels)
     if task == "classification":
         if scores.ndim != 2 or target.ndim != 1 or scores.shape[0] != target.shape[0]:
@@ -91,12 +93,13 @@ def scored_pairs(logits: Any, labels: Any, task: str, ignore_index: int = IGNORE
                 f"task={task!r} needs logits [batch, tokens, classes] and labels [batch, tokens]; "
                 f"got logits {tuple(scores.shape)} and labels {tuple(target.shape)}."
             )
-        if task == "causal_lm":
-            scores, target = scores[:, :-1, :], target[:, 1:]
+        if task == "causal_lm":  # position t predicts label t + 1: compare without copying the logits
+            target = torch.cat([target[:, 1:], torch.full_like(target[:, :1], ignore_index)], dim=1)
         scores, target = scores.reshape(-1, scores.shape[-1]), target.reshape(-1)
     keep = target != ignore_index
-    if not bool(keep.all()):
-        scores, target = scores[keep], target[keep]
+    if not bool(keep.all()):  # one copy, of the labelled rows only
+        rows = keep.nonzero().squeeze(1)
+        scores, target = scores.index_select(0, rows), target.index_select(0, rows)
     return scores, target.long()
 
 
@@ -316,7 +319,19 @@ def _torchmetrics_classes() -> dict[str, Any]:
             self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
         def update(self, scores: Any, target: Any) -> None:
-            self.correct += (scores.argmax(dim=-1) == target).sum()
+            # arg-max == label, exactly, without an arg-max over every row: the label's score must
+            # be the row's maximum (one cheap reduction), and only those rows, where a tie could
+            # put an earlier index first, get the arg-max
+            if scores.ndim == target.ndim:  # already predictions
+                self.correct += (scores == target).sum()
+            else:
+                hits = (
+                    (scores.gather(1, target.unsqueeze(1)).squeeze(1) == scores.amax(dim=-1))
+                    .nonzero()
+                    .squeeze(1)
+                )
+                if len(hits):
+                    self.correct += (scores.index_select(0, hits).argmax(dim=-1) == target[hits]).sum()
             self.total += target.numel()
 
         def compute(self) -> Any:

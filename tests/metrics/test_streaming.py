@@ -121,3 +121,17 @@ def test_metric_set_errors_and_names():
 
     single = MetricSet(MulticlassAUROC(num_classes=3))
     assert single.names == ["multiclass_auroc"]
+
+
+def test_token_accuracy_breaks_ties_like_argmax():
+    """Integer logits tie often: a label that shares the maximum with an earlier index is wrong,
+    as ``argmax`` (first maximum) says, and right when it is the first maximum."""
+    rng = np.random.default_rng(0)
+    logits = rng.integers(0, 3, size=(6, 20, 7)).astype(np.float32)
+    labels = rng.integers(0, 7, size=(6, 20))
+    ours = streamed("causal_lm", logits, labels, [2, 3])
+    assert ours["token_accuracy"] == reference_values(logits, labels, "causal_lm")["token_accuracy"]
+    scores = torch.tensor([[1.0, 1.0, 0.0], [0.0, 2.0, 2.0]])
+    metrics = MetricSet({"acc": standard_metrics("causal_lm")["token_accuracy"]})
+    metrics.update(scores, torch.tensor([1, 1]))  # row 0: tie, first max is 0 -> wrong; row 1: right
+    assert metrics.compute() == {"acc": 0.5}
