@@ -43,8 +43,8 @@ from .backend import FAILED, FINISHED, Backend
 from .ledger import StepLedger
 from .records import (
     KEY_NAMES,
-    ArtifactRecord,
     NONFINITE_POLICIES,
+    ArtifactRecord,
     ParamsRecord,
     RawLog,
     RecordRenderer,
