@@ -22,16 +22,23 @@ def test_predictions_files_reach_the_mlflow_run(tmp_path, sqlite_uri):
 
     metrics = StreamingMetrics(num_classes=3, save_predictions=10, log_predictions=True, train_metrics=None)
     logger = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="predictions")
-    trainer = build("classification", tmp_path, callbacks=[metrics, logger, JsonlLogger(str(tmp_path / "m.jsonl"))],
-                    eval_strategy="steps", eval_steps=5, max_steps=10)
+    trainer = build(
+        "classification",
+        tmp_path,
+        callbacks=[metrics, logger, JsonlLogger(str(tmp_path / "m.jsonl"))],
+        eval_strategy="steps",
+        eval_steps=5,
+        max_steps=10,
+    )
     trainer.train()
 
     client = MlflowClient(sqlite_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("predictions").experiment_id])
     folders = sorted(item.path for item in client.list_artifacts(run.info.run_id))
     assert folders == ["predictions_eval-step-10", "predictions_eval-step-5"]
-    local = client.download_artifacts(run.info.run_id, "predictions_eval-step-10/eval-step-10.jsonl",
-                                      str(tmp_path / "download"))
+    local = client.download_artifacts(
+        run.info.run_id, "predictions_eval-step-10/eval-step-10.jsonl", str(tmp_path / "download")
+    )
     uploaded = [json.loads(line) for line in open(local, encoding="utf-8")]
     assert uploaded == [json.loads(line) for line in (tmp_path / "predictions" / "eval-step-10.jsonl").open()]
     assert len(uploaded) == 10
