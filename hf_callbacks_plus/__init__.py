@@ -35,6 +35,7 @@ _EXPORTS = {
     "TerminateOnNonFinite": "hf_callbacks_plus.callbacks.terminate_on_nonfinite",
     "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
     "StreamingMetrics": "hf_callbacks_plus.callbacks.streaming_metrics",
+    "GenerationSamples": "hf_callbacks_plus.callbacks.generation_samples",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",
