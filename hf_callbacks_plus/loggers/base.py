@@ -69,6 +69,11 @@ def is_main_process(state: Any = None) -> bool:
 #: One logger per state key and run (see `TrackerLogger._check_neighbours`).
 _CLAIMS = TrainBeginClaims()
 
+#: Loggers of this process with an open run, held until it is closed (a trainer dropped after
+#: ``train()`` raised must not take its logger, and the run it holds open, out of reach of the
+#: exit hook and of `TrackerLogger._close_earlier_holder`).
+_OPEN_LOGGERS: dict[int, TrackerLogger] = {}
+
 
 def save_model_to_temp(model: Any, prefix: str) -> str:
     """Save ``model`` into a new temporary folder (``save_pretrained``, else its ``state_dict`` as
@@ -283,6 +288,7 @@ class TrackerLogger(SelfRestoringState):
         with self._lifecycle_lock:
             worker, self._worker = self._worker, None
             self.training = False
+            _OPEN_LOGGERS.pop(id(self), None)
         if worker is None:
             return True
         return worker.close(self.flush_timeout if timeout is None else timeout, status, grace)
@@ -351,6 +357,7 @@ class TrackerLogger(SelfRestoringState):
         self._params_logged = False
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
+        self._close_earlier_holder()
         self.training = True
         self._open()
         if self.log_config and not self._params_logged:
@@ -413,6 +420,31 @@ class TrackerLogger(SelfRestoringState):
         return self.close(FAILED, timeout=timeout, grace=1.0)
 
     # -- internals ---------------------------------------------------------------------
+    def _close_earlier_holder(self) -> None:
+        """Close the run this logger resumes when another logger of this process still holds it.
+
+        A stock ``Trainer`` has no exception event: after ``train()`` raised, its logger keeps the
+        run open until interpreter exit. A resumed ``train()`` in the same process (a notebook, a
+        retry loop) would then meet "run ID in use" (W&B), or see the first logger close the
+        resumed, finished run FAILED at exit (MLflow). The earlier holder is closed now: FAILED
+        when its ``train()`` never ended, and this logger reopens the run.
+        """
+        run_id = self.run_id
+        if run_id is None:
+            return
+        for other in list(_OPEN_LOGGERS.values()):
+            if other is self or other.run_id != run_id or other.state_key != self.state_key:
+                continue
+            crashed = other.training
+            logger.warning("%s: run %s is still open in this process (an earlier %s whose train() %s); "
+                           "closing it %s before this train() reopens it.", type(self).__name__, run_id,
+                           type(other).__name__, "raised" if crashed else "ended",
+                           FAILED if crashed else FINISHED)
+            if crashed:
+                other.close_after_exception()
+            else:
+                other.close(FINISHED)
+
     def _open(self) -> BackgroundWorker:
         with self._lifecycle_lock:
             if self._worker is not None:
@@ -428,6 +460,7 @@ class TrackerLogger(SelfRestoringState):
                 max_memory_records=self.max_memory_records, max_memory_points=self.max_memory_points,
                 backoff_initial=self.backoff[0], backoff_max=self.backoff[1], target=backend.target(),
             )
+            _OPEN_LOGGERS[id(self)] = self
             return self._worker
 
     def _queue_config(self, args: Any, model: Any) -> None:
