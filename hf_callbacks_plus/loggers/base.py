@@ -69,6 +69,10 @@ def is_main_process(state: Any = None) -> bool:
 #: One logger per state key and run (see `TrackerLogger._check_neighbours`).
 _CLAIMS = TrainBeginClaims()
 
+#: The ``report_to`` name of transformers' callback for each tracker.
+_STOCK_REPORT_TO = {"TensorBoardCallback": "tensorboard", "MLflowCallback": "mlflow",
+                    "WandbCallback": "wandb"}
+
 #: Loggers of this process with an open run, held until it is closed (a trainer dropped after
 #: ``train()`` raised must not take its logger, and the run it holds open, out of reach of the
 #: exit hook and of `TrackerLogger._close_earlier_holder`).
@@ -323,7 +327,7 @@ class TrackerLogger(SelfRestoringState):
     #: Class name of transformers' ``report_to`` callback for the same tracker (a subclass sets it).
     stock_callback: Optional[str] = None
 
-    def _check_neighbours(self, state: Any) -> None:
+    def _check_neighbours(self, state: Any, args: Any = None) -> None:
         """Refuse a second instance with this state key in the run (they would share one
         checkpoint entry and one spill file: runs mixed on resume); warn when transformers' own
         callback for the same tracker runs too (two runs, or each point twice)."""
@@ -336,18 +340,35 @@ class TrackerLogger(SelfRestoringState):
         stock = [other for other in callbacks if self.stock_callback is not None
                  and type(other).__name__ == self.stock_callback
                  and type(other).__module__.startswith("transformers.integrations")]
-        if stock:
+        if stock or self._stock_in_report_to(args):
             self._warn(("stock-twin",), "%s: transformers' %s (report_to) runs in this trainer too, so the "
                        "same metrics go to the tracker twice (a second run, or a second value per step). "
                        "Set report_to='none', or call hf_callbacks_plus.replace_report_to_callbacks(trainer) "
                        "to swap it for this logger.", name, self.stock_callback)
+
+    def _stock_in_report_to(self, args: Any) -> bool:
+        """Whether ``args.report_to`` adds transformers' callback for this tracker (a stock Trainer
+        not given to `run_before_integrations` shows its callbacks nowhere else)."""
+        name = _STOCK_REPORT_TO.get(self.stock_callback or "")
+        report_to = getattr(args, "report_to", None)
+        if name is None or not report_to:
+            return False
+        chosen = [report_to] if isinstance(report_to, str) else list(report_to)
+        if "all" in chosen:
+            try:
+                from transformers.integrations import get_available_reporting_integrations
+
+                chosen = list(get_available_reporting_integrations())
+            except ImportError:
+                return False
+        return name in chosen
 
     # -- events ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Restore the run from the checkpoint, start the worker, queue the config."""
         if self.backend is None or not is_main_process(state):
             return
-        self._check_neighbours(state)
+        self._check_neighbours(state, args)
         if self._worker is not None:
             # a run reopened by evaluate()/predict() outside training ended well (it was closed
             # FAILED, also the first, successful run of train(); evaluate(); train()); one left
