@@ -1,15 +1,21 @@
 """What StreamingMetrics' running training metrics add to ``Trainer.train()``, end to end.
 
 Trains the same model on the same data with a stock ``transformers.Trainer``, with and without
-``StreamingMetrics`` (training metrics only: no evaluation), alternating the two ``--repeats``
-times, and prints the median ``train()`` time of each and their ratio. Two models:
+``StreamingMetrics`` (training metrics only: no evaluation), ``--repeats`` pairs of runs (the
+order inside a pair alternates), and prints per model: the median ``train()`` time of each (and
+the range), the ratio of the medians, the median and range of the paired ratios, and the time
+spent inside StreamingMetrics' own code (the training forward hook and the per-log compute,
+timed with ``perf_counter`` around them) as a share of ``train()``: the overhead measured
+directly, which the neighbours of a shared machine disturb far less than the end-to-end ratio.
+Two models:
 
 * ``lm``: a 2-layer Llama (hidden 512, vocabulary 8192), 8 x 128 tokens per step, default metric
   of a causal LM (token accuracy);
 * ``classifier``: a 3-layer MLP (width 1024), 64 rows per step, 4 classes, the default
   classification metrics (accuracy, precision/recall/F1 micro and macro, confusion counts).
 
-Run: ``.venv/bin/python benchmarks/bench_streaming_train.py [--steps 30] [--repeats 5]``
+Run: ``.venv/bin/python benchmarks/bench_streaming_train.py [--steps 30] [--repeats 5]
+[--models lm,classifier]``
 Timings are wall-clock (``time.perf_counter``) with torch on one thread.
 """
 
@@ -23,9 +29,28 @@ import time
 import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_callback import PrinterCallback
 
 from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
 from hf_callbacks_plus.integrations.ordering import run_before_integrations
+
+
+class TimedStreamingMetrics(StreamingMetrics):
+    """StreamingMetrics, with the time spent in its training-forward hook and per-log compute summed."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seconds = 0.0
+
+    def _on_forward(self, *args, **kwargs) -> None:
+        start = time.perf_counter()
+        super()._on_forward(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+
+    def on_pre_log(self, *args, **kwargs) -> None:
+        start = time.perf_counter()
+        super().on_pre_log(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
 
 
 class MLP(nn.Module):
@@ -67,7 +92,8 @@ def rows(kind: str, n: int):
     return [{"x": x[i], "labels": y[i]} for i in range(n)]
 
 
-def run(kind: str, steps: int, streaming: bool) -> float:
+def run(kind: str, steps: int, streaming: bool) -> tuple[float, float]:
+    """One ``train()``: its wall time, and the time inside StreamingMetrics (0 without it)."""
     batch = 8 if kind == "lm" else 64
     model = lm_model() if kind == "lm" else MLP()
     with tempfile.TemporaryDirectory() as output_dir:
@@ -84,7 +110,7 @@ def run(kind: str, steps: int, streaming: bool) -> float:
         )
         callbacks = (
             [
-                StreamingMetrics(
+                TimedStreamingMetrics(
                     task="causal_lm" if kind == "lm" else "classification",
                     num_classes=None if kind == "lm" else 4,
                 )
@@ -95,6 +121,7 @@ def run(kind: str, steps: int, streaming: bool) -> float:
         trainer = Trainer(
             model=model, args=args, train_dataset=rows(kind, steps * batch), callbacks=callbacks
         )
+        trainer.remove_callback(PrinterCallback)  # no log lines on stdout, in both variants
         if streaming:
             run_before_integrations(trainer)
         start = time.perf_counter()
@@ -102,26 +129,43 @@ def run(kind: str, steps: int, streaming: bool) -> float:
         elapsed = time.perf_counter() - start
         if streaming and not any("accuracy" in r or "token_accuracy" in r for r in trainer.state.log_history):
             raise SystemExit("no training metric was logged: the benchmark measures nothing")
-    return elapsed
+    return elapsed, callbacks[0].seconds if streaming else 0.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="pairs of runs (stock, streaming) per model")
     parser.add_argument("--models", default="lm,classifier")
     options = parser.parse_args()
     torch.set_num_threads(1)
-    print("| model | stock train() s | with StreamingMetrics s | ratio | per step, ms (stock) |")
-    print("|---|---|---|---|---|")
+    print(f"{options.steps} steps per train(), {options.repeats} pairs of runs per model, torch on 1 thread")
+    print()
+    print("| model | per step, ms (stock) | stock train() s, median (range) | with StreamingMetrics s, "
+          "median (range) | ratio of medians | paired ratios, median (range) | time inside StreamingMetrics, "
+          "% of train() (median, range) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for kind in options.models.split(","):
-        run(kind, 5, True)  # warm-up: imports, allocator
-        stock, ours = [], []
-        for _ in range(options.repeats):
-            stock.append(run(kind, options.steps, False))
-            ours.append(run(kind, options.steps, True))
+        run(kind, 5, False)  # warm-up: imports, allocator
+        run(kind, 5, True)
+        stock, ours, inside = [], [], []
+        for repeat in range(options.repeats):
+            for streaming in (False, True) if repeat % 2 == 0 else (True, False):
+                elapsed, seconds = run(kind, options.steps, streaming)
+                if streaming:
+                    ours.append(elapsed)
+                    inside.append(100 * seconds / elapsed)
+                else:
+                    stock.append(elapsed)
         s, o = statistics.median(stock), statistics.median(ours)
-        print(f"| {kind} | {s:.2f} | {o:.2f} | {o / s:.3f} | {1000 * s / options.steps:.0f} |")
+        ratios = [b / a for a, b in zip(stock, ours)]
+        print(
+            f"| {kind} | {1000 * s / options.steps:.0f} | {s:.2f} ({min(stock):.2f}-{max(stock):.2f}) | "
+            f"{o:.2f} ({min(ours):.2f}-{max(ours):.2f}) | {o / s:.3f} | {statistics.median(ratios):.3f} "
+            f"({min(ratios):.3f}-{max(ratios):.3f}) | {statistics.median(inside):.2f} % "
+            f"({min(inside):.2f}-{max(inside):.2f}) |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
