@@ -188,6 +188,8 @@ class TrackerLogger(SelfRestoringState):
         self._warn = WarnOnce()
         self._lifecycle_lock = threading.Lock()
         self._exit_hook: Optional[Any] = None
+        #: Where the checkpoint's run was written (`local_location`, absolute), set on resume.
+        self.restored_location: Optional[str] = None
 
     @property
     def run_id(self) -> Optional[str]:
@@ -310,8 +312,10 @@ class TrackerLogger(SelfRestoringState):
         worker = self._worker
         if worker is not None and self.run_id is None and worker.healthy:
             worker.wait_started(min(self.flush_timeout, 5.0))
+        location = self.local_location()
         return {"run_id": self.run_id, "last_steps": self.ledger.last_steps(),
-                "pending": 0 if worker is None else worker.pending, "params_logged": self._params_logged}
+                "pending": 0 if worker is None else worker.pending, "params_logged": self._params_logged,
+                "location": None if location is None else os.path.abspath(location)}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         """Restore the run id and the logged steps from a checkpoint."""
@@ -321,6 +325,7 @@ class TrackerLogger(SelfRestoringState):
                            type(self).__name__, run_id, self.explicit_run_id, self.explicit_run_id)
             return
         self.run_id = run_id or self.run_id
+        self.restored_location = attributes.get("location")
         self.ledger.restore(attributes.get("last_steps") or {})
         self._params_logged = bool(attributes.get("params_logged", False))
 
@@ -375,9 +380,11 @@ class TrackerLogger(SelfRestoringState):
             # open by a train() that never reached its end did not
             self.close(FAILED if self.training else FINISHED)
         self.ledger.new_session(self.explicit_run_id)
+        self.restored_location = None
         self._params_logged = False
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
+        self._tell_moved_location()
         self._close_earlier_holder()
         self.training = True
         self._open()
@@ -440,7 +447,48 @@ class TrackerLogger(SelfRestoringState):
             timeout = min(self.flush_timeout, 2.0) if worker.healthy else 0.0
         return self.close(FAILED, timeout=timeout, grace=1.0)
 
+    def explicit_location(self) -> Optional[str]:
+        """The file or folder the user chose for the run (argument or environment). Defaults to None."""
+        return None
+
+    def default_location(self) -> Optional[str]:
+        """Where the run goes without a choice (under ``output_dir``); None for a tracker that keeps
+        runs elsewhere (MLflow, W&B). Defaults to None."""
+        return None
+
+    def local_location(self) -> Optional[str]:
+        """The file or folder on this machine that holds the run (JSONL file, TensorBoard folder).
+
+        The user's choice; else, on resume, the checkpoint's (saved in every checkpoint) when it
+        exists here, so a checkpoint copied into another ``output_dir`` continues its run instead
+        of splitting it in two; else `default_location`.
+        """
+        explicit = self.explicit_location()
+        if explicit is not None:
+            return explicit
+        restored = self.restored_location
+        if restored and os.path.exists(restored):
+            return restored
+        return self.default_location()
+
     # -- internals ---------------------------------------------------------------------
+    def _tell_moved_location(self) -> None:
+        """On resume, say where the run continues when that is not where this ``output_dir`` puts it."""
+        restored, default = self.restored_location, self.default_location()
+        if not restored or default is None or self.explicit_location() is not None:
+            return
+        if os.path.abspath(default) == restored:
+            return
+        name = type(self).__name__
+        if os.path.exists(restored):
+            logger.warning("%s: resuming the run kept in %s (named by the checkpoint); it continues there, "
+                           "not in %s. Pass the location explicitly to write elsewhere.", name, restored,
+                           default)
+        else:
+            logger.warning("%s: the checkpoint's run is in %s, which does not exist here; this resumed "
+                           "training writes to %s, without what was logged before the checkpoint.",
+                           name, restored, default)
+
     def _close_earlier_holder(self) -> None:
         """Close the run this logger resumes when another logger of this process still holds it.
 

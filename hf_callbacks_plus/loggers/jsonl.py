@@ -155,7 +155,13 @@ class JsonlLogger(TrackerLogger):
 
     @property
     def file(self) -> Path:
-        """The file written to."""
-        if self.path is not None:
-            return Path(self.path)
-        return Path(self._output_dir or ".") / DEFAULT_FILE_NAME
+        """The file written to: ``path``, else the resumed run's file, else ``<output_dir>/metrics.jsonl``."""
+        return Path(self.local_location() or DEFAULT_FILE_NAME)
+
+    def explicit_location(self) -> Optional[str]:
+        """``path``, when given."""
+        return self.path
+
+    def default_location(self) -> Optional[str]:
+        """``<output_dir>/metrics.jsonl``."""
+        return str(Path(self._output_dir or ".") / DEFAULT_FILE_NAME)

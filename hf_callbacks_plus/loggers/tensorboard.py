@@ -141,10 +141,17 @@ class TensorBoardLogger(TrackerLogger):
         self.backend: TensorBoardBackend = TensorBoardBackend(summary_writer_class(), self._directory)
 
     def _directory(self, run_id: str) -> str:
+        """The run's folder: `local_location`, or ``<output_dir>/runs/<run_id>`` for a new run."""
+        return self.local_location() or str(Path(self._output_dir or ".") / "runs" / run_id)
+
+    def explicit_location(self) -> Optional[str]:
+        """``log_dir``, else ``TENSORBOARD_LOGGING_DIR``, when set."""
         chosen = self.log_dir or os.environ.get("TENSORBOARD_LOGGING_DIR")
-        if chosen:
-            return os.path.expanduser(chosen)
-        return str(Path(self._output_dir or ".") / "runs" / run_id)
+        return os.path.expanduser(chosen) if chosen else None
+
+    def default_location(self) -> Optional[str]:
+        """``<output_dir>/runs/<run id>`` (None before the run has an id)."""
+        return None if self.run_id is None else str(Path(self._output_dir or ".") / "runs" / self.run_id)
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger."""

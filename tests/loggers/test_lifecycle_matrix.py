@@ -254,3 +254,58 @@ def test_stock_integration_beside_ours_warns(tmp_path, _template_db, monkeypatch
     told = [r.getMessage() for r in caplog.records if f"transformers' {callback_name}" in r.getMessage()]
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     assert "report_to='none'" in told[0] and "replace_report_to_callbacks" in told[0]
+
+
+class FakeCrashAtStep6:
+    """Raises at step 6: a crash after the checkpoint of step 4 (a stock Trainer has no exception event)."""
+
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class _Crash(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == 6:
+                    raise RuntimeError("injected crash")
+
+        return _Crash()
+
+
+def test_resume_into_another_output_dir(tmp_path, backend, caplog):
+    """A checkpoint copied into another output_dir and resumed there continues the same run: one
+    MLflow/W&B run, and the JSONL file / TensorBoard folder named by the checkpoint (they were split
+    in two, the steps between checkpoint and crash written in both), with a warning saying where."""
+    import logging
+    import shutil
+
+    name, make, read = backend
+    with pytest.raises(RuntimeError, match="injected crash"):
+        make_trainer(tmp_path, callbacks=[make(), FakeCrashAtStep6()], **ARGS).train()
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "checkpoint-4", moved / "checkpoint-4")
+    resumed = make_trainer(moved, callbacks=[make()], **ARGS)
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        resumed.train(resume_from_checkpoint=str(moved / "checkpoint-4"))
+    points, statuses = read()
+    assert not duplicates(points), duplicates(points)
+    assert train_steps(points) == list(range(1, 9))
+    assert statuses and statuses[-1 if name != "mlflow_sqlite" else 0] == "FINISHED", statuses
+    if name in ("jsonl", "tensorboard"):
+        assert any("continues there" in r.getMessage() and str(tmp_path) in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_resume_where_the_run_is_gone_says_so(tmp_path, caplog):
+    """The checkpoint's JSONL file does not exist on this machine: the resumed run writes under its
+    own output_dir and says that what came before the checkpoint is not there."""
+    import logging
+    import shutil
+
+    make_trainer(tmp_path / "a", callbacks=[JsonlLogger()], **ARGS).train()
+    shutil.copytree(tmp_path / "a" / "checkpoint-4", tmp_path / "b" / "checkpoint-4")
+    shutil.rmtree(tmp_path / "a")
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        make_trainer(tmp_path / "b", callbacks=[JsonlLogger()], **ARGS).train(
+            resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-4"))
+    told = [r.getMessage() for r in caplog.records if "does not exist here" in r.getMessage()]
+    assert len(told) == 1 and str(tmp_path / "b" / "metrics.jsonl") in told[0], told
+    assert (tmp_path / "b" / "metrics.jsonl").is_file()
