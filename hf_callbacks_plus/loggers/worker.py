@@ -1,15 +1,22 @@
 """The background worker of a tracker logger: queue, retry with backoff, spill file, replay.
 
 The training thread only calls `BackgroundWorker.submit` (one ``SimpleQueue.put`` of a
-`RawLog` or a record). A daemon thread renders raw logs into records, starts the run on the
-`Backend`, then sends records in order, in batches, planning each batch with the
-`StepLedger` (resume boundary, repeats) and marking what was delivered. While the backend
-answers, it takes queued items in only while its backlog has room and goes back to sending (a
-burst waits in the queue, itself bounded: the overflow is spilled). When the backend
-fails with a *transient* error, the worker keeps the records in memory (up to
-``max_memory_records`` records and ``max_memory_points`` metric points), then appends the
-overflow to a JSONL spill file, and retries with exponential backoff; when the backend answers
-again it replays memory, then the file, in order.
+`RawLog` or a record, after one comparison). A daemon thread renders raw logs into records,
+starts the run on the `Backend`, then sends records in order, in batches, planning each batch
+with the `StepLedger` (resume boundary, repeats) and marking what was delivered. While the
+backend answers, it takes queued items in only while its backlog has room and goes back to
+sending (a burst waits in the queue). When the backend fails with a *transient* error, the
+worker keeps the records in memory (up to ``max_memory_records`` records and
+``max_memory_points`` metric points), then appends the overflow to a JSONL spill file, and
+retries with exponential backoff; when the backend answers again it replays memory, then the
+file, in order.
+
+The memory bound holds whatever the worker thread is doing: at most ``max_memory_points``
+metric points in its backlog and as many again in the queue. When a record would take the
+queue over its bound (a backend call that hangs, a backend slower than the training),
+`BackgroundWorker.submit` itself moves the oldest queued items to the end of the spill file
+until the record fits (rendered, under the spill lock), with one warning; the worker sends them
+from there when the backend answers. Order is kept: memory, then the file, then the queue.
 
 Closing is bounded: `BackgroundWorker.close` gives the worker ``timeout`` seconds, whether the
 backend is down or merely slow; what is not delivered by then goes to the spill file, with
@@ -153,7 +160,9 @@ class BackgroundWorker:
         max_memory_records: Records kept in memory before spilling to disk. Defaults to 10000.
         max_memory_points: Metric points kept in memory before spilling to disk (bounds the
             memory of heavy records: 500 metrics per step), and, as many again, waiting in the
-            queue. Defaults to 200000.
+            queue: at most ``2 * max_memory_points`` points are held at once, even while a
+            backend call hangs (the training thread then spills what the queue cannot hold; a
+            single record larger than the bound is spilled alone). Defaults to 200000.
         batch_size: Most records handed to the backend at once. Defaults to 64.
         backoff_initial: First retry delay in seconds, doubled after each failure. Defaults to 0.5.
         backoff_max: Longest retry delay in seconds. Defaults to 30.
@@ -209,7 +218,13 @@ class BackgroundWorker:
         self._failed = False  # the run could not start: records go to the spill file
         self._deadline: Optional[float] = None  # set by close(): give up after it
         self._condition = threading.Condition()
-        self._spill_lock = threading.Lock()
+        # Held by whoever moves items out of the queue (the worker, or `submit` when the queue is
+        # over its bound) until they are placed, and by every spill file access: items are
+        # placed in the order they were submitted. Reentrant: `_drain` appends while holding it.
+        self._spill_lock = threading.RLock()
+        self._waiting = False  # the worker waits for the queue outside the lock (see `_drain`)
+        self._call_started: Optional[float] = None  # when the backend call in progress began
+        self._warned_overflow = False
         self._abandoned = False
         self._shut_down = False
         self._submitted = 0
@@ -227,6 +242,8 @@ class BackgroundWorker:
         self.peak_points = 0
         #: Most metric points seen waiting in the queue (between ``on_log`` and the worker).
         self.peak_queued_points = 0
+        #: Records the training thread spilled itself because the queue was over its bound.
+        self.spilled_by_submit = 0
         leftover = self._spill.leftover()
         if leftover:
             self._submitted += leftover
@@ -237,14 +254,80 @@ class BackgroundWorker:
 
     # -- training-thread API -----------------------------------------------------------
     def submit(self, item: RawLog | Record) -> None:
-        """Queue a record, or raw ``on_log`` data the worker renders; never blocks, never raises.
+        """Queue a record, or raw ``on_log`` data the worker renders; never waits for the
+        backend, never raises.
 
         Raw data keeps rendering and normalization off the training thread: the caller only
-        copies what it hands over.
+        copies what it hands over. When the item would take the queue over
+        ``max_memory_points`` (the worker is stuck in a backend call, or far behind), the
+        oldest queued items are rendered and appended to the spill file here until it fits, in
+        order, so memory stays bounded; the worker sends them when the backend answers.
         """
         self._submitted += 1
-        self._queued_in += len(item.logs) if isinstance(item, RawLog) else points(item)
+        size = len(item.logs) if isinstance(item, RawLog) else points(item)
+        if self._queued_in - self._queued_out + size > self._max_points:
+            self._spill_from_submit(item, size)
+            return
+        self._queued_in += size
         self._queue.put(item)
+
+    def _spill_from_submit(self, item: RawLog | Record, size: int) -> None:
+        """Training thread, queue over its bound: the oldest queued items go to the spill file
+        until ``item`` fits in the queue (``item`` itself too when the queue is empty).
+
+        The order stays memory, file, queue: the items moved are the queue's head and the file
+        comes before the queue. Queued items are taken under the spill lock, which the worker
+        holds from taking an item to placing it. When the worker is waiting for the queue (it
+        takes the item at once) or closing, the item is simply queued.
+        """
+        with self._spill_lock:
+            if self._waiting or self._deadline is not None or self._abandoned or self._shut_down:
+                self._queued_in += size
+                self._queue.put(item)
+                return
+            self.peak_queued_points = max(self.peak_queued_points, self._queued_in - self._queued_out)
+            taken = 0
+            moved: list[RawLog | Record] = []
+            try:
+                while self._queued_in - taken - self._queued_out + size > self._max_points:
+                    queued = self._queue.get_nowait()
+                    if isinstance(queued, _Stop):  # not expected before close(): put it back, stop
+                        self._queue.put(queued)
+                        break
+                    taken += len(queued.logs) if isinstance(queued, RawLog) else points(queued)
+                    moved.append(queued)
+            except queue.Empty:  # the queue is empty and ``item`` alone is over the bound
+                moved.append(item)
+                item = None
+            self._queued_in -= taken  # this thread is the one writer of _queued_in
+            records = []
+            for entry in moved:
+                record = self._render(entry) if isinstance(entry, RawLog) else entry
+                if record is not None:
+                    records.append(record)
+            if records:
+                try:
+                    self._append_to_file(records)
+                    self.spilled_by_submit += len(records)
+                except Exception as error:  # never raise into the training loop
+                    logger.error("%s: could not write %d record(s) to the spill file %s (%s: %s); they "
+                                 "are dropped.", self.name, len(records), self._spill.path,
+                                 type(error).__name__, str(error)[:300])
+                    self.dropped += len(records)
+                    self._settle(len(records))
+            if item is not None:
+                self._queued_in += size
+                self._queue.put(item)
+            if not self._warned_overflow:
+                self._warned_overflow = True
+                started = self._call_started
+                running = ("" if started is None else
+                           f" (a call has been running for {time.monotonic() - started:.1f} s)")
+                logger.warning(
+                    "%s: the backend is slow or unreachable%s and the queue reached its bound of %d metric "
+                    "points; records are spilled to %s and sent in order when it answers.",
+                    self.name, running, self._max_points, self._spill.path,
+                )
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until every record submitted so far is sent (or dropped, or spilled).
@@ -273,6 +356,16 @@ class BackgroundWorker:
             if not self.healthy or not self._thread.is_alive() or time.monotonic() >= end:
                 return False
         return True
+
+    @property
+    def queued_points(self) -> int:
+        """Metric points waiting in the queue now (read without locking)."""
+        return max(0, self._queued_in - self._queued_out)
+
+    @property
+    def held_points(self) -> int:
+        """Metric points in the worker's backlog (memory) now (read without locking)."""
+        return self._pending_points
 
     @property
     def pending(self) -> int:
@@ -440,9 +533,11 @@ class BackgroundWorker:
 
     def _attempt(self, function: Callable[..., None], batch: Optional[list[Record]]) -> str:
         """Run ``function``; return "ok", "transient", "dropped", "isolate" or "fatal"."""
+        self._call_started = time.monotonic()
         try:
             function() if batch is None else function(batch)
         except Exception as error:  # the backend must never crash training
+            self._call_started = None
             if not self.backend.is_transient(error):
                 if batch is None:
                     logger.error("%s: could not start the run (%s: %s). Nothing will be sent to the backend; "
@@ -468,6 +563,7 @@ class BackgroundWorker:
                     self.name, type(error).__name__, str(error)[:300], self._max_memory, self._spill.path,
                 )
             return "transient"
+        self._call_started = None
         if self._down_since is not None:
             logger.warning(
                 "%s: the backend is reachable again after %.1f s; replaying kept records in order.",
@@ -506,50 +602,66 @@ class BackgroundWorker:
         first item when intake is open; when it is closed the call waits at most 50 ms (a
         caller waiting out a backoff does not spin).
 
+        Items are taken and placed under the spill lock, so `submit` spilling an over-full queue
+        never interleaves with this (the wait for the first item is outside the lock, flagged
+        by ``_waiting``: `submit` then queues instead of spilling).
+
         Returns True when asked to stop, or when closing and past the deadline (what is still
         queued is then left for `_shutdown`).
         """
+        item: Any = None  # an item taken from the queue, not placed yet
+        if block:
+            closing = self._deadline is not None and self._expired()
+            if not closing and not self._intake_open(False):
+                time.sleep(0.05 if timeout is None else min(timeout, 0.05))
+                return False
+            with self._spill_lock:
+                self._waiting = True
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                with self._spill_lock:
+                    self._waiting = False
+                return False
         stop = False
         to_file: list[Record] = []
-        first = True
-        self.peak_queued_points = max(self.peak_queued_points, self._queued_in - self._queued_out)
-        while True:
-            closing = self._deadline is not None and self._expired()
-            if not closing and not self._intake_open(bool(to_file)):
-                if first and block:
-                    time.sleep(0.05 if timeout is None else min(timeout, 0.05))
-                break
-            try:
-                if first and block:
-                    item = self._queue.get(timeout=timeout)
+        with self._spill_lock:
+            self._waiting = False
+            self.peak_queued_points = max(self.peak_queued_points, self._queued_in - self._queued_out)
+            while True:
+                closing = self._deadline is not None and self._expired()
+                if item is None:
+                    if not closing and not self._intake_open(bool(to_file)):
+                        break
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                if isinstance(item, RawLog):
+                    self._queued_out += len(item.logs)
+                    item = self._render(item)
+                elif not isinstance(item, _Stop):
+                    self._queued_out += points(item)
+                if item is None:
+                    pass
+                elif isinstance(item, _Stop):
+                    stop = True
+                elif (to_file or self._spill.exists()
+                      or not (self._has_room(points(item)) or not self._pending)):
+                    to_file.append(item)
+                    if len(to_file) >= 256:
+                        self._append_to_file(to_file)
+                        to_file = []
                 else:
-                    item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            first = False
-            if isinstance(item, RawLog):
-                self._queued_out += len(item.logs)
-                item = self._render(item)
-            elif not isinstance(item, _Stop):
-                self._queued_out += points(item)
-            if item is None:
-                pass
-            elif isinstance(item, _Stop):
-                stop = True
-            elif to_file or self._spill.exists() or not (self._has_room(points(item)) or not self._pending):
-                to_file.append(item)
-                if len(to_file) >= 256:
-                    self._append_to_file(to_file)
-                    to_file = []
-            else:
-                self._pending.append(item)
-                self._pending_points += points(item)
-                self.peak_points = max(self.peak_points, self._pending_points)
-            if closing:
-                stop = True  # closing: the rest of the queue goes straight to the spill file
-                break
-        if to_file:
-            self._append_to_file(to_file)
+                    self._pending.append(item)
+                    self._pending_points += points(item)
+                    self.peak_points = max(self.peak_points, self._pending_points)
+                item = None
+                if closing:
+                    stop = True  # closing: the rest of the queue goes straight to the spill file
+                    break
+            if to_file:
+                self._append_to_file(to_file)
         return stop
 
     def _render(self, raw: RawLog) -> Optional[LogRecord]:
@@ -574,7 +686,7 @@ class BackgroundWorker:
     def _append_to_file(self, records: list[Record]) -> None:
         with self._spill_lock:  # after an abandon too: never lose what this thread holds
             self._spill.append([self._stamp(record) for record in records])
-        self._spilled_total += len(records)
+            self._spilled_total += len(records)
         if self._failed:  # nothing will load them back in this process: they are settled there
             self._settle(len(records))
 
@@ -602,7 +714,9 @@ class BackgroundWorker:
             return current is None or session is None or session == self._session or record.run_id == current
 
         held: list[Record] = []
-        for run_id, records in self._spill.partition(is_own).items():
+        with self._spill_lock:  # `submit` may append to the file meanwhile
+            others = self._spill.partition(is_own)
+        for run_id, records in others.items():
             if self.backend.can_write_other_runs:
                 try:
                     send_to_run(self.backend, self._sanitize, run_id, records)
@@ -615,7 +729,8 @@ class BackgroundWorker:
                                    str(error)[:300], self._spill.held_path)
             held.extend(records)
             self._settle(len(records))
-        self._spill.hold(held)
+        with self._spill_lock:
+            self._spill.hold(held)
         if held and not self.backend.can_write_other_runs:
             runs = sorted({str(record.run_id) for record in held})
             logger.warning(
