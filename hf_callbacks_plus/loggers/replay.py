@@ -6,6 +6,12 @@ with a ``.target.json`` beside them naming the logger and its target. `replay_sp
 every record to the run it belongs to, in order, skipping the steps that run already holds,
 sets the run's final status when the records carry one, and removes what was delivered from
 the file: replaying twice sends nothing twice.
+
+A training may still be appending to the file: the file is read under its lock
+(`hf_callbacks_plus.loggers.spill.locked`), the records are sent without it, and the file is
+rewritten under it again with what was not delivered plus what was appended meanwhile. When
+the training rewrote the file in between (its worker took the records back), the file is left
+as the training wrote it (a later replay skips the steps the run already holds).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Callable, Optional, Union
 
 from .backend import Backend
 from .records import FinishRecord, LogRecord, NameSanitizer, Record, WarnOnce, record_from_json
-from .spill import read_records, write_records
+from .spill import locked, read_records, write_records
 from .worker import send_to_run
 
 __all__ = ["ReplayedRun", "backend_for", "find_spill_files", "replay_spill"]
@@ -144,6 +150,15 @@ def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> B
                      "WandbLogger or JsonlLogger.")
 
 
+def _identity(file: Path) -> Optional[tuple[int, int, int]]:
+    """``(device, inode, size)`` of a file, or None when it does not exist."""
+    try:
+        stat = file.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_size
+
+
 def _groups(records: list[Record]) -> Iterator[tuple[Optional[str], list[Record]]]:
     by_run: dict[Optional[str], list[Record]] = {}
     for record in records:
@@ -187,7 +202,9 @@ def replay_spill(path: Union[str, Path], dry_run: bool = False, tracking_uri: Op
             _refuse_non_spill_file(file)
         target = json.loads(target_file.read_text(encoding="utf-8")) if target_file.exists() else {}
         name = str(target.get("logger", "unknown logger"))
-        records = read_records(file, name)
+        with locked(file):
+            records = read_records(file, name)
+            read_as = _identity(file)
         backend = None if dry_run else backend_for(target, tracking_uri)
         left: list[Record] = []
         for run_id, group in _groups(records):
@@ -202,8 +219,17 @@ def replay_spill(path: Union[str, Path], dry_run: bool = False, tracking_uri: Op
             results.append(entry)
             report(("would send " if dry_run else "") + entry.describe())
         if not dry_run:
-            write_records(file, left)
-            stem = target_file.name[: -len(".target.json")]
-            if not any(file.with_name(f"{stem}{suffix}").exists() for suffix in (".jsonl", ".held.jsonl")):
-                target_file.unlink(missing_ok=True)  # nothing left to replay
+            with locked(file):  # what a training appended meanwhile is kept, after what is left
+                now = _identity(file)
+                appended_only = (read_as is not None and now is not None and now[:2] == read_as[:2]
+                                 and now[2] >= read_as[2])
+                if appended_only:
+                    write_records(file, left + read_records(file, name, offset=read_as[2]))
+                elif read_as is not None and now != read_as:
+                    report(f"{file} was rewritten or emptied by a training while it was replayed; it is "
+                           "left as the training wrote it (a later replay skips the steps the runs hold)")
+                stem = target_file.name[: -len(".target.json")]
+                siblings = (file.with_name(f"{stem}{suffix}") for suffix in (".jsonl", ".held.jsonl"))
+                if not any(sibling.exists() for sibling in siblings):
+                    target_file.unlink(missing_ok=True)  # nothing left to replay
     return results

@@ -10,7 +10,11 @@ its own run:
   writes only to its open run); kept, and replayed by the run they belong to when it is
   resumed (or by ``hf-callbacks-plus replay``);
 * ``<name>.target.json``: which logger and target (tracking URI with its credentials masked,
-  experiment...) the records are for.
+  experiment...) the records are for;
+* ``<name>.jsonl.lock``: an advisory lock (``fcntl.flock``), held by every append and every
+  read-modify-rewrite of the two files above, by the training process and by
+  ``hf-callbacks-plus replay`` alike, so an append never lands in a file being rewritten (and
+  lost). It is never deleted (deleting a lock file lets two processes lock different files).
 
 When the directory cannot be written, the files move to a temporary directory, with one
 warning naming both places.
@@ -23,12 +27,19 @@ import logging
 import os
 import tempfile
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; appends and rewrites are then not serialized between processes
+    fcntl = None  # type: ignore[assignment]
+
 from .records import Record, record_from_json, record_to_json
 
-__all__ = ["SpillFile", "read_records", "replay_hint", "write_records"]
+__all__ = ["SpillFile", "lock_path", "locked", "read_records", "replay_hint", "write_records"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -36,6 +47,41 @@ logger = logging.getLogger("hf_callbacks_plus")
 def replay_hint(path: Path) -> str:
     """The sentence telling how to replay a spill file."""
     return f"replay them with `hf-callbacks-plus replay {path}` (add --dry-run to list them first)"
+
+
+# -- lock --------------------------------------------------------------------------------
+def lock_path(path: Path) -> Path:
+    """The lock file of a spill file or of its held file: ``<name>.jsonl.lock`` for both."""
+    path = Path(path)
+    stem = path.stem[: -len(".held")] if path.stem.endswith(".held") else path.stem
+    return path.with_name(f"{stem}{path.suffix}.lock")
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the advisory lock of the spill file ``path`` (and of its held file) for the block.
+
+    An exclusive ``fcntl.flock`` on `lock_path`: it excludes other processes and, since each
+    call opens the lock file anew, other threads of this process too (so the calls must not
+    nest). Without ``fcntl`` (Windows), or when the lock file cannot be created (a read-only
+    directory, where nothing can be appended either), the block runs unlocked.
+    """
+    handle = None
+    if fcntl is not None:
+        lock = lock_path(path)
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(lock, "a")  # noqa: SIM115 - closed below, which releases the lock
+        except OSError:
+            handle = None
+    if handle is None:
+        yield
+        return
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()
 
 
 # -- spill file --------------------------------------------------------------------------
@@ -51,11 +97,19 @@ def _parse(line: str, name: str, path: Path) -> Optional[Record]:
     return record
 
 
-def read_records(path: Path, name: str = "spill") -> list[Record]:
-    """Every record of a spill file, in order (corrupt lines skipped with a warning)."""
+def read_records(path: Path, name: str = "spill", offset: int = 0) -> list[Record]:
+    """Every record of a spill file, in order (corrupt lines skipped with a warning).
+
+    Args:
+        path: The file.
+        name: Shown in warnings. Defaults to "spill".
+        offset: Byte offset to start reading at (what was appended after an earlier read).
+            Defaults to 0.
+    """
     records: list[Record] = []
     if path.exists():
         with open(path, encoding="utf-8") as handle:
+            handle.seek(offset)
             for line in handle:
                 record = _parse(line, name, path)
                 if record is not None:
@@ -144,12 +198,13 @@ class SpillFile:
             self.target_path.write_text(json.dumps(self.target, indent=1), encoding="utf-8")
 
     def append(self, records: list[Record]) -> None:
-        """Append records at the end of the spill file."""
+        """Append records at the end of the spill file (under its lock)."""
         def write() -> None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._write_target()
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.writelines(_dump(record) for record in records)
+            with locked(self.path):
+                self._write_target()
+                with open(self.path, "a", encoding="utf-8") as handle:
+                    handle.writelines(_dump(record) for record in records)
 
         self._io(write)
 
@@ -161,6 +216,13 @@ class SpillFile:
             The records moved.
         """
         moved: list[Record] = []
+        if not self.path.exists():
+            return moved
+        with locked(self.path):
+            return self._load(pending, room, on_corrupt, moved)
+
+    def _load(self, pending: deque[Record], room: Callable[[], bool], on_corrupt: Callable[[], None],
+              moved: list[Record]) -> list[Record]:
         if not self.path.exists():
             return moved
         with open(self.path, encoding="utf-8") as handle:
@@ -189,23 +251,27 @@ class SpillFile:
         Returns:
             The number of records in the file.
         """
-        rest: list[Record] = []
-        if self.path.exists():
-            with open(self.path, encoding="utf-8") as handle:
-                handle.seek(self.offset)
-                for line in handle:
-                    record = _parse(line, self.name, self.path)
-                    if record is not None:
-                        rest.append(stamp(record))
+        count = 0
 
-        def write() -> None:
-            write_records(self.path, first + rest)
-            if first or rest:
-                self._write_target()
+        def write() -> None:  # read and rewrite under one lock: an append in between is kept
+            nonlocal count
+            with locked(self.path):
+                rest: list[Record] = []
+                if self.path.exists():
+                    with open(self.path, encoding="utf-8") as handle:
+                        handle.seek(self.offset)
+                        for line in handle:
+                            record = _parse(line, self.name, self.path)
+                            if record is not None:
+                                rest.append(stamp(record))
+                write_records(self.path, first + rest)
+                if first or rest:
+                    self._write_target()
+                count = len(first) + len(rest)
 
         self._io(write)
         self.offset = 0
-        return len(first) + len(rest)
+        return count
 
     def partition(self, is_own: Callable[[Record], bool]) -> dict[Optional[str], list[Record]]:
         """Keep this run's records in the spill file; return the others grouped by run id, in order.
@@ -213,21 +279,27 @@ class SpillFile:
         Reads the held file first (older), then the spill file. Call it once, before loading.
         """
         others: dict[Optional[str], list[Record]] = {}
-        own = []
-        for record in read_records(self.held_path, self.name) + read_records(self.path, self.name):
-            if is_own(record):
-                own.append(record)
-            else:
-                others.setdefault(record.run_id, []).append(record)
 
-        def write() -> None:
-            self.held_path.unlink(missing_ok=True)
-            write_records(self.path, own)
+        def write() -> None:  # read and rewrite under one lock: an append in between is kept
+            others.clear()
+            with locked(self.path):
+                own = []
+                for record in read_records(self.held_path, self.name) + read_records(self.path, self.name):
+                    if is_own(record):
+                        own.append(record)
+                    else:
+                        others.setdefault(record.run_id, []).append(record)
+                self.held_path.unlink(missing_ok=True)
+                write_records(self.path, own)
 
         self._io(write)
         self.offset = 0
         return others
 
     def hold(self, records: list[Record]) -> None:
-        """Keep records of other runs in the held file (replacing it)."""
-        self._io(lambda: write_records(self.held_path, records))
+        """Keep records of other runs in the held file (replacing it; under the lock)."""
+        def write() -> None:
+            with locked(self.path):
+                write_records(self.held_path, records)
+
+        self._io(write)

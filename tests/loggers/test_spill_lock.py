@@ -1,0 +1,57 @@
+"""``hf-callbacks-plus replay`` and a training appending to the same spill file (issue 16, finding 10).
+
+Replay reads the file, sends its records, then rewrites it with what was not delivered. A
+training still running appends to the file meanwhile; without the lock those appends landed
+in the file being rewritten and were lost. A thread stands for the training: it appends with
+the same `SpillFile` API the worker uses, while replay runs again and again into a real JSONL
+metrics file.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+from hf_callbacks_plus.loggers.records import LogRecord
+from hf_callbacks_plus.loggers.replay import replay_spill
+from hf_callbacks_plus.loggers.spill import SpillFile, lock_path, read_records
+
+METRICS = 20
+
+
+def record(step: int) -> LogRecord:
+    return LogRecord(step, 0, {f"m{k}": float(step + k) for k in range(METRICS)}, {}, session="s-1",
+                     run_id="run-a")
+
+
+def test_appends_during_replays_are_all_delivered_exactly_once(tmp_path):
+    out = tmp_path / "metrics.jsonl"
+    spill = SpillFile(tmp_path / "spill" / "JsonlLogger.jsonl", "JsonlLogger",
+                      target={"logger": "JsonlLogger", "path": str(out)})
+    spill.append([record(step) for step in range(300)])
+    total = 3000
+    appended = threading.Event()
+
+    def training() -> None:
+        for step in range(300, total):
+            spill.append([record(step)])
+        appended.set()
+
+    thread = threading.Thread(target=training)
+    thread.start()
+    replays = 0
+    while not appended.is_set() or replays < 3:
+        replay_spill(spill.path.parent, report=lambda line: None)
+        replays += 1
+    thread.join()
+    replay_spill(spill.path.parent, report=lambda line: None)  # what the last replays left
+
+    kept = read_records(spill.path)
+    steps = [json.loads(line)["step"] for line in out.read_text().splitlines()
+             if json.loads(line)["event"] == "log"]
+    counts = Counter(steps)
+    assert not kept and not spill.path.exists()
+    assert sorted(counts) == list(range(total)), (total - len(counts), replays)  # nothing lost
+    assert max(counts.values()) == 1  # nothing twice
+    assert lock_path(spill.path).exists()  # the lock file stays (never deleted)
