@@ -47,7 +47,7 @@ from .backend import FINISHED, Backend
 from .base import TrackerLogger, save_model_to_temp
 from .records import ArtifactRecord, LogRecord, WarnOnce
 from .secrets import command_line_has_secret, mask_secrets
-from .wandb_runfile import WandbLogFormatError, read_wandb_run
+from .wandb_runfile import WandbLogFormatError, WandbRun, read_wandb_run
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
 
@@ -152,6 +152,29 @@ def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn
     return settings
 
 
+#: Seconds to wait for an earlier offline run file that looks incomplete to be flushed.
+_FLUSH_WAIT = 3.0
+
+
+def _offline_damage(run: WandbRun, resume_step: Optional[int]) -> Optional[str]:
+    """What is wrong with an earlier offline run file of a resumed run, or None when it is whole.
+
+    A run file that was finished (exit record) is whole. One that was not was left by a
+    process that died: W&B's service had not written (all of) its records.
+    """
+    if run.finished:
+        return None
+    size = run.path.stat().st_size if run.path.exists() else 0
+    if not run.history:
+        return f"holds no history rows ({run.path.name} is {size} bytes, no exit record)"
+    last = max(row.get("_step", -1) for row in run.history)
+    if run.truncated:
+        return f"ends in the middle of a record after step {last} (no exit record)"
+    if resume_step is not None and last < resume_step:
+        return f"holds history only up to step {last} (no exit record)"
+    return None
+
+
 class WandbBackend(Backend):
     """One W&B run: ``wandb.init`` / ``run.log`` / ``run.summary`` / ``run.config`` / ``run.finish``.
 
@@ -183,6 +206,8 @@ class WandbBackend(Backend):
         self.model: Any = None
         self.run_name_from_args: Optional[str] = None
         self.run: Any = None
+        #: The global step of the checkpoint being resumed (set at train begin), or None.
+        self.resume_step: Optional[int] = None
         self._owns_run = True
         self._min_step = 0
         self.new_session()
@@ -246,18 +271,45 @@ class WandbBackend(Backend):
             for key in list(run.summary.keys()):
                 if not key.startswith("_"):
                     steps[key] = self._min_step - 1
+        damaged: list[tuple[Path, str]] = []
         for previous in self._previous_offline_runs():
             try:
-                history = read_wandb_run(previous).history
+                earlier = read_wandb_run(previous)
+                if _offline_damage(earlier, self.resume_step) is not None:
+                    # a run finished just now (in this process) may not be flushed yet: wait a little
+                    earlier = read_wandb_run(previous, wait=_FLUSH_WAIT)
             except (OSError, WandbLogFormatError) as error:
-                logger.warning("WandbLogger: could not read the earlier offline run %s: %s", previous, error)
+                damaged.append((previous, f"cannot be read ({error})"))
                 continue
-            for row in history:
+            for row in earlier.history:
                 step = row.get("_step", -1)
                 for key in row:
                     if not key.startswith("_") and key != STEP_KEY:
                         steps[key] = max(steps.get(key, -1), step)
+            problem = _offline_damage(earlier, self.resume_step)
+            if problem is not None:
+                damaged.append((previous, problem))
+        for previous, problem in damaged:
+            self._tell_lost_offline_data(previous, problem, steps)
         return steps
+
+    def _tell_lost_offline_data(self, previous: Path, problem: str, steps: dict[str, int]) -> None:
+        """One warning per earlier offline folder of this run whose process died before W&B
+        wrote its data: which folder, what is lost, and what this resumed run holds."""
+        held = max(steps.values(), default=-1)
+        checkpoint = self.resume_step
+        lost = (f"the W&B data of the steps up to the checkpoint (step {checkpoint})" if checkpoint
+                else "the W&B data that process logged")
+        holds = (f"W&B history up to step {held}" if held >= 0 else "no W&B history")
+        current = getattr(getattr(self.run, "settings", None), "sync_dir", None)
+        self._warn(("lost-offline", str(previous)),
+                   "WandbLogger: the earlier offline folder %s of run %s %s: the process writing it ended "
+                   "without W&B writing its records (killed?), so %s is lost or incomplete there (`wandb "
+                   "sync` of that folder cannot bring it back). This run (%s) logs %s; the offline "
+                   "folders of this run hold %s before it.",
+                   previous.parent, getattr(self.run, "id", "?"), problem, lost, current or "a new folder",
+                   f"the steps after the checkpoint's step {checkpoint}" if checkpoint else "from the start",
+                   holds)
 
     def _previous_offline_runs(self) -> list[Path]:
         run = self.run
@@ -458,6 +510,7 @@ class WandbLogger(TrackerLogger):
         run_name = getattr(args, "run_name", None)
         from_args = run_name and run_name != getattr(args, "output_dir", None)
         backend.run_name_from_args = run_name if from_args else None
+        backend.resume_step = int(getattr(state, "global_step", 0) or 0) or None  # resumed: the checkpoint's
         backend.new_session()
         super().on_train_begin(args, state, control, model=model, **kwargs)
 
