@@ -62,8 +62,25 @@ class Backend:
         """Turn a rendered metric name into one the backend accepts. Defaults to unchanged."""
         return name
 
-    def start(self, run_id: Optional[str], resume: bool) -> str:
-        """Open the run (or reattach to ``run_id`` when ``resume``); return its id."""
+    def new_run_id(self) -> Optional[str]:
+        """The id of a new run, made by the client before the run starts, so the first checkpoint
+        names it without asking the backend (W&B, TensorBoard, JSONL). Defaults to None: the
+        store assigns ids (MLflow), and the run is found again by its run key."""
+        return None
+
+    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
+        """Open the run, or reattach to it when ``resume``; return its id.
+
+        Args:
+            run_id: The run's id when known (given, restored from a checkpoint, or made by
+                `new_run_id`); None when the store assigns it.
+            resume: The run may exist already (its id or key came from a checkpoint, the user or
+                an earlier open): reattach to it.
+            run_key: The client-made key of the run, saved in every checkpoint. A backend whose
+                store assigns ids sets it as a run tag when it creates the run and, when
+                ``resume`` without ``run_id``, looks the run up by it (creating it, with this key,
+                when the first process never did). Defaults to None.
+        """
         raise NotImplementedError
 
     def logged_steps(self, run_id: str) -> dict[str, int]:

@@ -3,8 +3,8 @@
 A logger is a callback in front of three objects:
 
 * a `Backend` (start / store config / log / finish) that talks to one tracking service;
-* a `StepLedger`: the run id and the last logged step of every metric, part of the
-  checkpointed state, so a resumed training continues the same run and does not log again
+* a `StepLedger`: the run id, the client-made run key and the last logged step of every
+  metric, part of the checkpointed state, so a resumed training continues the same run and does not log again
   the steps the earlier process sent (the *resume boundary*, fixed when the training starts);
   every point produced in the current session is delivered, including a second value at one
   step (``trainer.evaluate()`` after training);
@@ -190,6 +190,8 @@ class TrackerLogger(SelfRestoringState):
         self._exit_hook: Optional[Any] = None
         #: Where the checkpoint's run was written (`local_location`, absolute), set on resume.
         self.restored_location: Optional[str] = None
+        #: Records the checkpoint says were queued and not delivered when it was saved (resume).
+        self._restored_pending = 0
 
     @property
     def run_id(self) -> Optional[str]:
@@ -199,6 +201,18 @@ class TrackerLogger(SelfRestoringState):
     @run_id.setter
     def run_id(self, value: Optional[str]) -> None:
         self.ledger.run_id = value
+
+    @property
+    def run_key(self) -> Optional[str]:
+        """The client-made key of the run (``uuid4().hex``), fixed when the run is opened, without
+        the backend; checkpointed, and set as the run tag ``hf_callbacks_plus.run_key`` where the
+        store assigns run ids (MLflow), so a resume finds the run even when the checkpoint was
+        saved before the store answered."""
+        return self.ledger.run_key
+
+    @run_key.setter
+    def run_key(self, value: Optional[str]) -> None:
+        self.ledger.run_key = value
 
     # -- public API --------------------------------------------------------------------
     def bind(self, trainer: Any) -> TrackerLogger:
@@ -301,30 +315,40 @@ class TrackerLogger(SelfRestoringState):
 
     # -- checkpointed state -----------------------------------------------------------
     def state_attributes(self) -> dict[str, Any]:
-        """Run id, last delivered step per metric, records still pending, whether the config was logged.
+        """Run id and key, last delivered step per metric, records still pending, whether the config
+        was logged.
 
-        Called when a checkpoint is saved; it never waits for the backlog: ``last_steps`` holds
-        what was delivered so far and ``pending`` how many records were still queued (they are
-        delivered later, or spilled and replayed). Only a run whose id is not known yet (MLflow
-        assigns it when the run opens, right after train begin) is waited for, at most
-        ``min(flush_timeout, 5)`` seconds and only while the backend is reachable.
+        Called when a checkpoint is saved; it never waits for the backend: ``run_key`` (and, for
+        backends whose ids the client chooses, ``run_id``) is fixed when the run is opened, so
+        the checkpoint names the run even before the store answered (MLflow's ``run_id`` is then
+        None, and the resume finds the run by its key); ``last_steps`` holds what was delivered
+        so far and ``pending`` how many records were still queued (they are delivered later, or
+        spilled and replayed; a resume after a hard kill says that they may be missing).
         """
         worker = self._worker
-        if worker is not None and self.run_id is None and worker.healthy:
-            worker.wait_started(min(self.flush_timeout, 5.0))
         location = self.local_location()
-        return {"run_id": self.run_id, "last_steps": self.ledger.last_steps(),
+        return {"run_id": self.run_id, "run_key": self.run_key, "last_steps": self.ledger.last_steps(),
                 "pending": 0 if worker is None else worker.pending, "params_logged": self._params_logged,
                 "location": None if location is None else os.path.abspath(location)}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
-        """Restore the run id and the logged steps from a checkpoint."""
+        """Restore the run id and key and the logged steps from a checkpoint.
+
+        The checkpoint's ``pending`` count is kept for one warning at train begin (see
+        `_tell_pending`): records queued but not delivered when it was saved are lost when the
+        process was killed before delivering or spilling them.
+        """
         run_id = attributes.get("run_id")
         if run_id and self.explicit_run_id and run_id != self.explicit_run_id:
             logger.warning("%s: the checkpoint belongs to run %r but run id %r was given; using %r.",
                            type(self).__name__, run_id, self.explicit_run_id, self.explicit_run_id)
             return
         self.run_id = run_id or self.run_id
+        self.run_key = attributes.get("run_key") or self.run_key
+        try:
+            self._restored_pending = max(0, int(attributes.get("pending") or 0))
+        except (TypeError, ValueError):
+            self._restored_pending = 0
         self.restored_location = attributes.get("location")
         self.ledger.restore(attributes.get("last_steps") or {})
         self._params_logged = bool(attributes.get("params_logged", False))
@@ -381,10 +405,12 @@ class TrackerLogger(SelfRestoringState):
             self.close(FAILED if self.training else FINISHED)
         self.ledger.new_session(self.explicit_run_id)
         self.restored_location = None
+        self._restored_pending = 0
         self._params_logged = False
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         self._tell_moved_location()
+        self._tell_pending(state)
         self._close_earlier_holder()
         self.training = True
         self._open()
@@ -489,6 +515,25 @@ class TrackerLogger(SelfRestoringState):
                            "training writes to %s, without what was logged before the checkpoint.",
                            name, restored, default)
 
+    def _tell_pending(self, state: Any) -> None:
+        """On resume, say that records the checkpoint counted as pending may be missing from the run.
+
+        The checkpoint cannot tell whether they were delivered or spilled after it was saved: after
+        a hard kill (SIGKILL, out of memory) those that were neither are lost.
+        """
+        pending, self._restored_pending = self._restored_pending, 0
+        if pending <= 0:
+            return
+        run = (f"run {self.run_id}" if self.run_id is not None
+               else f"the run with key {self.run_key}" if self.run_key else "the run")
+        spill = self.spill_path
+        spilled = (f"what was spilled is replayed from {spill}" if spill.exists()
+                   else f"nothing is waiting in the spill file ({spill} does not exist)")
+        logger.warning("%s: the checkpoint of step %s counted %d record(s) logged before it but not yet "
+                       "delivered; if the earlier process was killed before sending them, they are missing "
+                       "from %s (%s).", type(self).__name__, getattr(state, "global_step", "?"), pending,
+                       run, spilled)
+
     def _close_earlier_holder(self) -> None:
         """Close the run this logger resumes when another logger of this process still holds it.
 
@@ -498,15 +543,18 @@ class TrackerLogger(SelfRestoringState):
         resumed, finished run FAILED at exit (MLflow). The earlier holder is closed now: FAILED
         when its ``train()`` never ended, and this logger reopens the run.
         """
-        run_id = self.run_id
-        if run_id is None:
+        run_id, run_key = self.run_id, self.run_key
+        if run_id is None and run_key is None:
             return
         for other in list(_OPEN_LOGGERS.values()):
-            if other is self or other.run_id != run_id or other.state_key != self.state_key:
+            same = (run_id is not None and other.run_id == run_id) or (
+                run_key is not None and other.run_key == run_key)
+            if other is self or not same or other.state_key != self.state_key:
                 continue
             crashed = other.training
             logger.warning("%s: run %s is still open in this process (an earlier %s whose train() %s); "
-                           "closing it %s before this train() reopens it.", type(self).__name__, run_id,
+                           "closing it %s before this train() reopens it.", type(self).__name__,
+                           run_id or other.run_id or f"with key {run_key}",
                            type(other).__name__, "raised" if crashed else "ended",
                            FAILED if crashed else FINISHED)
             if crashed:
@@ -519,6 +567,9 @@ class TrackerLogger(SelfRestoringState):
             if self._worker is not None:
                 return self._worker
             backend = self.backend
+            # the run's identity, fixed here without the backend: the checkpoint names the run
+            # from the first save on (`state_attributes` never waits for the store)
+            self.ledger.begin_run(backend.new_run_id)
             backend.prepare_process()
             if self._exit_hook is None:  # one hook per logger, after the backend's own
                 self._exit_hook = atexit.register(_close_at_exit, weakref.ref(self))

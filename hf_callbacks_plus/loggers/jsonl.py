@@ -75,8 +75,12 @@ class JsonlBackend(Backend):
         with open(path, "a", encoding="utf-8") as handle:
             handle.writelines(json.dumps(line, allow_nan=False) + "\n" for line in lines)
 
-    def start(self, run_id: Optional[str], resume: bool) -> str:
-        run_id = run_id or uuid.uuid4().hex
+    def new_run_id(self) -> str:
+        """A new run's id (``uuid4().hex``), made when the run is opened: checkpoints name it at once."""
+        return uuid.uuid4().hex
+
+    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
+        run_id = run_id or self.new_run_id()
         self._close_partial_line()
         self._append([{"event": "start", "run_id": run_id, "time": time.time(), "resumed": resume}])
         return run_id

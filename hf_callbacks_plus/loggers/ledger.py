@@ -1,5 +1,12 @@
 """The resume/dedupe ledger of a tracker logger: which run, which steps it holds, what to skip.
 
+The run's identity is fixed on the training thread when the run is opened (`StepLedger.begin_run`),
+never by waiting on the backend: a *run key* made by the client (``uuid4().hex``, kept when
+restored from a checkpoint) and, for backends whose run ids the client chooses (W&B, TensorBoard,
+JSONL), the run id itself. Every checkpoint holds both, so a resumed training finds its run even
+when the first process never heard back from the store (MLflow tags the run with the key and
+looks it up by it).
+
 `StepLedger` is one object, shared by the logger (which checkpoints it) and the worker
 (which plans every batch with it and marks what was delivered). `plan_batch` is its pure
 planning rule.
@@ -102,11 +109,18 @@ class StepLedger:
 
     Args:
         run_id: The run to write to, when known up front. Defaults to None.
+        run_key: The client-made key of the run, when known up front. Defaults to None.
     """
 
-    def __init__(self, run_id: Optional[str] = None) -> None:
+    def __init__(self, run_id: Optional[str] = None, run_key: Optional[str] = None) -> None:
         self._lock = threading.Lock()
         self.run_id: Optional[str] = run_id
+        #: The client-made key of the run (``uuid4().hex``): checkpointed, set as a run tag where
+        #: the store assigns run ids (MLflow), so a resume finds the run without its id.
+        self.run_key: Optional[str] = run_key
+        #: The run existed before this open (an id or key given, restored or used earlier in this
+        #: session): the backend reattaches to it and the resume boundary is read from it.
+        self.resume = run_id is not None
         self.session = uuid.uuid4().hex
         self._last_steps: dict[str, int] = {}
         self._held: dict[str, int] = {}
@@ -120,10 +134,31 @@ class StepLedger:
         """Start a new logging session (``on_train_begin``) writing to ``run_id`` (None: a new run)."""
         with self._lock:
             self.run_id = run_id
+            self.run_key = None
+            self.resume = run_id is not None
             self.session = uuid.uuid4().hex
             self.boundary_ready = False
             self._last_steps, self._held, self._replayed, self._last_points = {}, {}, {}, {}
             self._newest_step = -1
+
+    def begin_run(self, new_run_id: Callable[[], Optional[str]]) -> None:
+        """Fix the run's identity when it is opened, on the training thread, without the backend.
+
+        The run key is kept when known (restored from a checkpoint, or from an earlier open in this
+        session), else made now; the run id is kept when known (given, restored, or assigned by
+        an earlier open), else ``new_run_id()`` is asked (a backend whose ids the client chooses
+        returns one; a store that assigns ids returns None). `resume` tells whether the run
+        existed before: an id or a key was known.
+
+        Args:
+            new_run_id: Makes the id of a new run, or returns None when the store assigns it.
+        """
+        with self._lock:
+            self.resume = self.run_id is not None or self.run_key is not None
+            if self.run_key is None:
+                self.run_key = uuid.uuid4().hex
+            if self.run_id is None:
+                self.run_id = new_run_id()
 
     def restore(self, last_steps: dict[str, Any]) -> None:
         """Merge last steps per metric saved in a checkpoint."""

@@ -1,8 +1,38 @@
 """``MLflowLogger``: MLflow tracking through ``MlflowClient``, never blocking training.
 
 Uses ``MlflowClient`` (never the fluent global run, so it does not interfere with the user's
-own ``mlflow.start_run``), ``log_batch`` for metrics (up to 1000 per call), params (up to 100
-per call) and text values (as tags), and ``set_terminated`` for the run status.
+own ``mlflow.start_run``), ``log_batch`` for metrics, params and text values (as tags), and
+``set_terminated`` for the run status.
+
+Limits: the value and batch limits are MLflow's own (``mlflow.utils.validation``: read when the
+backend is made, with a fallback only for a name an mlflow release lacks). Batches are cut
+once, by the worker, to ``MAX_METRICS_PER_BATCH`` points (one call per batch, so the close
+deadline is checked between calls); ``MlflowClient.log_batch`` itself splits what one record
+holds beyond MLflow's per-request limits (a record of 1500 metrics), so the backend does not.
+
+Run identity: the logger makes a run key (``uuid4().hex``) when it opens the run and saves it in
+every checkpoint; the run is created with the tag ``hf_callbacks_plus.run_key``. A resumed
+training whose checkpoint was saved before the store assigned the run id (a slow store) finds
+the run by that tag (``search_runs``), or creates it with the same key when the first process
+never did: one run, however slow the store.
+
+Errors: only errors known to be transient are retried (`is_transient_mlflow_error`: connection
+and timeout errors, MLflow's TEMPORARILY_UNAVAILABLE / REQUEST_LIMIT_EXCEEDED / INTERNAL_ERROR /
+DEADLINE_EXCEEDED, an HTTP 5xx/429 or exhausted retries, a locked sqlite database); anything
+else is the store refusing a record (dropped alone, with a warning) or a bug, never an outage.
+A run id that does not exist, or a deleted run, is an error at the run's first start, not retried.
+
+HTTP retries and timeouts: MLflow's own, as the environment sets them
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7 with exponential backoff;
+``MLFLOW_HTTP_REQUEST_TIMEOUT``, default 120 s). The logger never sets them: mlflow reads them
+from ``os.environ`` at every request (``mlflow.utils.rest_utils.http_request``), ``RestStore``
+passes no per-client value and there is no thread-local setting, so bounding them for our
+client alone would mean copying mlflow's private ``RestStore._call_endpoint`` or patching its
+module, and setting the variables would change the user's own mlflow calls. While mlflow
+retries, the worker waits in that call (training does not: records wait in the bounded queue);
+the close deadline (``flush_timeout``) bounds the end, and what is unsent then is spilled and
+replayed. Set ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` yourself to hand outages to the logger's
+retry and spill at once (it applies to every mlflow client of the process).
 
 Environment variables of transformers' ``MLflowCallback`` keep working; explicit arguments win:
 
@@ -25,7 +55,9 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
@@ -37,8 +69,8 @@ from .base import TrackerLogger, save_model_to_temp
 from .records import ArtifactRecord, LogRecord, WarnOnce
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
 
-__all__ = ["KNOWN_TRACKING_SCHEMES", "LOG_ARTIFACTS_CHOICES", "MLflowBackend", "MLflowLogger",
-           "validate_tracking_uri"]
+__all__ = ["KNOWN_TRACKING_SCHEMES", "LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger",
+           "UnusableRunError", "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
 
 #: Values of ``MLflowLogger(log_artifacts=...)``.
 LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
@@ -47,13 +79,95 @@ LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
 KNOWN_TRACKING_SCHEMES = (
     "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc",
 )
-_PERMANENT_ERROR_CODES = {
-    "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
-    "PERMISSION_DENIED", "INVALID_STATE", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND",
-}
+#: MLflow error codes of a store that may answer later (the request itself was fine).
+_TRANSIENT_ERROR_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "INTERNAL_ERROR",
+                                    "DEADLINE_EXCEEDED"})
+#: What an MLflow error message shows of an HTTP 5xx/429 answer or of retries given up.
+_TRANSIENT_MESSAGE = re.compile(
+    r"max retries exceeded|too many \d{3} error responses|error code (5\d\d|429)\b|"
+    r"\b(5\d\d|429) (server error|too many requests)|database is locked", re.IGNORECASE)
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
 #: Tag of a run created for spilled records whose own run never opened.
 RECOVERED_TAG = "hf_callbacks_plus.recovered"
+#: Tag holding the client-made run key (`TrackerLogger.run_key`): a resume finds the run by it.
+RUN_KEY_TAG = "hf_callbacks_plus.run_key"
+
+#: ``mlflow.utils.validation`` names of the limits the backend follows, and the value used when
+#: an installed mlflow lacks one (the values of mlflow 2.10 to 3.x).
+_LIMIT_FALLBACKS = {"MAX_PARAM_VAL_LENGTH": 6000, "MAX_PARAMS_TAGS_PER_BATCH": 100,
+                    "MAX_ENTITY_KEY_LENGTH": 250, "MAX_TAG_VAL_LENGTH": 8000, "MAX_METRICS_PER_BATCH": 1000}
+
+
+def mlflow_limits() -> dict[str, int]:
+    """MLflow's value and batch limits, from ``mlflow.utils.validation`` (a fallback per missing name).
+
+    Returns:
+        ``{name: limit}`` for each name of ``_LIMIT_FALLBACKS``.
+    """
+    try:
+        from mlflow.utils import validation
+    except ImportError:
+        validation = None
+    limits = {}
+    for name, fallback in _LIMIT_FALLBACKS.items():
+        value = getattr(validation, name, None)
+        limits[name] = value if isinstance(value, int) and value > 0 else fallback
+    return limits
+
+
+class UnusableRunError(ValueError):
+    """The run to reattach to does not exist or is deleted: a misconfiguration, never retried."""
+
+
+def _network_error_types() -> tuple[type, ...]:
+    """requests' and urllib3's connection and timeout errors (installed with mlflow)."""
+    found: list[type] = []
+    try:
+        import requests
+
+        found += [requests.exceptions.ConnectionError, requests.exceptions.Timeout]
+    except ImportError:
+        pass
+    try:
+        import urllib3
+
+        errors = urllib3.exceptions
+        found += [errors.MaxRetryError, errors.NewConnectionError, errors.ProtocolError, errors.TimeoutError]
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def is_transient_mlflow_error(error: BaseException) -> bool:
+    """Tell whether an error of an MLflow call may clear by itself (worth retrying).
+
+    Transient: connection and timeout errors (Python's, requests', urllib3's), an
+    ``MlflowException`` whose error code is TEMPORARILY_UNAVAILABLE, REQUEST_LIMIT_EXCEEDED,
+    INTERNAL_ERROR (also what mlflow raises when a request failed or its retries ran out) or
+    DEADLINE_EXCEEDED, or whose message shows an HTTP 5xx/429 answer or exhausted retries, and a
+    locked sqlite database; also an error caused by one of these. Anything else is permanent: the
+    store refused the request (a bad value, a missing or deleted run) or it is a bug (a
+    ``TypeError``), and retrying would repeat it forever.
+
+    Args:
+        error: What an MLflow call raised.
+
+    Returns:
+        True when the call is worth retrying.
+    """
+    seen = 0
+    while error is not None and seen < 5:  # the error and what caused it (``raise ... from``)
+        if isinstance(error, (ConnectionError, TimeoutError)) or isinstance(error, _network_error_types()):
+            return True
+        code = getattr(error, "error_code", None)
+        if isinstance(code, str) and (code in _TRANSIENT_ERROR_CODES
+                                      or _TRANSIENT_MESSAGE.search(str(error))):
+            return True
+        if (isinstance(error, sqlite3.OperationalError) or type(error).__name__ == "OperationalError") and (
+                "database is locked" in str(error)):
+            return True
+        error, seen = error.__cause__, seen + 1
+    return False
 
 
 def _plugin_schemes() -> set[str]:
@@ -139,25 +253,23 @@ class MLflowBackend(Backend):
         run_name: Name of a new run (None: MLflow's generated name).
         tags: Tags of the run.
         max_log_params: Log at most this many params per run (None: all).
-        http_timeout: Seconds per HTTP request, set as ``MLFLOW_HTTP_REQUEST_TIMEOUT`` when unset.
-        http_max_retries: MLflow's own HTTP retries, set as ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``
-            when unset.
+        http_timeout: Unused: MLflow's own HTTP settings apply (see the module docstring). Defaults to None.
+        http_max_retries: Unused, as ``http_timeout``. Defaults to None.
         warn: Warns once per key. Defaults to a new `WarnOnce`.
+
+    The limits (``max_param_length``, ``max_params_per_batch``, ``max_name_length``,
+    ``max_tag_length``, ``max_tags_per_batch``, ``max_metrics_per_batch``) are MLflow's own,
+    read from ``mlflow.utils.validation`` (`mlflow_limits`).
     """
 
     name = "MLflowLogger"
-    max_param_length = 6000
-    max_params_per_batch = 100
-    max_name_length = 250
-    max_tag_length = 8000
-    max_tags_per_batch = 100
-    max_metrics_per_batch = 1000
     summary_as_curves = True
     can_write_other_runs = True
 
     def __init__(self, mlflow: Any, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str], tags: dict[str, str], max_log_params: Optional[int],
-                 http_timeout: int, http_max_retries: int, warn: Optional[WarnOnce] = None) -> None:
+                 http_timeout: Optional[int] = None, http_max_retries: Optional[int] = None,
+                 warn: Optional[WarnOnce] = None) -> None:
         self._mlflow = mlflow
         self._warn = warn or WarnOnce()
         self.tracking_uri = tracking_uri
@@ -165,8 +277,13 @@ class MLflowBackend(Backend):
         self.run_name = run_name
         self.tags = tags
         self.max_log_params = max_log_params
-        self.http_timeout = http_timeout
-        self.http_max_retries = http_max_retries
+        limits = mlflow_limits()
+        self.max_param_length: int = limits["MAX_PARAM_VAL_LENGTH"]
+        self.max_params_per_batch: int = limits["MAX_PARAMS_TAGS_PER_BATCH"]
+        self.max_name_length: int = limits["MAX_ENTITY_KEY_LENGTH"]
+        self.max_tag_length: int = limits["MAX_TAG_VAL_LENGTH"]
+        self.max_tags_per_batch: int = limits["MAX_PARAMS_TAGS_PER_BATCH"]
+        self.max_metrics_per_batch: int = limits["MAX_METRICS_PER_BATCH"]
         #: Set at train begin: the active fluent run (``nested``) and ``args.run_name``.
         self.parent_run_id: Optional[str] = None
         self.args_run_name: Optional[str] = None
@@ -183,10 +300,7 @@ class MLflowBackend(Backend):
     @property
     def client(self) -> Any:
         """The ``MlflowClient`` (made on first use)."""
-        if self._client is None:
-            if self.tracking_uri and self.tracking_uri.startswith(("http://", "https://")):
-                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.http_max_retries))
-                os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(self.http_timeout))
+        if self._client is None:  # MLflow's HTTP retries/timeout are left as the user set them
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -224,10 +338,18 @@ class MLflowBackend(Backend):
                 raise
             return experiment.experiment_id
 
-    def start(self, run_id: Optional[str], resume: bool) -> str:
+    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
+        """Reattach to ``run_id``, else (resuming) to the run tagged with ``run_key``, else create
+        the run, tagged with ``run_key``.
+
+        Raises:
+            UnusableRunError: The run to reattach to does not exist or is deleted.
+        """
         client = self.client
+        if resume and not run_id and run_key:
+            run_id = self._run_with_key(run_key)  # None: the first process never created it
         if resume and run_id:
-            client.get_run(run_id)  # raises RESOURCE_DOES_NOT_EXIST for an unknown id
+            self._check_usable(run_id)
             client.update_run(run_id, status="RUNNING")
             if self.tags:
                 self.set_tags(self.tags, run_id)
@@ -235,11 +357,43 @@ class MLflowBackend(Backend):
             tags = dict(self.tags)
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
+            if run_key:
+                tags[RUN_KEY_TAG] = run_key
             name = self.run_name or self.args_run_name
             run_id = client.create_run(self._experiment_id(), run_name=name, tags=tags).info.run_id
         if self.system_metrics and self._monitor is None:
             self._start_monitor(run_id, resume)
         return run_id
+
+    def _run_with_key(self, run_key: str) -> Optional[str]:
+        """The id of the run of this experiment tagged with ``run_key`` (deleted ones included), or None."""
+        from mlflow.entities import ViewType
+
+        if not re.fullmatch(r"[0-9A-Za-z_-]+", run_key):
+            raise UnusableRunError(f"MLflowLogger: run_key must be letters, digits, '_' or '-', got "
+                                   f"{run_key!r} (from the resumed checkpoint).")
+        runs = self.client.search_runs([self._experiment_id()],
+                                       filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+                                       run_view_type=ViewType.ALL, max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def _check_usable(self, run_id: str) -> None:
+        """Raise `UnusableRunError` when ``run_id`` does not exist or is deleted (never retried)."""
+        where = mask_url_credentials(self.tracking_uri) or "MLflow's default tracking URI"
+        try:
+            run = self.client.get_run(run_id)
+        except self._mlflow.exceptions.MlflowException as error:
+            if getattr(error, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            raise UnusableRunError(
+                f"MLflowLogger: run {run_id!r} does not exist in {where} (the run id comes from run_id=, "
+                "MLFLOW_RUN_ID or the resumed checkpoint). Give the id of an existing run, or none to "
+                f"create a new run. ({error})") from error
+        if getattr(run.info, "lifecycle_stage", "active") == "deleted":
+            raise UnusableRunError(
+                f"MLflowLogger: run {run_id!r} in {where} is deleted (the run id comes from run_id=, "
+                "MLFLOW_RUN_ID or the resumed checkpoint). Restore it (MlflowClient().restore_run) or give "
+                "another run id, or none to create a new run.")
 
     def _start_monitor(self, run_id: str, resume: bool) -> None:
         """MLflow's own ``SystemMetricsMonitor`` (its thread samples CPU, memory, disk, network
@@ -281,6 +435,8 @@ class MLflowBackend(Backend):
         return steps
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
+        """One ``log_batch`` call: the worker's batches hold at most ``max_metrics_per_batch`` points,
+        and ``MlflowClient.log_batch`` splits a bigger record into requests within MLflow's limits."""
         from mlflow.entities import Metric, RunTag
 
         metrics = []
@@ -293,11 +449,8 @@ class MLflowBackend(Backend):
                     tags.append(RunTag(key, value[: self.max_tag_length]))
                 else:
                     metrics.append(Metric(key, value, record.timestamp, record.step))
-        for start in range(0, len(tags), self.max_tags_per_batch):
-            self.client.log_batch(run_id, tags=tags[start:start + self.max_tags_per_batch], synchronous=True)
-        for start in range(0, len(metrics), self.max_metrics_per_batch):
-            chunk = metrics[start:start + self.max_metrics_per_batch]
-            self.client.log_batch(run_id, metrics=chunk, synchronous=True)
+        if metrics or tags:
+            self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
 
     def store_config(self, params: dict[str, str], run_id: str) -> None:
         from mlflow.entities import Param
@@ -322,8 +475,8 @@ class MLflowBackend(Backend):
         from mlflow.entities import RunTag
 
         items = [RunTag(str(k), str(v)[: self.max_tag_length]) for k, v in tags.items()]
-        for start in range(0, len(items), self.max_tags_per_batch):
-            self.client.log_batch(run_id, tags=items[start:start + self.max_tags_per_batch], synchronous=True)
+        if items:  # MlflowClient.log_batch splits them into requests of MLflow's size
+            self.client.log_batch(run_id, tags=items, synchronous=True)
 
     def finish(self, status: str, run_id: str) -> None:
         monitor, self._monitor = self._monitor, None
@@ -340,8 +493,8 @@ class MLflowBackend(Backend):
                 "experiment_name": self.experiment_name}
 
     def is_transient(self, error: BaseException) -> bool:
-        code = getattr(error, "error_code", None)
-        return code not in _PERMANENT_ERROR_CODES
+        """Only errors known to be transient (`is_transient_mlflow_error`); the rest is permanent."""
+        return is_transient_mlflow_error(error)
 
 
 def clean_mlflow_name(name: str) -> str:
@@ -367,10 +520,12 @@ class MLflowLogger(TrackerLogger):
             ``MLFLOW_NESTED_RUN``, else False.
         log_params: Log the training arguments and model config as params. Defaults to True.
         max_log_params: Log at most this many params. Defaults to ``MLFLOW_MAX_LOG_PARAMS``, else all.
-        http_timeout: Seconds per HTTP request (``MLFLOW_HTTP_REQUEST_TIMEOUT``, set only when you
-            did not set it). Defaults to 10.
-        http_max_retries: MLflow's own HTTP retries (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, set only
-            when you did not set it). Our worker retries with backoff already. Defaults to 0.
+        http_timeout: No longer used (it set ``MLFLOW_HTTP_REQUEST_TIMEOUT`` for the whole process);
+            passing it warns. MLflow's own timeout applies: set ``MLFLOW_HTTP_REQUEST_TIMEOUT``
+            yourself to change it. Defaults to None.
+        http_max_retries: No longer used (it set ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` for the whole
+            process); passing it warns. Set ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` yourself (0 hands
+            outages to the logger's retry and spill at once). Defaults to None.
         log_artifacts: Upload model files as run artifacts, from the background thread:
             ``"checkpoint"`` (every saved checkpoint, as ``checkpoint-<step>/``; staged as hard
             links first, so checkpoint rotation cannot remove it before the upload), ``"end"``
@@ -403,8 +558,8 @@ class MLflowLogger(TrackerLogger):
         nested: Optional[bool] = None,
         log_params: bool = True,
         max_log_params: Optional[int] = None,
-        http_timeout: int = 10,
-        http_max_retries: int = 0,
+        http_timeout: Optional[int] = None,
+        http_max_retries: Optional[int] = None,
         log_artifacts: Optional[str] = None,
         system_metrics: Optional[bool] = None,
         **kwargs: Any,
@@ -432,11 +587,16 @@ class MLflowLogger(TrackerLogger):
         if max_log_params is not None and max_log_params < 0:
             raise ValueError(f"max_log_params must be >= 0, got {max_log_params!r}")
         self.max_log_params = max_log_params
-        self.http_timeout = http_timeout
-        self.http_max_retries = http_max_retries
+        for name, value, variable in (("http_timeout", http_timeout, "TIMEOUT"),
+                                      ("http_max_retries", http_max_retries, "MAX_RETRIES")):
+            if value is not None:
+                warnings.warn(f"MLflowLogger({name}={value!r}) has no effect: the logger no longer "
+                              "changes MLflow's HTTP settings for the whole process. Set "
+                              f"MLFLOW_HTTP_REQUEST_{variable} in the environment instead (it applies "
+                              "to every mlflow client of the process).", FutureWarning, stacklevel=2)
         self.backend: MLflowBackend = MLflowBackend(
             self._mlflow, self.tracking_uri, self.experiment_name, self.run_name, self.tags, max_log_params,
-            http_timeout, http_max_retries, self._warn)
+            warn=self._warn)
         if log_artifacts is None:
             log_artifacts = "all" if env_flag("HF_MLFLOW_LOG_ARTIFACTS") else "false"
         if log_artifacts not in LOG_ARTIFACTS_CHOICES:

@@ -71,8 +71,13 @@ class TensorBoardBackend(Backend):
         #: The directory of the open run.
         self.directory: Optional[str] = None
 
-    def start(self, run_id: Optional[str], resume: bool) -> str:
-        run_id = run_id or uuid.uuid4().hex[:12]
+    def new_run_id(self) -> str:
+        """A new run's id, its folder's name (``uuid4().hex[:12]``), made when the run is opened:
+        checkpoints name it at once."""
+        return uuid.uuid4().hex[:12]
+
+    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
+        run_id = run_id or self.new_run_id()
         self.directory = self._log_dir(run_id)
         kwargs: dict[str, Any] = {}
         if resume and self.resume_step is not None:

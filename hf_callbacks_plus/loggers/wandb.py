@@ -226,12 +226,13 @@ class WandbBackend(Backend):
             setup()
 
     def new_run_id(self) -> str:
-        """A W&B run id (known before the run starts, so the first checkpoint holds it)."""
+        """A W&B run id, made on the training thread when the run is opened (``wandb.init(id=...)``
+        takes it), so the first checkpoint names the run however long ``wandb.init`` takes."""
         util = getattr(self._wandb, "util", None)
         generate = getattr(util, "generate_id", None)
         return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
 
-    def start(self, run_id: Optional[str], resume: bool) -> str:
+    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
         wandb = self._wandb
         current = getattr(wandb, "run", None)
         if current is not None and (run_id is None or current.id == run_id) and self.run is None:
@@ -532,12 +533,6 @@ class WandbLogger(TrackerLogger):
         if self.log_model == "end" and self._worker is not None and model is not None:
             self._queue_final_model(model)
         super().on_train_end(args, state, control, **kwargs)
-
-    def _open(self) -> Any:
-        # Known before the worker starts, so the first checkpoint already holds the run id.
-        if self.run_id is None:
-            self.run_id = self.backend.new_run_id()
-        return super()._open()
 
     def _queue_final_model(self, model: Any) -> None:
         folder = save_model_to_temp(model, "wandb_model_")

@@ -520,8 +520,10 @@ class BackgroundWorker:
 
     def _start_run(self) -> None:
         ledger = self.ledger
-        resume = ledger.run_id is not None
-        ledger.run_id = self.backend.start(ledger.run_id, resume)
+        # the identity was fixed on the training thread (`StepLedger.begin_run`): a run id made by
+        # the client for a new run is no resume
+        resume = ledger.resume
+        ledger.run_id = self.backend.start(ledger.run_id, resume, run_key=ledger.run_key)
         if not ledger.boundary_ready:  # not when reopened in this session (evaluate() after train())
             ledger.fix_boundary(self.backend.logged_steps(ledger.run_id) if resume else {})
 

@@ -4,20 +4,24 @@ exactly when a test wants. Every other behaviour is the real backend's."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, Optional
 
 
 class FaultInjectingBackend:
-    """Wraps a real `Backend`; the methods named in ``failing`` raise ``ConnectionError`` while
-    ``down`` is True, and every call of a method in ``slow`` first sleeps ``delay`` seconds."""
+    """Wraps a real `Backend`; the methods named in ``failing`` raise ``ConnectionError`` (or what
+    ``error`` makes: a bug of ours, such as a ``TypeError``) while ``down`` is True, and every
+    call of a method in ``slow`` first sleeps ``delay`` seconds."""
 
     def __init__(self, backend: Any, failing: tuple[str, ...] = (), down: bool = True,
-                 slow: tuple[str, ...] = (), delay: float = 0.0) -> None:
+                 slow: tuple[str, ...] = (), delay: float = 0.0,
+                 error: Optional[Callable[[str], BaseException]] = None) -> None:
         self.wrapped = backend
         self.failing = set(failing)
         self.down = down
         self.slow = set(slow)
         self.delay = delay
+        self.error = error or (lambda name: ConnectionError(
+            f"injected fault: {name} while the backend is unreachable"))
         self.calls: dict[str, int] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -30,7 +34,7 @@ class FaultInjectingBackend:
             if name in self.slow:
                 time.sleep(self.delay)
             if self.down and name in self.failing:
-                raise ConnectionError(f"injected fault: {name} while the backend is unreachable")
+                raise self.error(name)
             return attribute(*args, **kwargs)
 
         return call

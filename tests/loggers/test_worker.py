@@ -33,7 +33,7 @@ class FailingBackend(Backend):
         self.starts = 0
         self.can_write_other_runs = can_write_other_runs
 
-    def start(self, run_id, resume):
+    def start(self, run_id, resume, run_key=None):
         if self.down.is_set():
             raise ConnectionError("backend down")
         self.starts += 1

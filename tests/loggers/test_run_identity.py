@@ -1,0 +1,260 @@
+"""Issue 16 finding 1: the checkpoint names the run however slow the store is.
+
+The run's identity is fixed on the training thread when the run is opened: a client-made run
+key for every logger (MLflow tags the run with it and finds it again by it), and the run id
+itself for the backends whose ids the client chooses (W&B, TensorBoard, JSONL). A checkpoint
+never waits for the backend. Real stores (MLflow sqlite, W&B offline read back with W&B's own
+reader, TensorBoard folders, JSONL files) and a real ``transformers.Trainer``.
+
+Fault injection, named as such: ``FaultInjectingBackend(slow=("start",))`` makes the run's
+creation slow (a loaded store), and ``SlowInitWandb`` makes ``wandb.init`` slow; everything
+else is the real thing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.loggers.faults import FaultInjectingBackend
+from tests.tiny_models import make_trainer
+
+pytestmark = pytest.mark.transformers
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK",
+                 "TENSORBOARD_LOGGING_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def saved_state(checkpoint: Path, name: str) -> dict[str, Any]:
+    """The attributes of the logger ``name`` saved in a checkpoint's trainer_state.json (the last entry)."""
+    data = json.loads((checkpoint / "trainer_state.json").read_text())
+    entries = data["stateful_callbacks"][name]
+    entries = entries if isinstance(entries, list) else [entries]
+    return entries[-1]["attributes"]
+
+
+def crash_at(step: int):
+    from transformers import TrainerCallback
+
+    class FakeCrash(TrainerCallback):
+        """Raises in the training loop at ``step`` (the stock Trainer has no exception event)."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                raise RuntimeError("injected crash")
+
+    return FakeCrash()
+
+
+@pytest.mark.mlflow
+def test_a_slow_mlflow_store_keeps_one_run_across_a_crash_and_resume(tmp_path, sqlite_uri, caplog):
+    """The store creates the run later than the first checkpoint: that checkpoint holds no run id,
+    only the run key; after a crash the resumed training finds the run by the key's tag and
+    continues it. Before: the save waited 5 s, saved ``run_id: null``, and the resume opened a
+    second run holding the crashed process's late steps a second time."""
+    from mlflow.tracking import MlflowClient
+
+    from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG, MLflowLogger
+
+    args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
+    first = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity")
+    first.backend = FaultInjectingBackend(first.backend, slow=("start",), delay=7.0)
+    begin = time.monotonic()
+    with pytest.raises(RuntimeError, match="injected crash"):
+        make_trainer(tmp_path, callbacks=[first, crash_at(6)], **args).train()
+    assert time.monotonic() - begin < 5.0, "a checkpoint save waited for the store"
+    state = saved_state(tmp_path / "checkpoint-4", "MLflowLogger")
+    assert state["run_id"] is None and state["run_key"], state  # the store had not answered yet
+    assert state["pending"] > 0, state
+
+    resumed = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity")
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        make_trainer(tmp_path, callbacks=[resumed], **args).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+
+    client = MlflowClient(sqlite_uri)
+    experiment = client.get_experiment_by_name("identity")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1, [run.info.run_id for run in runs]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[RUN_KEY_TAG] == state["run_key"] == resumed.run_key
+    assert resumed.run_id == run.info.run_id
+    points = Counter((key, m.step) for key in run.data.metrics
+                     for m in client.get_metric_history(run.info.run_id, key))
+    assert not {point: n for point, n in points.items() if n > 1}, "a (key, step) twice"
+    assert sorted(step for key, step in points if key == "train/loss") == list(range(1, 9))
+    told = [r.getMessage() for r in caplog.records if "not yet delivered" in r.getMessage()]
+    assert len(told) == 1 and "step 4" in told[0] and f"key {state['run_key']}" in told[0], told
+
+
+@pytest.mark.mlflow
+def test_a_resume_creates_the_run_with_its_key_when_the_first_process_never_did(sqlite_uri):
+    """The first process died before the store created its run: the resume creates it, tagged with
+    the checkpoint's key, and a later resume finds that same run."""
+    from mlflow.tracking import MlflowClient
+
+    from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG, MLflowLogger
+
+    backend = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="never-created").backend
+    key = "0f" * 16
+    created = backend.start(None, True, run_key=key)
+    backend.finish("FAILED", created)
+    again = backend.start(None, True, run_key=key)
+    backend.finish("FINISHED", again)
+    other = backend.start(None, False, run_key="1e" * 16)  # a new run: created at once, with its key
+    backend.finish("FINISHED", other)
+    client = MlflowClient(sqlite_uri)
+    assert again == created != other
+    assert client.get_run(created).data.tags[RUN_KEY_TAG] == key
+    assert client.get_run(created).info.status == "FINISHED"
+    experiment = client.get_experiment_by_name("never-created")
+    assert len(client.search_runs([experiment.experiment_id])) == 2
+
+
+class SlowInitWandb:
+    """Fault injection: the real ``wandb`` module whose ``init`` first sleeps ``delay`` seconds."""
+
+    def __init__(self, wandb: Any, delay: float) -> None:
+        self._wandb, self._delay = wandb, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wandb, name)
+
+    def init(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self._delay)
+        return self._wandb.init(*args, **kwargs)
+
+
+def _jsonl(tmp_path, monkeypatch):
+    from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+
+    logger = JsonlLogger()
+    logger.backend = FaultInjectingBackend(logger.backend, slow=("start",), delay=6.0)
+    return logger
+
+
+def _tensorboard(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from hf_callbacks_plus.loggers.tensorboard import TensorBoardLogger
+
+    logger = TensorBoardLogger()
+    logger.backend = FaultInjectingBackend(logger.backend, slow=("start",), delay=6.0)
+    return logger
+
+
+def _wandb(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from tests.loggers.wandb_helpers import fast_logger, offline_env
+
+    (tmp_path / "wandb_root").mkdir()
+    offline_env(monkeypatch, tmp_path / "wandb_root")
+    logger = fast_logger()
+    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=6.0)
+    return logger
+
+
+def _mlflow(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+    logger = MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    logger.backend = FaultInjectingBackend(logger.backend, slow=("start",), delay=6.0)
+    return logger
+
+
+@pytest.mark.parametrize("make", [_jsonl, _tensorboard, _wandb, _mlflow], ids=["jsonl", "tensorboard",
+                                                                             "wandb_offline", "mlflow"])
+def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_path, monkeypatch, make):
+    """The run opens 6 s after train begin; the saves at steps 1 and 2 come long before. Each
+    checkpoint names the run at once: its run key, and the run id where the client chooses it
+    (W&B's ``wandb.init(id=...)``, TensorBoard's folder, JSONL); that is the id the run gets.
+    Before: each save waited up to 5 s, then saved ``run_id: null`` (TensorBoard, JSONL, MLflow)."""
+    logger = make(tmp_path, monkeypatch)
+    if make is _mlflow:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(logger.backend.tracking_uri).search_experiments()  # the schema, before timing
+    name = type(logger).__name__
+    begin = time.monotonic()
+    seen = []
+
+    from transformers import TrainerCallback
+
+    class TimeSaves(TrainerCallback):
+        """Listed after the logger: when each save happens, and how long the logger's state takes."""
+
+        def on_save(self, args, state, control, **kwargs):
+            start = time.monotonic()
+            seen.append((logger.state_attributes(), time.monotonic() - start, start - begin))
+
+    trainer = make_trainer(tmp_path, callbacks=[logger, TimeSaves()], max_steps=2, logging_steps=1,
+                           save_strategy="steps", save_steps=1, n_train=16)
+    trainer.train()
+    assert len(seen) == 2
+    if make is not _tensorboard:  # TensorBoardLogger's own on_save waits up to 5 s to flush its writer
+        assert seen[0][2] < 6.0, seen  # the first save came before the run opened
+    for attributes, seconds, _ in seen:
+        assert seconds < 0.5, seconds  # the logger's state never waits for the run to open
+        assert attributes["run_key"] == logger.run_key
+    states = [saved_state(tmp_path / f"checkpoint-{step}", name) for step in (1, 2)]
+    assert all(state["run_key"] == logger.run_key for state in states), states
+    if make is _mlflow:
+        assert all(state["run_id"] is None for state in states)  # the store assigns it: found by the key
+        from mlflow.tracking import MlflowClient
+
+        from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG
+
+        assert MlflowClient(logger.backend.tracking_uri).get_run(logger.run_id).data.tags[RUN_KEY_TAG] == (
+            logger.run_key)
+        return
+    assert all(state["run_id"] == logger.run_id for state in states), (states, logger.run_id)
+    if make is _wandb:
+        from tests.loggers.wandb_helpers import runs
+
+        (run,) = runs(tmp_path / "wandb_root")
+        assert run.run_id == logger.run_id
+    elif make is _tensorboard:
+        assert Path(logger.backend.directory).name == logger.run_id
+    else:
+        lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert [line["run_id"] for line in lines if line["event"] == "start"] == [logger.run_id]
+
+
+def test_a_resume_says_what_the_checkpoint_counted_as_pending(tmp_path, caplog):
+    """Issue 16 finding 7: a checkpoint saved with records still queued (``pending``), then the
+    process was killed (SIGKILL: no close, no spill): the resumed training says that those records
+    may be missing, from which run, and that nothing waits in the spill file. Before: nothing."""
+    from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+
+    args = dict(max_steps=4, logging_steps=1, save_strategy="steps", save_steps=2, n_train=16)
+    first = JsonlLogger()
+    make_trainer(tmp_path, callbacks=[first], **args).train()
+    path = tmp_path / "checkpoint-2" / "trainer_state.json"
+    data = json.loads(path.read_text())  # what a process killed with 3 records queued leaves
+    entries = data["stateful_callbacks"]["JsonlLogger"]
+    (entries[-1] if isinstance(entries, list) else entries)["attributes"]["pending"] = 3
+    path.write_text(json.dumps(data))
+    resumed = JsonlLogger()
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        make_trainer(tmp_path, callbacks=[resumed], **args).train(resume_from_checkpoint=str(path.parent))
+    told = [r.getMessage() for r in caplog.records if "not yet delivered" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]
+    message = told[0]
+    assert message.startswith("JsonlLogger:") and "step 2" in message and "3 record(s)" in message
+    assert f"run {first.run_id}" in message and "missing" in message
+    assert str(resumed.spill_path) in message and "does not exist" in message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):  # nothing pending: nothing said
+        make_trainer(tmp_path / "again", callbacks=[JsonlLogger()], **args).train()
+    assert not [r for r in caplog.records if "not yet delivered" in r.getMessage()]
