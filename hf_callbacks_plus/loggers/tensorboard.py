@@ -9,6 +9,13 @@ grammar instead (``train/loss``, ``train_subset/loss``, ``gap/loss``, ``eval/los
 ``eval/<set>/loss``, ``test/loss``, ``early_stopping/wait``, ``train_summary/train_loss``),
 from a background thread, like every tracker logger.
 
+Each log record is written as ONE event holding all its scalar values (one ``Summary.Value`` per
+metric, the same tags and values ``add_scalar`` writes), handed to the writer's own file writer,
+whose queue thread writes it to disk: ``add_scalar`` per metric made 500 events per step at 500
+metrics. The writer flushes on its own (every ``flush_secs``, 120 s by default); the logger
+also flushes it at each checkpoint save (what was logged before a checkpoint is on disk when
+the process dies after it), on `TensorBoardLogger.flush` and at close, never per batch.
+
 The writer is ``torch.utils.tensorboard.SummaryWriter`` (needs the ``tensorboard`` package),
 else ``tensorboardX.SummaryWriter``; ``pip install 'hf-callbacks-plus[tensorboard]'``.
 
@@ -21,6 +28,7 @@ directory and TensorBoard discards the events the crashed process wrote after th
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -28,10 +36,15 @@ from typing import Any, Callable, Optional
 
 from .._compat import is_available, require
 from .backend import Backend
-from .base import TrackerLogger
+from .base import TrackerLogger, is_main_process
 from .records import LogRecord
 
 __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+#: Longest wait, in seconds, at a checkpoint save for the worker to hand its records to the writer.
+SAVE_FLUSH_TIMEOUT = 5.0
 
 
 def summary_writer_class() -> Any:
@@ -50,6 +63,20 @@ def summary_writer_class() -> Any:
     raise ModuleNotFoundError("TensorBoardLogger needs torch with tensorboard, or tensorboardX.")
 
 
+def scalar_summary_function(writer_class: Any) -> Callable[..., Any]:
+    """The ``scalar(tag, value) -> Summary`` function the writer class's own ``add_scalar`` uses.
+
+    ``torch.utils.tensorboard.summary.scalar`` (tensorboard's protobufs) or
+    ``tensorboardX.summary.scalar`` (tensorboardX's own copies, which also clean the tag): an
+    event must be built from the protobuf classes of the writer that serializes it.
+    """
+    if str(getattr(writer_class, "__module__", "")).partition(".")[0] == "tensorboardX":
+        from tensorboardX.summary import scalar
+    else:
+        from torch.utils.tensorboard.summary import scalar
+    return scalar
+
+
 class TensorBoardBackend(Backend):
     """Writes scalars (curves and numeric totals) and texts (config, text values) to event files.
 
@@ -66,6 +93,11 @@ class TensorBoardBackend(Backend):
         self._writer_class = writer_class
         self._log_dir = log_dir
         self._writer: Any = None
+        self._scalar = scalar_summary_function(writer_class)
+        self._summary_class: Any = None
+        self._value_class: Any = None
+        #: Our metric name -> the tag ``add_scalar`` writes for it (tensorboardX cleans tags).
+        self._tags: dict[str, str] = {}
         #: Set at train begin when resuming: the checkpoint's step (events after it are purged).
         self.resume_step: Optional[int] = None
         #: The directory of the open run.
@@ -89,17 +121,46 @@ class TensorBoardBackend(Backend):
         return run_id
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
+        """Write each record as one event with all its scalar values; text values with ``add_text``.
+
+        The event goes to the writer's file writer, whose queue thread writes it; nothing is
+        flushed here (see `flush`).
+        """
         writer = self._writer
+        file_writer = writer._get_file_writer()
         for record in records:
             walltime = record.timestamp / 1000.0
-            for key, value in record.metrics.items():
-                writer.add_scalar(key, value, record.step, walltime=walltime)
+            values = [self._value(key, value) for key, value in record.metrics.items()]
+            texts = []
             for key, value in record.summary.items():
                 if isinstance(value, str):
-                    writer.add_text(key, value, record.step, walltime=walltime)
+                    texts.append((key, value))
                 else:
-                    writer.add_scalar(key, value, record.step, walltime=walltime)
-        writer.flush()
+                    values.append(self._value(key, value))
+            if values:
+                file_writer.add_summary(self._summary_class(value=values), record.step, walltime)
+            for key, value in texts:
+                writer.add_text(key, value, record.step, walltime=walltime)
+
+    def _value(self, key: str, value: float) -> Any:
+        """One ``Summary.Value``, with the tag and ``simple_value`` ``add_scalar(key, value)`` writes."""
+        tag = self._tags.get(key)
+        if tag is None:  # once per name: the writer's own scalar() gives the tag and the classes
+            template = self._scalar(key, 0.0)
+            self._summary_class, self._value_class = type(template), type(template.value[0])
+            tag = self._tags[key] = template.value[0].tag
+        return self._value_class(tag=tag, simple_value=float(value))
+
+    def flush(self) -> None:
+        """Write what the writer holds to disk. Safe from any thread (the writer's flush and its
+        writes take one lock); a failure is logged, never raised."""
+        writer = self._writer
+        if writer is None:
+            return
+        try:
+            writer.flush()
+        except Exception as error:  # a closed writer or a failed disk: never into the training loop
+            logger.warning("%s: could not flush the event file: %s", self.name, error)
 
     def store_config(self, params: dict[str, str], run_id: str) -> None:
         self._writer.add_text("config", "```json\n" + json.dumps(params, indent=1, sort_keys=True) + "\n```")
@@ -162,8 +223,34 @@ class TensorBoardLogger(TrackerLogger):
         """Constructor kwargs that rebuild this logger."""
         return {"log_dir": self.log_dir}
 
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every record so far reached the writer, then write the writer's buffer to disk.
+
+        Args:
+            timeout: Longest wait for the worker, in seconds. Defaults to ``flush_timeout``.
+
+        Returns:
+            False when the worker still held records at the timeout (what the writer had is
+            written anyway).
+        """
+        handed_over = super().flush(timeout)
+        self.backend.flush()
+        return handed_over
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Remember the step resumed from (events after it are purged), then start."""
         step = int(getattr(state, "global_step", 0) or 0)
         self.backend.resume_step = step if step > 0 else None
         return super().on_train_begin(args, state, control, model=model, **kwargs)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """Put what was logged before this checkpoint on disk (a crash after it loses none of it).
+
+        Waits at most ``min(flush_timeout, 5)`` seconds for the worker to hand its records to the
+        writer (none while the writer fails), then flushes the writer.
+        """
+        super().on_save(args, state, control, **kwargs)
+        worker = self._worker
+        if worker is None or not is_main_process(state):
+            return
+        self.flush(timeout=min(self.flush_timeout, SAVE_FLUSH_TIMEOUT) if worker.healthy else 0.0)

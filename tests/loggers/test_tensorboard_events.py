@@ -1,0 +1,196 @@
+"""``TensorBoardLogger`` events (issue 16, findings 6 and 10): one event per record, no flush per batch.
+
+Read back with TensorBoard's own readers: the raw event file (``EventFileLoader``) and
+``EventAccumulator``. The reference for "the same tags and values as before" is the former
+writing (``add_scalar`` per metric, a flush per batch), kept here as `log_one_event_per_scalar`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from hf_callbacks_plus.loggers.records import LogRecord
+from hf_callbacks_plus.loggers.tensorboard import TensorBoardBackend, TensorBoardLogger, summary_writer_class
+from tests.tiny_models import make_trainer
+
+pytestmark = pytest.mark.transformers
+pytest.importorskip("tensorboard")
+
+
+def log_one_event_per_scalar(writer, records: list[LogRecord]) -> None:
+    """The former ``TensorBoardBackend.log``: ``add_scalar`` per value and a flush per batch."""
+    for record in records:
+        walltime = record.timestamp / 1000.0
+        for key, value in record.metrics.items():
+            writer.add_scalar(key, value, record.step, walltime=walltime)
+        for key, value in record.summary.items():
+            if isinstance(value, str):
+                writer.add_text(key, value, record.step, walltime=walltime)
+            else:
+                writer.add_scalar(key, value, record.step, walltime=walltime)
+    writer.flush()
+
+
+def raw_events(directory: Path) -> list:
+    """Every Event of every event file under ``directory``, in file order."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    return [event for path in sorted(Path(directory).rglob("events.out.tfevents.*"))
+            for event in EventFileLoader(str(path)).Load()]
+
+
+def accumulated_points(directory: Path) -> Counter:
+    """``(tag, step, value)`` of every scalar ``EventAccumulator`` reads (NaN written as "nan")."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return Counter((tag, event.step, "nan" if math.isnan(event.value) else event.value)
+                   for tag in accumulator.Tags()["scalars"] for event in accumulator.Scalars(tag))
+
+
+def test_one_record_with_many_metrics_is_one_event(tmp_path):
+    """Issue 16 finding 6: ``add_scalar`` per metric wrote 500 events per step at 500 metrics."""
+    backend = TensorBoardBackend(summary_writer_class(), lambda run_id: str(tmp_path / run_id))
+    run_id = backend.start(None, resume=False)
+    metrics = {f"train/metric_{index}": index / 7 for index in range(50)}
+    backend.log([LogRecord(3, 1_700_000_000_000, metrics, {"train_summary/loss": 0.5})], run_id)
+    backend.finish("FINISHED", run_id)
+    summaries = [event for event in raw_events(tmp_path) if event.HasField("summary")
+                 and not event.summary.value[0].tag.startswith("status")]
+    assert len(summaries) == 1, f"{len(summaries)} events for one record"
+    event = summaries[0]
+    assert event.step == 3 and event.wall_time == pytest.approx(1_700_000_000.0)
+    assert len(event.summary.value) == 51
+    assert [value.tag for value in event.summary.value] == [*metrics, "train_summary/loss"]
+
+
+def test_event_file_reads_back_as_add_scalar_wrote_it(tmp_path):
+    """Same (tag, step, value) set in ``EventAccumulator`` as one ``add_scalar`` per value wrote,
+    including NaN/inf, repeated steps, texts beside numbers and ints."""
+    records = [
+        LogRecord(1, 1_700_000_000_000, {"train/loss": 0.25, "train/nan": math.nan, "train/inf": math.inf,
+                                          "train/minus_inf": -math.inf}, {}),
+        LogRecord(2, 1_700_000_001_000, {"train/loss": 0.125, "eval/loss": 1e-30},
+                  {"early_stopping/why": "wait"}),
+        LogRecord(2, 1_700_000_002_000, {"eval/loss": 3.0}, {"train_summary/steps": 2.0}),
+    ]
+    writer_class = summary_writer_class()
+    backend = TensorBoardBackend(writer_class, lambda run_id: str(tmp_path / "new"))
+    run_id = backend.start(None, resume=False)
+    backend.log(records, run_id)
+    backend.finish("FINISHED", run_id)
+    reference = writer_class(log_dir=str(tmp_path / "old"))
+    log_one_event_per_scalar(reference, records)
+    reference.close()
+    expected = accumulated_points(tmp_path / "old")
+    assert expected and accumulated_points(tmp_path / "new") == expected
+    assert ("train/inf", 1, math.inf) in expected and ("train/nan", 1, "nan") in expected
+
+
+def non_finite_and_wide():
+    """A callback, ahead of the logger, adding 40 metrics, NaN and +-inf to every training log."""
+    from transformers import TrainerCallback
+
+    class NonFiniteAndWide(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is not None and "loss" in logs:
+                logs.update({f"wide_{index}": state.global_step + index / 8 for index in range(40)})
+                logs.update({"diverged": math.nan, "exploded": math.inf, "sunk": -math.inf})
+
+    return NonFiniteAndWide()
+
+
+@pytest.mark.parametrize("key_names", ["sections", "stock"])
+def test_trainer_run_reads_back_as_with_add_scalar(tmp_path, key_names):
+    """A real Trainer run (evaluation, NaN/inf kept, ``key_names`` both ways): ``EventAccumulator``
+    reads back from our events exactly what ``add_scalar`` per value writes from the same records."""
+    logger = TensorBoardLogger(nonfinite="keep", key_names=key_names)
+    reference = summary_writer_class()(log_dir=str(tmp_path / "reference"))
+    write = logger.backend.log
+
+    def log_both(records, run_id):
+        write(records, run_id)
+        log_one_event_per_scalar(reference, records)
+
+    logger.backend.log = log_both
+    trainer = make_trainer(tmp_path, callbacks=[non_finite_and_wide(), logger], max_steps=4,
+                           logging_steps=1, eval_strategy="steps", eval_steps=2)
+    trainer.train()
+    reference.close()
+    ours = accumulated_points(tmp_path / "runs" / logger.run_id)
+    assert ours == accumulated_points(tmp_path / "reference")
+    assert {"train/loss", "train/wide_3", "eval/loss"} <= {tag for tag, _, _ in ours}
+    assert {step for tag, step, _ in ours if tag == "train/wide_3"} == {1, 2, 3, 4}
+    assert ("train/wide_3", 2, 2.375) in ours
+    assert {(tag, step) for tag, step, value in ours if value == "nan"} == {("train/diverged", step)
+                                                                           for step in range(1, 5)}
+    assert Counter(value for tag, _, value in ours if tag == "train/exploded") == Counter({math.inf: 4})
+    # one event per record: far fewer summary events than scalar points
+    events = [event for event in raw_events(tmp_path / "runs" / logger.run_id) if event.HasField("summary")]
+    assert len(events) < sum(ours.values()) / 10
+
+
+def test_checkpoint_save_puts_the_events_on_disk(tmp_path):
+    """Issue 16 finding 10 (no flush per batch): what was logged before a checkpoint is in the event
+    file when the checkpoint is saved, with the writer still open, though the backend lags behind."""
+    from transformers import TrainerCallback
+
+    logger = TensorBoardLogger()
+    write = logger.backend.log
+
+    def slow_log(records, run_id):  # the worker lags behind the training
+        time.sleep(0.2)
+        write(records, run_id)
+
+    logger.backend.log = slow_log
+    seen: dict[int, set[int]] = {}
+
+    class ReadAtSave(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            directory = Path(logger.backend.directory)
+            seen[state.global_step] = {
+                event.step for event in raw_events(directory)
+                if any(value.tag == "train/loss" for value in event.summary.value)}
+
+    trainer = make_trainer(tmp_path, callbacks=[logger, ReadAtSave()], max_steps=8, logging_steps=1,
+                           save_strategy="steps", save_steps=4)
+    trainer.train()
+    assert seen == {4: {1, 2, 3, 4}, 8: set(range(1, 9))}
+
+
+def test_checkpoint_save_waits_a_bounded_time_for_a_hung_writer(tmp_path):
+    """A backend call that hangs holds the save for ``min(flush_timeout, 5)`` seconds, not more."""
+    from transformers import TrainerCallback
+
+    logger = TensorBoardLogger(flush_timeout=0.5)
+    release = threading.Event()
+    write = logger.backend.log
+
+    def hung_log(records, run_id):
+        release.wait(60)
+        write(records, run_id)
+
+    logger.backend.log = hung_log
+    times: dict[str, float] = {}
+
+    class Clock(TrainerCallback):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_save(self, args, state, control, **kwargs):
+            times[self.name] = time.monotonic()
+
+    trainer = make_trainer(tmp_path, callbacks=[Clock("before"), logger, Clock("after")], max_steps=2,
+                           logging_steps=1, save_strategy="steps", save_steps=2)
+    try:
+        trainer.train()
+    finally:
+        release.set()
+    assert times["after"] - times["before"] < 2.0
