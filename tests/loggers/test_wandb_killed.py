@@ -32,7 +32,10 @@ HEADER_LEN = 7  # ":W&B", magic, version
 def kill_after_checkpoint(out: Path, step: int) -> None:
     """Run tests/loggers/wandb_kill_script.py and SIGKILL it once ``checkpoint-<step>`` is saved."""
     script = str(Path(__file__).with_name("wandb_kill_script.py"))
-    process = subprocess.Popen([sys.executable, script, str(out)], cwd=REPO, env=dict(os.environ),
+    # its own W&B service, as a real training has: this test process's service (WANDB_SERVICE, set
+    # by an earlier W&B test) would keep the killed client's run "in use"
+    env = {name: value for name, value in os.environ.items() if name != "WANDB_SERVICE"}
+    process = subprocess.Popen([sys.executable, script, str(out)], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 120
