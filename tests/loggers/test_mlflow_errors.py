@@ -97,8 +97,9 @@ TABLE = [
     ("HTTP 404 (no such endpoint)", lambda: rest_error(404), False),
     ("HTTP 401", lambda: rest_error(401), False),
     ("retries exhausted, in the message", lambda: MlflowException(
-        "API request to http://h/api/2.0/mlflow/runs/create failed with exception HTTPConnectionPool(host='h', "
-        "port=5000): Max retries exceeded with url", error_code=mlflow.protos.databricks_pb2.BAD_REQUEST), True),
+        "API request to http://h/api/2.0/mlflow/runs/create failed with exception "
+        "HTTPConnectionPool(host='h', port=5000): Max retries exceeded with url",
+        error_code=mlflow.protos.databricks_pb2.BAD_REQUEST), True),
     ("INVALID_PARAMETER_VALUE", lambda: MlflowException("bad value", error_code=mlflow.protos.databricks_pb2
                                                         .INVALID_PARAMETER_VALUE), False),
     ("RESOURCE_DOES_NOT_EXIST", lambda: MlflowException("no run", error_code=mlflow.protos.databricks_pb2
@@ -142,7 +143,8 @@ def test_real_errors_of_a_dead_server_and_of_a_missing_run(sqlite_uri, monkeypat
     assert not is_transient_mlflow_error(missing.value), repr(missing.value)
 
 
-def test_a_bug_in_log_is_not_retried_training_ends_quickly_with_a_warning_naming_it(tmp_path, sqlite_uri, caplog):
+def test_a_bug_in_log_is_not_retried_training_ends_quickly_with_a_warning_naming_it(tmp_path, sqlite_uri,
+                                                                                     caplog):
     """Issue 16 finding 9: any exception without an MLflow error code counted as transient, so a bug
     of ours (a TypeError on every record) was an "outage": retried until the close deadline, then
     spilled. Now it is the backend rejecting the records: dropped, with a warning naming TypeError."""
@@ -180,8 +182,8 @@ def test_a_deleted_run_is_an_error_at_its_first_start_not_retried(tmp_path, sqli
 
 
 @pytest.mark.slow
-def test_a_run_id_the_server_does_not_know_is_an_error_at_its_first_start(tmp_path, mlflow_server, monkeypatch,
-                                                                          caplog):
+def test_a_run_id_the_server_does_not_know_is_an_error_at_its_first_start(tmp_path, mlflow_server,
+                                                                          monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_RUN_ID", "f" * 32)
     logger = MLflowLogger(tracking_uri=mlflow_server.uri, log_params=False, backoff=(0.01, 0.05))
     logger.backend = FaultInjectingBackend(logger.backend)  # counts the calls, injects nothing
@@ -243,11 +245,13 @@ def test_http_options_are_no_longer_set_process_wide(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.transformers
-def test_a_run_against_the_server_leaves_the_environment_as_it_was(tmp_path, mlflow_server):
+def test_a_run_against_the_server_leaves_the_environment_as_it_was(tmp_path, mlflow_server, monkeypatch):
     """Issue 16 finding 10: the client set MLFLOW_HTTP_REQUEST_MAX_RETRIES/TIMEOUT for the whole
     process (``os.environ.setdefault``), changing the user's own mlflow calls."""
     from tests.tiny_models import make_trainer
 
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):  # as a new process
+        monkeypatch.delenv(name, raising=False)
     before = {key: value for key, value in os.environ.items() if key.startswith("MLFLOW_HTTP_REQUEST_")}
     logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="environment")
     make_trainer(tmp_path, callbacks=[logger], max_steps=2, logging_steps=1).train()

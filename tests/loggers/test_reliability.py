@@ -118,7 +118,8 @@ def test_a_checkpoint_save_never_waits_for_the_backlog(tmp_path, sqlite_uri):
     assert durations[0][0]["pending"] > 0 and durations[0][0]["run_id"] == logger.run_id
 
 
-def test_an_exception_with_the_server_down_re_raises_at_once_and_keeps_the_failed_status(tmp_path, monkeypatch):
+def test_an_exception_with_the_server_down_re_raises_at_once_and_keeps_the_failed_status(tmp_path,
+                                                                                        monkeypatch):
     from tests.loggers.conftest import free_port
 
     # MLflow's own HTTP retries (7, with backoff: minutes per call) are the user's to set; the logger

@@ -65,6 +65,9 @@ def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypat
     monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", MLFLOW_ENV_PASSWORD)
     dead_uri = f"http://mluser:UriPassw0rd@127.0.0.1:{free_port()}"
+    # the dead server's outage must reach the logger's (masked) warning within the 1 s deadline:
+    # MLflow's own retries, no longer turned off by the logger, would ride it out for minutes
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setattr(sys, "argv", ["train.py", "--hub_token", HF_CLI,
                                       "--tracking_uri", "http://cli:CliPassw0rd@127.0.0.1:1"])
     wandb_root = offline_env(monkeypatch, tmp_path / "wandb")
