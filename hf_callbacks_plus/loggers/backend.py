@@ -51,6 +51,10 @@ class Backend:
     #: Keys the stock callback puts in the run summary, raw, instead of a curve.
     stock_summary_keys: frozenset = frozenset()
 
+    #: Seconds an exception in training waits for the run to open so it can take its FAILED
+    #: status; a backend whose unsent records and status replay into their run needs little.
+    exception_start_wait: float = 20.0
+
     def prepare_process(self) -> None:
         """Training thread, before the logger registers its exit hook. Defaults to nothing.
 

@@ -120,7 +120,9 @@ class TrackerLogger(SelfRestoringState):
         max_memory_records: Records kept in memory (backend unreachable or slower than the
             training) before spilling to disk. Defaults to 10000.
         max_memory_points: Metric points kept in memory before spilling to disk: bounds the
-            memory of heavy records (500 metrics per step). Defaults to 200000 (tens of MB).
+            memory of heavy records (500 metrics per step), and as many again waiting in the
+            queue: at most twice this while a backend call hangs (``on_log`` then spills the
+            oldest queued records). Defaults to 200000 (tens of MB).
         backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30.0).
         grammar: The key grammar to render keys with. Defaults to a new ``KeyGrammar()``, which
             learns evaluation prefixes and dataset names from the metrics it sees.
@@ -458,7 +460,8 @@ class TrackerLogger(SelfRestoringState):
 
     def close_after_exception(self) -> bool:
         """Close the run FAILED quickly: while the backend answers, wait for the run to be open (at
-        most ``min(flush_timeout, 20)`` seconds: W&B takes seconds on a busy machine), then at most
+        most ``min(flush_timeout, backend.exception_start_wait)`` seconds: 20 for W&B, which takes
+        seconds on a busy machine; 3 for MLflow, whose unsent status is replayed), then at most
         ``min(flush_timeout, 2)`` seconds for the backlog; none while it is unreachable. What is
         left goes to the spill file.
 
@@ -469,7 +472,7 @@ class TrackerLogger(SelfRestoringState):
         timeout = 0.0
         if worker is not None and worker.healthy:
             # the run must exist to take its status (W&B opens it in seconds); not the backlog
-            worker.wait_started(min(self.flush_timeout, 20.0))
+            worker.wait_started(min(self.flush_timeout, self.backend.exception_start_wait))
             timeout = min(self.flush_timeout, 2.0) if worker.healthy else 0.0
         return self.close(FAILED, timeout=timeout, grace=1.0)
 

@@ -265,6 +265,9 @@ class MLflowBackend(Backend):
     name = "MLflowLogger"
     summary_as_curves = True
     can_write_other_runs = True
+    #: mlflow retries an unreachable server for minutes inside one call: an exception does not
+    #: wait for that (the FAILED status and the records are spilled and replayed into the run).
+    exception_start_wait = 3.0
 
     def __init__(self, mlflow: Any, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str], tags: dict[str, str], max_log_params: Optional[int],

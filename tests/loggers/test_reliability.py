@@ -120,14 +120,20 @@ def test_a_checkpoint_save_never_waits_for_the_backlog(tmp_path, sqlite_uri):
     assert durations[0][0]["run_id"] in (None, logger.run_id)
 
 
+@pytest.mark.parametrize("mlflow_retries", ["0", "mlflow's default"])
 def test_an_exception_with_the_server_down_re_raises_at_once_and_keeps_the_failed_status(tmp_path,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch,
+                                                                                        mlflow_retries):
     from tests.loggers.conftest import free_port
 
     # MLflow's own HTTP retries (7, with backoff: minutes per call) are the user's to set; the logger
-    # no longer turns them off process-wide. With them on, the first call never fails within the
-    # close deadline and the exception waits min(flush_timeout, 20) + 3 s for the run to open.
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    # does not turn them off process-wide. With them on, the first call never returns within the
+    # close deadline: the exception waits at most MLflowBackend.exception_start_wait (3 s) for the
+    # run to open, then the close deadline (2 s + 1 s), never the 20 s a W&B run may take.
+    if mlflow_retries == "0":
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    else:
+        monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     logger = MLflowLogger(tracking_uri=f"http://127.0.0.1:{free_port()}", log_params=False,
                           backoff=(0.05, 0.1))
     start = time.monotonic()
