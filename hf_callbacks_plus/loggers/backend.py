@@ -109,10 +109,11 @@ class Backend:
         """Close the run with ``"FINISHED"`` or ``"FAILED"``."""
         raise NotImplementedError
 
-    def recovery_run(self) -> str:
-        """Create a run for spilled records whose own run never opened; return its id.
+    def recovery_run(self, run_key: Optional[str] = None) -> str:
+        """The run for spilled records whose run id was never known; return its id.
 
-        Only called when `can_write_other_runs`.
+        The run tagged with ``run_key`` (found, or created with that tag: the first process never
+        heard back from the store), else a new run. Only called when `can_write_other_runs`.
         """
         raise NotImplementedError
 

@@ -423,9 +423,16 @@ class MLflowBackend(Backend):
         if record.cleanup:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def recovery_run(self) -> str:
+    def recovery_run(self, run_key: Optional[str] = None) -> str:
+        """The run tagged with ``run_key`` (found, or created with the tag), else a new run tagged
+        `RECOVERED_TAG`."""
+        if run_key:
+            found = self._run_with_key(run_key)
+            if found is not None:
+                return found
+        tags = {**self.tags, RUN_KEY_TAG: run_key} if run_key else {**self.tags, RECOVERED_TAG: "true"}
         run = self.client.create_run(self._experiment_id(), run_name=self.run_name or self.args_run_name,
-                                     tags={**self.tags, RECOVERED_TAG: "true"})
+                                     tags=tags)
         return run.info.run_id
 
     def logged_steps(self, run_id: str) -> dict[str, int]:

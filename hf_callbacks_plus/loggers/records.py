@@ -98,15 +98,18 @@ def _record(cls: type) -> type:
     """Make ``cls`` a record dataclass: its own fields, then the two routing fields every record has.
 
     * ``session``: the logging session (one ``train()``) that produced it; None: the current one;
-    * ``run_id``: the run it belongs to (set when it is spilled); None: the open run.
+    * ``run_id``: the run it belongs to (set when it is spilled); None: the open run;
+    * ``run_key``: the client-made key of that run (set when it is spilled), which finds the run
+      when its id was never known (the store had not answered yet).
 
     (Appended here rather than inherited: a base dataclass's defaulted fields would have to come
     before the records' required ones, and ``kw_only`` needs Python 3.10.)
     """
     cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}),
-                           "session": "Optional[str]", "run_id": "Optional[str]"}
+                           "session": "Optional[str]", "run_id": "Optional[str]", "run_key": "Optional[str]"}
     cls.session = None
     cls.run_id = None
+    cls.run_key = None
     return dataclass(cls)
 
 

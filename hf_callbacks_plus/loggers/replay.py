@@ -160,10 +160,12 @@ def _identity(file: Path) -> Optional[tuple[int, int, int]]:
 
 
 def _groups(records: list[Record]) -> Iterator[tuple[Optional[str], list[Record]]]:
-    by_run: dict[Optional[str], list[Record]] = {}
+    """Records by run: their run id, else their run key (a run whose id was never known)."""
+    by_run: dict[tuple[Optional[str], Optional[str]], list[Record]] = {}
     for record in records:
-        by_run.setdefault(record.run_id, []).append(record)
-    yield from by_run.items()
+        by_run.setdefault((record.run_id, None if record.run_id else record.run_key), []).append(record)
+    for (run_id, _), group in by_run.items():
+        yield run_id, group
 
 
 def _summary(file: Path, name: str, run_id: Optional[str], records: list[Record]) -> ReplayedRun:

@@ -129,12 +129,14 @@ def send_to_run(backend: Backend, sanitize: Callable[[str], str], run_id: Option
 
     Steps that run already holds are skipped (so sending twice sends nothing new), and its
     final status is set when the records carry one. Records of a run that never opened (the
-    backend was down from its start) get a new run of their own (`Backend.recovery_run`),
-    closed FINISHED unless a status was recorded. A backend that writes only to its open run
+    backend was down from its start) go to the run their run key names, found or created
+    (`Backend.recovery_run`), or to a new run of their own without a key, closed FINISHED unless
+    a status was recorded. A backend that writes only to its open run
     reopens the run (``start(run_id, resume=True)``) and closes it.
     """
     if backend.can_write_other_runs:
-        target = backend.recovery_run() if run_id is None else run_id
+        run_key = next((record.run_key for record in records if record.run_key), None)
+        target = backend.recovery_run(run_key) if run_id is None else run_id
     else:
         target = backend.start(run_id, True)
     held = backend.logged_steps(target)
@@ -683,7 +685,8 @@ class BackgroundWorker:
         """The record with the run it belongs to (this worker's records without an id get it)."""
         if record.session not in (None, self._session):
             return record
-        return dataclasses.replace(record, session=self._session, run_id=record.run_id or self.ledger.run_id)
+        return dataclasses.replace(record, session=self._session, run_id=record.run_id or self.ledger.run_id,
+                                   run_key=record.run_key or self.ledger.run_key)
 
     def _append_to_file(self, records: list[Record]) -> None:
         with self._spill_lock:  # after an abandon too: never lose what this thread holds
@@ -709,11 +712,12 @@ class BackgroundWorker:
 
     def _replay_other_runs(self) -> None:
         """Once the run is open: send records of other runs to their run, or hold them."""
-        current = self.ledger.run_id
+        current, key = self.ledger.run_id, self.ledger.run_key
 
         def is_own(record: Record) -> bool:
             session = record.session  # None: written before run ids were recorded
-            return current is None or session is None or session == self._session or record.run_id == current
+            return (current is None or session is None or session == self._session or record.run_id == current
+                    or (record.run_id is None and key is not None and record.run_key == key))
 
         held: list[Record] = []
         with self._spill_lock:  # `submit` may append to the file meanwhile

@@ -258,3 +258,37 @@ def test_a_resume_says_what_the_checkpoint_counted_as_pending(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):  # nothing pending: nothing said
         make_trainer(tmp_path / "again", callbacks=[JsonlLogger()], **args).train()
     assert not [r for r in caplog.records if "not yet delivered" in r.getMessage()]
+
+
+@pytest.mark.mlflow
+@pytest.mark.parametrize("how", ["resumed_training", "replay_command"])
+def test_records_spilled_before_the_run_opened_go_to_the_run_of_their_key(tmp_path, sqlite_uri, how):
+    """The store was down for the whole first process: its records are spilled with no run id. They
+    carry the run key, so the resumed training (or ``hf-callbacks-plus replay``, then the resumed
+    training) puts them into the one run of that key. Before: a second, 'recovered' run."""
+    from mlflow.tracking import MlflowClient
+
+    from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG, MLflowLogger
+    from hf_callbacks_plus.loggers.replay import replay_spill
+
+    args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
+    first = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity", flush_timeout=1.0,
+                         backoff=(0.05, 0.1))
+    first.backend = FaultInjectingBackend(first.backend, failing=("start",))
+    with pytest.raises(RuntimeError, match="injected crash"):
+        make_trainer(tmp_path, callbacks=[first, crash_at(6)], **args).train()
+    first.close_after_exception()
+    key = saved_state(tmp_path / "checkpoint-4", "MLflowLogger")["run_key"]
+    assert key and first.spill_path.is_file()
+    if how == "replay_command":
+        replay_spill(first.spill_path.parent)
+    resumed = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity")
+    make_trainer(tmp_path, callbacks=[resumed], **args).train(
+        resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+
+    client = MlflowClient(sqlite_uri)
+    experiment = client.get_experiment_by_name("identity")
+    runs = client.search_runs([experiment.experiment_id])
+    assert [run.data.tags.get(RUN_KEY_TAG) for run in runs] == [key], "a second run was opened"
+    steps = Counter(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss"))
+    assert sorted(steps) == list(range(1, 9)) and set(steps.values()) == {1}, steps

@@ -117,7 +117,7 @@ def test_unsent_records_go_to_the_spill_file_and_the_next_run_replays_them_first
     assert not worker.close(0.3)
     lines = [json.loads(line) for line in (tmp_path / "spill.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if line["kind"] == "log"] == list(range(10))
-    assert lines[-1] == {"kind": "finish", "status": "FINISHED", "run_id": "run-a",
+    assert lines[-1] == {"kind": "finish", "status": "FINISHED", "run_id": "run-a", "run_key": None,
                          "session": lines[0]["session"]}  # the final status could not be set: kept
 
     sink.down.clear()
