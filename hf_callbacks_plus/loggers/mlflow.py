@@ -253,8 +253,6 @@ class MLflowBackend(Backend):
         run_name: Name of a new run (None: MLflow's generated name).
         tags: Tags of the run.
         max_log_params: Log at most this many params per run (None: all).
-        http_timeout: Unused: MLflow's own HTTP settings apply (see the module docstring). Defaults to None.
-        http_max_retries: Unused, as ``http_timeout``. Defaults to None.
         warn: Warns once per key. Defaults to a new `WarnOnce`.
 
     The limits (``max_param_length``, ``max_params_per_batch``, ``max_name_length``,
@@ -271,7 +269,6 @@ class MLflowBackend(Backend):
 
     def __init__(self, mlflow: Any, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str], tags: dict[str, str], max_log_params: Optional[int],
-                 http_timeout: Optional[int] = None, http_max_retries: Optional[int] = None,
                  warn: Optional[WarnOnce] = None) -> None:
         self._mlflow = mlflow
         self._warn = warn or WarnOnce()

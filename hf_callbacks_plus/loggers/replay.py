@@ -133,7 +133,7 @@ def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> B
 
         uri = tracking_uri or unmask_url(target.get("tracking_uri"), "MLFLOW_TRACKING_URI")
         return MLflowBackend(require("mlflow", "replay"), validate_tracking_uri(uri),
-                             target.get("experiment_name"), None, {}, None, 10, 0)
+                             target.get("experiment_name"), None, {}, None)
     if name == "JsonlLogger":
         from .jsonl import JsonlBackend
 

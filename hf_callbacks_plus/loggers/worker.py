@@ -73,6 +73,10 @@ class _Stop:
 _STOP = _Stop()
 
 
+#: Rejected keys listed one by one per error type, before one summary error.
+_REJECTIONS_TOLD = 5
+
+
 def points(record: Record) -> int:
     """Metric points and summary values a record holds (1 for other records)."""
     if isinstance(record, LogRecord):
@@ -554,8 +558,17 @@ class BackgroundWorker:
                 what = _describe(batch[0])
                 if (key, _key_of(batch[0])) not in self._warned_permanent:
                     self._warned_permanent.add((key, _key_of(batch[0])))
-                    logger.warning("%s: the backend rejected %s, which is dropped; the rest is logged "
-                                   "(%s: %s).", self.name, what, key, str(error)[:300])
+                    rejected = sum(1 for seen, _ in self._warned_permanent if seen == key)
+                    if rejected <= _REJECTIONS_TOLD:
+                        logger.warning("%s: the backend rejected %s, which is dropped; other keys and "
+                                       "records are still sent (%s: %s).", self.name, what, key,
+                                       str(error)[:300])
+                    if rejected == _REJECTIONS_TOLD:
+                        logger.error("%s: the backend has rejected %d different keys with %s; further "
+                                     "rejections of this kind are dropped without being listed. If the "
+                                     "keys look right, this looks like a fault of the logger or the "
+                                     "backend: please report it with this message (%s).", self.name,
+                                     rejected, key, str(error)[:300])
                 self.dropped += 1
                 return "dropped"
             self.failures += 1
