@@ -12,11 +12,14 @@ retries with exponential backoff; when the backend answers again it replays memo
 file, in order.
 
 The memory bound holds whatever the worker thread is doing: at most ``max_memory_points``
-metric points in its backlog and as many again in the queue. When a record would take the
-queue over its bound (a backend call that hangs, a backend slower than the training),
-`BackgroundWorker.submit` itself moves the oldest queued items to the end of the spill file
-until the record fits (rendered, under the spill lock), with one warning; the worker sends them
-from there when the backend answers. Order is kept: memory, then the file, then the queue.
+metric points in its backlog and as many again in the queue. Between backend calls the worker
+bounds the queue itself (it spills what exceeds it). When a record would take the queue over
+its bound while a backend call has been running for more than ``HUNG_CALL_SECONDS`` (a call
+that hangs: nobody else would take anything out), `BackgroundWorker.submit` itself moves the
+oldest queued items to the end of the spill file until the record fits (rendered, under the
+spill lock), with one warning; the worker sends them from there when the backend answers. Order
+is kept: memory, then the file, then the queue. (A burst to a backend that answers waits in the
+queue, for the worker to pace: the training thread spills nothing then.)
 
 Closing is bounded: `BackgroundWorker.close` gives the worker ``timeout`` seconds, whether the
 backend is down or merely slow; what is not delivered by then goes to the spill file, with
@@ -61,7 +64,7 @@ from .records import (
 )
 from .spill import SpillFile, replay_hint
 
-__all__ = ["BackgroundWorker", "deliver", "send_to_run"]
+__all__ = ["HUNG_CALL_SECONDS", "BackgroundWorker", "deliver", "send_to_run"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -72,6 +75,10 @@ class _Stop:
 
 _STOP = _Stop()
 
+
+#: A backend call running longer than this is hung for `BackgroundWorker.submit`, which then
+#: bounds the queue itself (the worker bounds it between calls).
+HUNG_CALL_SECONDS = 0.5
 
 #: Rejected keys listed one by one per error type, before one summary error.
 _REJECTIONS_TOLD = 5
@@ -265,17 +272,23 @@ class BackgroundWorker:
 
         Raw data keeps rendering and normalization off the training thread: the caller only
         copies what it hands over. When the item would take the queue over
-        ``max_memory_points`` (the worker is stuck in a backend call, or far behind), the
-        oldest queued items are rendered and appended to the spill file here until it fits, in
-        order, so memory stays bounded; the worker sends them when the backend answers.
+        ``max_memory_points`` while the worker is stuck in a backend call (running for more
+        than ``HUNG_CALL_SECONDS``), the oldest queued items are rendered and appended to the
+        spill file here until it fits, in order, so memory stays bounded; the worker sends them
+        when the backend answers.
         """
         self._submitted += 1
         size = len(item.logs) if isinstance(item, RawLog) else points(item)
-        if self._queued_in - self._queued_out + size > self._max_points:
+        if self._queued_in - self._queued_out + size > self._max_points and self._stuck_in_call():
             self._spill_from_submit(item, size)
             return
         self._queued_in += size
         self._queue.put(item)
+
+    def _stuck_in_call(self) -> bool:
+        """A backend call has been running for more than ``HUNG_CALL_SECONDS``."""
+        started = self._call_started
+        return started is not None and time.monotonic() - started > HUNG_CALL_SECONDS
 
     def _spill_from_submit(self, item: RawLog | Record, size: int) -> None:
         """Training thread, queue over its bound: the oldest queued items go to the spill file

@@ -8,6 +8,7 @@ once and nothing erased. Backends: JSONL, MLflow sqlite (MlflowClient), TensorBo
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -263,6 +264,12 @@ def test_stock_integration_beside_ours_warns(tmp_path, _template_db, monkeypatch
             import wandb
 
             wandb.finish()
+        if stock == "mlflow":  # MLflowCallback leaves mlflow's fluent experiment set, in the environment too
+            import mlflow
+
+            mlflow.end_run()
+            mlflow.tracking.fluent._active_experiment_id = None
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
     told = [r.getMessage() for r in caplog.records if f"transformers' {callback_name}" in r.getMessage()]
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     assert "report_to='none'" in told[0] and "replace_report_to_callbacks" in told[0]

@@ -20,7 +20,7 @@ from hf_callbacks_plus.loggers.ledger import StepLedger
 from hf_callbacks_plus.loggers.records import RawLog, RecordRenderer, WarnOnce
 from hf_callbacks_plus.loggers.replay import replay_spill
 from hf_callbacks_plus.loggers.spill import read_records
-from hf_callbacks_plus.loggers.worker import BackgroundWorker
+from hf_callbacks_plus.loggers.worker import HUNG_CALL_SECONDS, BackgroundWorker
 from hf_callbacks_plus.metrics.keys import KeyGrammar
 from tests.loggers.faults import FaultInjectingBackend
 
@@ -67,6 +67,7 @@ def test_the_memory_bound_holds_while_a_backend_call_hangs_and_nothing_is_lost(t
         while backend.log_calls == 0 and time.monotonic() < end:  # the worker is now stuck in `log`
             time.sleep(0.01)
         assert backend.log_calls == 1
+        time.sleep(HUNG_CALL_SECONDS + 0.1)  # a call that hangs, not one that is merely slow
         live_peak = 0
         for step in range(1, RECORDS + 1):
             worker.submit(RawLog({f"m{k}": float(step * 1000 + k) for k in range(METRICS)}, step, 0))
