@@ -279,6 +279,8 @@ class SpillFile:
         Reads the held file first (older), then the spill file. Call it once, before loading.
         """
         others: dict[Optional[str], list[Record]] = {}
+        if not self.path.exists() and not self.held_path.exists():
+            return others  # nothing spilled: no lock file, no spill folder
 
         def write() -> None:  # read and rewrite under one lock: an append in between is kept
             others.clear()
@@ -298,6 +300,9 @@ class SpillFile:
 
     def hold(self, records: list[Record]) -> None:
         """Keep records of other runs in the held file (replacing it; under the lock)."""
+        if not records and not self.held_path.exists():
+            return  # nothing to keep: no lock file, no spill folder
+
         def write() -> None:
             with locked(self.path):
                 write_records(self.held_path, records)

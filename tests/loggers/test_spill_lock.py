@@ -55,3 +55,22 @@ def test_appends_during_replays_are_all_delivered_exactly_once(tmp_path):
     assert sorted(counts) == list(range(total)), (total - len(counts), replays)  # nothing lost
     assert max(counts.values()) == 1  # nothing twice
     assert lock_path(spill.path).exists()  # the lock file stays (never deleted)
+
+
+def test_a_run_that_spills_nothing_leaves_no_spill_folder(tmp_path):
+    """The lock file belongs to a spill file: a run without faults leaves neither (the lock's first
+    version created ``<output_dir>/.tracker_spill/<logger>.jsonl.lock`` in every run)."""
+    from types import SimpleNamespace
+
+    from hf_callbacks_plus.core.state import TrainerControl, TrainerState
+    from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+
+    args = SimpleNamespace(output_dir=str(tmp_path), report_to="none", run_name=None, to_dict=dict)
+    logger, state, control = JsonlLogger(log_config=False), TrainerState(), TrainerControl()
+    logger.on_train_begin(args, state, control)
+    for step in (1, 2, 3):
+        state.global_step = step
+        logger.on_log(args, state, control, logs={"loss": 1.0 / step})
+    logger.state_attributes()
+    logger.on_train_end(args, state, control)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["metrics.jsonl"]
