@@ -101,14 +101,22 @@ def test_a_resumed_run_replays_its_spilled_records_into_the_same_run(tmp_path, s
     assert not old.spill_path.exists()
 
 
-def test_records_of_a_run_that_never_opened_get_the_run_of_their_key(tmp_path, sqlite_uri):
+@pytest.mark.parametrize("keyed", [True, False], ids=["with_run_key", "spill_file_without_keys"])
+def test_records_of_a_run_that_never_opened_get_a_run_of_their_own(tmp_path, sqlite_uri, keyed):
     """A new training (not a resume) replays them into the run their run key names, created with
-    that key: the run a resume of the old training would continue."""
+    that key: the run a resume of the old training would continue. Spill files written before run
+    keys existed get a new run tagged recovered."""
+    import json
+
     from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG
 
     old = FailingFromStartMLflowLogger(tracking_uri=sqlite_uri, **FAST)
     make_trainer(tmp_path, callbacks=[old], logging_steps=2, max_steps=6).train()
     assert old.run_id is None and old.spill_path.exists()
+    if not keyed:
+        lines = [json.loads(line) for line in old.spill_path.read_text().splitlines()]
+        old.spill_path.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "run_key"})
+                                          + "\n" for line in lines))
 
     new = MLflowLogger(tracking_uri=sqlite_uri)
     make_trainer(tmp_path, callbacks=[new], logging_steps=2, max_steps=4).train()
@@ -116,29 +124,11 @@ def test_records_of_a_run_that_never_opened_get_the_run_of_their_key(tmp_path, s
     runs = client.search_runs(["0"])
     assert len(runs) == 2
     (recovered,) = [run for run in runs if run.info.run_id != new.run_id]
-    assert recovered.data.tags[RUN_KEY_TAG] == old.ledger.run_key and recovered.info.status == "FINISHED"
-    assert steps(client, recovered.info.run_id) == [2, 4, 6]
-    assert steps(client, new.run_id) == [2, 4]
-    assert not old.spill_path.exists()
-
-
-def test_records_of_a_run_that_never_opened_and_had_no_key_get_a_recovered_run(tmp_path, sqlite_uri):
-    """Spill files written before run keys existed: a new run of their own, tagged recovered."""
-    import json
-
-    old = FailingFromStartMLflowLogger(tracking_uri=sqlite_uri, **FAST)
-    make_trainer(tmp_path, callbacks=[old], logging_steps=2, max_steps=6).train()
-    lines = [json.loads(line) for line in old.spill_path.read_text().splitlines()]
-    old.spill_path.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "run_key"}) + "\n"
-                                      for line in lines))
-
-    new = MLflowLogger(tracking_uri=sqlite_uri)
-    make_trainer(tmp_path, callbacks=[new], logging_steps=2, max_steps=4).train()
-    client = MlflowClient(sqlite_uri)
-    runs = client.search_runs(["0"])
-    assert len(runs) == 2
-    (recovered,) = [run for run in runs if run.info.run_id != new.run_id]
-    assert recovered.data.tags[RECOVERED_TAG] == "true" and recovered.info.status == "FINISHED"
+    if keyed:
+        assert recovered.data.tags[RUN_KEY_TAG] == old.ledger.run_key
+    else:
+        assert recovered.data.tags[RECOVERED_TAG] == "true"
+    assert recovered.info.status == "FINISHED"
     assert steps(client, recovered.info.run_id) == [2, 4, 6]
     assert steps(client, new.run_id) == [2, 4]
     assert not old.spill_path.exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.bench_tensorboard_logger import old_log
 from hf_callbacks_plus.loggers.records import LogRecord
 from hf_callbacks_plus.loggers.tensorboard import TensorBoardBackend, TensorBoardLogger, summary_writer_class
 from tests.tiny_models import make_trainer
@@ -23,18 +24,9 @@ pytestmark = pytest.mark.transformers
 pytest.importorskip("tensorboard")
 
 
-def log_one_event_per_scalar(writer, records: list[LogRecord]) -> None:
-    """The former ``TensorBoardBackend.log``: ``add_scalar`` per value and a flush per batch."""
-    for record in records:
-        walltime = record.timestamp / 1000.0
-        for key, value in record.metrics.items():
-            writer.add_scalar(key, value, record.step, walltime=walltime)
-        for key, value in record.summary.items():
-            if isinstance(value, str):
-                writer.add_text(key, value, record.step, walltime=walltime)
-            else:
-                writer.add_scalar(key, value, record.step, walltime=walltime)
-    writer.flush()
+#: The former ``TensorBoardBackend.log``: ``add_scalar`` per value and a flush per batch (the
+#: benchmark's reference too).
+log_one_event_per_scalar = old_log
 
 
 def raw_events(directory: Path) -> list:
