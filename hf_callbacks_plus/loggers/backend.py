@@ -51,6 +51,10 @@ class Backend:
     #: Keys the stock callback puts in the run summary, raw, instead of a curve.
     stock_summary_keys: frozenset = frozenset()
 
+    #: Send at most one call per this many seconds, unless a full batch is ready: records logged
+    #: meanwhile go in the same call (a store that pays per call, as MLflow's sqlite store does
+    #: with one commit per ``log_batch``). Flushing, closing and retrying never wait for it.
+    send_interval: float = 0.0
     #: Seconds an exception in training waits for the run to open so it can take its FAILED
     #: status; a backend whose unsent records and status replay into their run needs little.
     exception_start_wait: float = 20.0

@@ -266,6 +266,9 @@ class MLflowBackend(Backend):
     #: mlflow retries an unreachable server for minutes inside one call: an exception does not
     #: wait for that (the FAILED status and the records are spilled and replayed into the run).
     exception_start_wait = 3.0
+    #: One ``log_batch`` per second at most (each is a commit in a sqlite store: 20-30 ms of CPU
+    #: however few points it holds), unless a full batch is ready.
+    send_interval = 1.0
 
     def __init__(self, mlflow: Any, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str], tags: dict[str, str], max_log_params: Optional[int],

@@ -218,6 +218,8 @@ class BackgroundWorker:
         self._max_memory = max_memory_records
         self._max_points = max_memory_points
         self._batch_size = batch_size
+        self._last_send = 0.0  # when the last batch went out (monotonic)
+        self._flushes = 0  # flush() calls waiting: no lingering meanwhile
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -359,12 +361,16 @@ class BackgroundWorker:
         """
         target = self._submitted
         end = None if timeout is None else time.monotonic() + timeout
-        with self._condition:
-            while self._settled < target and self._thread.is_alive():
-                remaining = None if end is None else end - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._condition.wait(remaining if remaining is None else min(remaining, 0.5))
+        self._flushes += 1
+        try:
+            with self._condition:
+                while self._settled < target and self._thread.is_alive():
+                    remaining = None if end is None else end - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._condition.wait(remaining if remaining is None else min(remaining, 0.5))
+        finally:
+            self._flushes -= 1
         return self._settled >= target
 
     def wait_started(self, timeout: float) -> bool:
@@ -489,6 +495,11 @@ class BackgroundWorker:
                     continue
                 if stopping and self._expired():
                     return  # the deadline holds for a slow backend too: the rest is spilled
+                linger = self._linger_left(stopping)
+                if linger > 0:  # gather more records into this call (a store paying per call); in
+                    # slices, so a flush() or close() is seen within 0.1 s
+                    stopping = self._drain(block=True, timeout=min(linger, 0.1)) or stopping
+                    continue
                 outcome = self._send_next()
                 if outcome in ("ok", "dropped", "isolate"):
                     backoff = self._backoff_initial
@@ -504,6 +515,19 @@ class BackgroundWorker:
                 stopping = self._drain(block=True, timeout=remaining) or stopping
             backoff = min(backoff * 2, self._backoff_max)
 
+    def _linger_left(self, stopping: bool) -> float:
+        """Seconds to wait before sending what is pending (`Backend.send_interval`): none when
+        closing, flushing, retrying kept records, or when a full batch is ready."""
+        interval = self.backend.send_interval
+        if interval <= 0 or stopping or self._flushes or self._isolate or self._down_since is not None:
+            return 0.0
+        if len(self._pending) >= self._batch_size or self._spill.exists():
+            return 0.0
+        limit = self.backend.max_metrics_per_batch
+        if limit is not None and self._pending_points >= limit:
+            return 0.0
+        return max(0.0, self._last_send + interval - time.monotonic())
+
     def _send_next(self) -> str:
         size = 1 if self._isolate > 0 else self._batch_size
         limit = self.backend.max_metrics_per_batch or float("inf")
@@ -515,6 +539,7 @@ class BackgroundWorker:
             batch.append(record)
             total += points(record)
         outcome = self._attempt(self._send, batch)
+        self._last_send = time.monotonic()
         if self._abandoned:
             return outcome
         if outcome in ("ok", "dropped"):
