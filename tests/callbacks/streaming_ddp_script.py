@@ -64,3 +64,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Seen in CI even after destroy_process_group: both ranks aborted at interpreter exit
+    # ("terminate called without an active exception", a joinable C++ thread destroyed) once the
+    # outcome was written. End without the interpreter's teardown; the outcome files are closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
