@@ -51,6 +51,10 @@ class Backend:
     #: Keys the stock callback puts in the run summary, raw, instead of a curve.
     stock_summary_keys: frozenset = frozenset()
 
+    #: The global step a resumed ``train()`` starts from (the checkpoint's), set by the logger at
+    #: train begin; None for a fresh ``train()``. TensorBoard purges events after it, W&B checks
+    #: earlier offline folders against it.
+    resume_step: Optional[int] = None
     #: Send at most one call per this many seconds, unless a full batch is ready: records logged
     #: meanwhile go in the same call (a store that pays per call, as MLflow's sqlite store does
     #: with one commit per ``log_batch``). Flushing, closing and retrying never wait for it.

@@ -410,6 +410,7 @@ class TrackerLogger(SelfRestoringState):
         self._restored_pending = 0
         self._params_logged = False
         super().on_train_begin(args, state, control, **kwargs)
+        self.backend.resume_step = int(getattr(state, "global_step", 0) or 0) or None
         self._output_dir = getattr(args, "output_dir", None)
         self._tell_moved_location()
         self._tell_pending(state)

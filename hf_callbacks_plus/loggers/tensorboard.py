@@ -98,8 +98,6 @@ class TensorBoardBackend(Backend):
         self._value_class: Any = None
         #: Our metric name -> the tag ``add_scalar`` writes for it (tensorboardX cleans tags).
         self._tags: dict[str, str] = {}
-        #: Set at train begin when resuming: the checkpoint's step (events after it are purged).
-        self.resume_step: Optional[int] = None
         #: The directory of the open run.
         self.directory: Optional[str] = None
 
@@ -236,12 +234,6 @@ class TensorBoardLogger(TrackerLogger):
         handed_over = super().flush(timeout)
         self.backend.flush()
         return handed_over
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        """Remember the step resumed from (events after it are purged), then start."""
-        step = int(getattr(state, "global_step", 0) or 0)
-        self.backend.resume_step = step if step > 0 else None
-        return super().on_train_begin(args, state, control, model=model, **kwargs)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Put what was logged before this checkpoint on disk (a crash after it loses none of it).

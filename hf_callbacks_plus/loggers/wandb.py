@@ -206,8 +206,6 @@ class WandbBackend(Backend):
         self.model: Any = None
         self.run_name_from_args: Optional[str] = None
         self.run: Any = None
-        #: The global step of the checkpoint being resumed (set at train begin), or None.
-        self.resume_step: Optional[int] = None
         self._owns_run = True
         self._min_step = 0
         self.new_session()
@@ -511,7 +509,6 @@ class WandbLogger(TrackerLogger):
         run_name = getattr(args, "run_name", None)
         from_args = run_name and run_name != getattr(args, "output_dir", None)
         backend.run_name_from_args = run_name if from_args else None
-        backend.resume_step = int(getattr(state, "global_step", 0) or 0) or None  # resumed: the checkpoint's
         backend.new_session()
         super().on_train_begin(args, state, control, model=model, **kwargs)
 
