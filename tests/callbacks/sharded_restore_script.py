@@ -49,4 +49,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from tests.tiny_models import exit_distributed_script
+
     main()
+    exit_distributed_script()

@@ -20,7 +20,7 @@ from transformers import Trainer  # noqa: E402
 
 from hf_callbacks_plus import run_before_integrations  # noqa: E402
 from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics  # noqa: E402
-from tests.tiny_models import TinyClassifier, classification_rows, training_args  # noqa: E402
+from tests.tiny_models import TinyClassifier, classification_rows, exit_distributed_script, training_args  # noqa: E402
 
 
 def main() -> None:
@@ -64,9 +64,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Seen in CI even after destroy_process_group: both ranks aborted at interpreter exit
-    # ("terminate called without an active exception", a joinable C++ thread destroyed) once the
-    # outcome was written. End without the interpreter's teardown; the outcome files are closed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_distributed_script()
