@@ -1,9 +1,11 @@
 """The backend interface of the tracker loggers: start / store config / log / finish.
 
-A `Backend` talks to one tracking service (MLflow, W&B, a JSONL file) and nothing else: no
-queue, no retry, no spill, no dedupe. The `BackgroundWorker` calls it, always from its own
-thread, in this order: `start` once, then `log` / `store_config` / `set_tags` /
-`log_artifact` in record order, then `finish`. Modelled on accelerate's ``GeneralTracker``.
+A `Backend` talks to one tracking service (MLflow, W&B, a JSONL file, TensorBoard event files)
+and nothing else: no queue, no retry, no spill, no dedupe. It is called in this order: `start`
+once, then `log` / `store_config` / `set_tags` / `log_artifact` in record order, then `finish`,
+by the `BackgroundWorker` from its thread (remote stores: MLflow, W&B), or by the `InlineWriter`
+on the training thread (`writes_locally`: JSONL, TensorBoard, whose libraries buffer local
+files themselves). Modelled on accelerate's ``GeneralTracker``.
 
 Every call names the run (``run_id``): a backend that can write to any run (MLflow,
 `can_write_other_runs`) lets the worker replay spilled records of an earlier run into that
@@ -29,6 +31,10 @@ class Backend:
 
     #: Shown in warnings.
     name: str = "backend"
+    #: A local file written through its library's own buffer (JSONL, TensorBoard): records go to
+    #: it on the training thread (`InlineWriter`), with nothing to retry or spill; the remote
+    #: stores (False) go through the `BackgroundWorker`.
+    writes_locally: bool = False
     #: Longest param value the backend accepts (None: no limit).
     max_param_length: Optional[int] = None
     #: Most params per `store_config` call (None: no limit).
@@ -69,6 +75,13 @@ class Backend:
         A backend whose library tears itself down at interpreter exit (W&B) sets that up here,
         so the logger's exit hook (registered after) runs first.
         """
+
+    def location(self) -> str:
+        """Where the run is written, for messages (a file or folder, a store's URI). Defaults to the name."""
+        return self.name
+
+    def sync(self) -> None:
+        """Write what the library buffers to disk (a checkpoint is saved). Defaults to nothing."""
 
     def clean_name(self, name: str) -> str:
         """Turn a rendered metric name into one the backend accepts. Defaults to unchanged."""

@@ -40,6 +40,7 @@ from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
 from .backend import FAILED, FINISHED, Backend
+from .inline import InlineWriter
 from .ledger import StepLedger
 from .records import (
     KEY_NAMES,
@@ -184,7 +185,7 @@ class TrackerLogger(SelfRestoringState):
         self.ledger = StepLedger()
         self.training = False
         self._params_logged = False
-        self._worker: Optional[BackgroundWorker] = None
+        self._worker: Optional[BackgroundWorker | InlineWriter] = None
         self._trainer_ref: Optional[weakref.ref[Any]] = None
         self._output_dir: Optional[str] = None
         self._warn = WarnOnce()
@@ -253,8 +254,9 @@ class TrackerLogger(SelfRestoringState):
         return Path(base) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.state_key)}.jsonl"
 
     @property
-    def worker(self) -> Optional[BackgroundWorker]:
-        """The background worker of the open run (None when closed)."""
+    def worker(self) -> Optional[BackgroundWorker | InlineWriter]:
+        """What sends the open run's records (None when closed): a `BackgroundWorker` for a remote
+        store, an `InlineWriter` for a local file (`Backend.writes_locally`)."""
         return self._worker
 
     def log_file(self, path: Union[str, os.PathLike], name: str, artifact_type: str = "predictions") -> bool:
@@ -446,6 +448,14 @@ class TrackerLogger(SelfRestoringState):
             self.grammar.learn_from_metrics(metrics)
             self.on_log(args, state, control, logs=dict(metrics))
 
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """A local file (JSONL, TensorBoard) is written to disk, so what was logged before this
+        checkpoint survives a crash after it; a remote store's worker is never waited for."""
+        super().on_save(args, state, control, **kwargs)
+        worker = self._worker
+        if isinstance(worker, InlineWriter) and is_main_process(state):
+            worker.flush()
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Flush and close the run FINISHED."""
         _CLAIMS.release(state, self.state_key, self)
@@ -566,7 +576,7 @@ class TrackerLogger(SelfRestoringState):
             else:
                 other.close(FINISHED)
 
-    def _open(self) -> BackgroundWorker:
+    def _open(self) -> BackgroundWorker | InlineWriter:
         with self._lifecycle_lock:
             if self._worker is not None:
                 return self._worker
@@ -579,6 +589,10 @@ class TrackerLogger(SelfRestoringState):
                 self._exit_hook = atexit.register(_close_at_exit, weakref.ref(self))
             renderer = RecordRenderer(self.grammar, self.nonfinite, self._warn, type(self).__name__,
                                       self.key_names, backend.stock_key_style, backend.stock_summary_keys)
+            if backend.writes_locally:  # a local file the library buffers: written on this thread
+                self._worker = InlineWriter(backend, self.ledger, renderer, type(self).__name__)
+                _OPEN_LOGGERS[id(self)] = self
+                return self._worker
             self._worker = BackgroundWorker(
                 backend, self.ledger, self.spill_path, renderer=renderer, name=type(self).__name__,
                 max_memory_records=self.max_memory_records, max_memory_points=self.max_memory_points,

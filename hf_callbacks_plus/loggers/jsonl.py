@@ -8,13 +8,15 @@ Each line is one of::
     {"event": "finish", "status": "FINISHED", "time": ...}
 
 Non-finite values are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` so
-every line is strict JSON. A resumed training appends to the same file and, like every
-tracker logger, never writes a step twice for one metric.
+every line is strict JSON. Lines are appended on the training thread (`InlineWriter`: no
+thread, queue or spill file of ours), each append handed to the operating system at once, and
+the file is ``fsync``-ed at every checkpoint save. A resumed training appends to the same file
+and, like every tracker logger, never writes a step twice for one metric. A file that cannot
+be written is an error at the start of ``train()``.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import math
@@ -33,9 +35,6 @@ logger = logging.getLogger("hf_callbacks_plus")
 __all__ = ["JsonlBackend", "JsonlLogger"]
 
 DEFAULT_FILE_NAME = "metrics.jsonl"
-#: File errors that retrying cannot fix.
-_PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
-                               errno.EISDIR})
 
 
 def _json_number(value: Any) -> Any:
@@ -52,9 +51,22 @@ class JsonlBackend(Backend):
     """
 
     name = "JsonlLogger"
+    writes_locally = True
 
     def __init__(self, file: Callable[[], Path]) -> None:
         self._file = file
+
+    def location(self) -> str:
+        """The file."""
+        return str(self._file())
+
+    def sync(self) -> None:
+        """``fsync`` the file: every append is already in the operating system's hands (a killed
+        process loses nothing); this makes it survive a machine crash too."""
+        path = self._file()
+        if path.is_file():
+            with open(path, "a", encoding="utf-8") as handle:
+                os.fsync(handle.fileno())
 
     def _close_partial_line(self) -> None:
         """A file ending mid-line (a process killed while writing) gets its newline, so the next
@@ -119,13 +131,6 @@ class JsonlBackend(Backend):
     def finish(self, status: str, run_id: str) -> None:
         self._append([{"event": "finish", "status": status, "time": time.time()}])
 
-    def is_transient(self, error: BaseException) -> bool:
-        """A file that cannot be written (permissions, read-only disk, not a directory) stays so;
-        other errors (a full disk...) may clear: they are retried, the records kept meanwhile."""
-        return getattr(error, "errno", None) not in _PERMANENT_ERRNOS
-
-    def target(self) -> dict[str, Any]:
-        return {"logger": self.name, "path": str(self._file())}
 
 
 class JsonlLogger(TrackerLogger):

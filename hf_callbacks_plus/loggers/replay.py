@@ -134,11 +134,6 @@ def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> B
         uri = tracking_uri or unmask_url(target.get("tracking_uri"), "MLFLOW_TRACKING_URI")
         return MLflowBackend(require("mlflow", "replay"), validate_tracking_uri(uri),
                              target.get("experiment_name"), None, {}, None)
-    if name == "JsonlLogger":
-        from .jsonl import JsonlBackend
-
-        file = Path(str(target.get("path")))
-        return JsonlBackend(lambda: file)
     if name == "WandbLogger":
         from .._compat import require
         from .wandb import WandbBackend
@@ -146,8 +141,9 @@ def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> B
         init = {key: target.get(key) for key in ("project", "entity", "dir", "mode")}
         return WandbBackend(require("wandb", "replay"), {**init, "resume": "allow"}, None, "false",
                             WarnOnce())
-    raise ValueError(f"replay: unknown logger {name!r} in the target file; expected MLflowLogger, "
-                     "WandbLogger or JsonlLogger.")
+    raise ValueError(f"replay: unknown logger {name!r} in the target file; expected MLflowLogger or "
+                     "WandbLogger (JsonlLogger and TensorBoardLogger write their files directly and never "
+                     "spill).")
 
 
 def _identity(file: Path) -> Optional[tuple[int, int, int]]:

@@ -6,12 +6,12 @@ that does not start with ``eval_``/``test_`` to ``train/``: the train-subset met
 ``train/early_stopping/wait`` and the run totals ``train/train_loss``. That cannot be fixed
 from outside the callback. This logger writes the same event files through the shared key
 grammar instead (``train/loss``, ``train_subset/loss``, ``gap/loss``, ``eval/loss``,
-``eval/<set>/loss``, ``test/loss``, ``early_stopping/wait``, ``train_summary/train_loss``),
-from a background thread, like every tracker logger.
+``eval/<set>/loss``, ``test/loss``, ``early_stopping/wait``, ``train_summary/train_loss``).
 
-Each log record is written as ONE event holding all its scalar values (one ``Summary.Value`` per
-metric, the same tags and values ``add_scalar`` writes), handed to the writer's own file writer,
-whose queue thread writes it to disk: ``add_scalar`` per metric made 500 events per step at 500
+Each log record is written, on the training thread (`InlineWriter`: no thread, queue or spill
+file of ours), as ONE event holding all its scalar values (one ``Summary.Value`` per metric,
+the same tags and values ``add_scalar`` writes), handed to the writer's own file writer, whose
+queue thread writes it to disk: ``add_scalar`` per metric made 500 events per step at 500
 metrics. The writer flushes on its own (every ``flush_secs``, 120 s by default); the logger
 also flushes it at each checkpoint save (what was logged before a checkpoint is on disk when
 the process dies after it), on `TensorBoardLogger.flush` and at close, never per batch.
@@ -36,16 +36,12 @@ from typing import Any, Callable, Optional
 
 from .._compat import is_available, require
 from .backend import Backend
-from .base import TrackerLogger, is_main_process
+from .base import TrackerLogger
 from .records import LogRecord
 
 __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-#: Longest wait, in seconds, at a checkpoint save for the worker to hand its records to the writer.
-SAVE_FLUSH_TIMEOUT = 5.0
-
 
 def summary_writer_class() -> Any:
     """``torch.utils.tensorboard.SummaryWriter`` when tensorboard is installed, else tensorboardX's.
@@ -86,6 +82,7 @@ class TensorBoardBackend(Backend):
     """
 
     name = "TensorBoardLogger"
+    writes_locally = True
     summary_as_curves = True
     stock_key_style = "rewrite_logs"
 
@@ -122,7 +119,7 @@ class TensorBoardBackend(Backend):
         """Write each record as one event with all its scalar values; text values with ``add_text``.
 
         The event goes to the writer's file writer, whose queue thread writes it; nothing is
-        flushed here (see `flush`).
+        flushed here (see `sync`).
         """
         writer = self._writer
         file_writer = writer._get_file_writer()
@@ -149,16 +146,14 @@ class TensorBoardBackend(Backend):
             tag = self._tags[key] = template.value[0].tag
         return self._value_class(tag=tag, simple_value=float(value))
 
-    def flush(self) -> None:
-        """Write what the writer holds to disk. Safe from any thread (the writer's flush and its
-        writes take one lock); a failure is logged, never raised."""
-        writer = self._writer
-        if writer is None:
-            return
-        try:
-            writer.flush()
-        except Exception as error:  # a closed writer or a failed disk: never into the training loop
-            logger.warning("%s: could not flush the event file: %s", self.name, error)
+    def location(self) -> str:
+        """The run's folder."""
+        return str(self.directory)
+
+    def sync(self) -> None:
+        """Write what the writer holds to disk (the writer's flush waits for its queue thread)."""
+        if self._writer is not None:
+            self._writer.flush()
 
     def store_config(self, params: dict[str, str], run_id: str) -> None:
         self._writer.add_text("config", "```json\n" + json.dumps(params, indent=1, sort_keys=True) + "\n```")
@@ -175,7 +170,7 @@ class TensorBoardBackend(Backend):
 
 
 class TensorBoardLogger(TrackerLogger):
-    """Writes TensorBoard event files with every metric in its section, from a background thread.
+    """Writes TensorBoard event files with every metric in its section, through the writer's own queue.
 
     Args:
         log_dir: The run's directory. Defaults to ``TENSORBOARD_LOGGING_DIR``, else
@@ -220,29 +215,3 @@ class TensorBoardLogger(TrackerLogger):
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger."""
         return {"log_dir": self.log_dir}
-
-    def flush(self, timeout: Optional[float] = None) -> bool:
-        """Wait until every record so far reached the writer, then write the writer's buffer to disk.
-
-        Args:
-            timeout: Longest wait for the worker, in seconds. Defaults to ``flush_timeout``.
-
-        Returns:
-            False when the worker still held records at the timeout (what the writer had is
-            written anyway).
-        """
-        handed_over = super().flush(timeout)
-        self.backend.flush()
-        return handed_over
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        """Put what was logged before this checkpoint on disk (a crash after it loses none of it).
-
-        Waits at most ``min(flush_timeout, 5)`` seconds for the worker to hand its records to the
-        writer (none while the writer fails), then flushes the writer.
-        """
-        super().on_save(args, state, control, **kwargs)
-        worker = self._worker
-        if worker is None or not is_main_process(state):
-            return
-        self.flush(timeout=min(self.flush_timeout, SAVE_FLUSH_TIMEOUT) if worker.healthy else 0.0)

@@ -24,6 +24,15 @@ class FaultInjectingBackend:
             f"injected fault: {name} while the backend is unreachable"))
         self.calls: dict[str, int] = {}
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Settings of the real backend (``resume_step``, set by the logger at train begin) reach it;
+        the wrapper's own attributes stay on the wrapper."""
+        wrapped = self.__dict__.get("wrapped")
+        if wrapped is not None and name not in self.__dict__ and hasattr(wrapped, name):
+            setattr(wrapped, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.wrapped, name)
         if not callable(attribute) or name.startswith("_"):

@@ -2,20 +2,18 @@
 
 The worker thread is stuck inside the backend call, so it takes nothing out of the queue: the
 training thread itself must keep the queue under ``max_memory_points`` by spilling its oldest
-items. The backend is the real JSONL backend; ``HangingBackend`` (fault injection, around it)
-makes every ``log`` call hang until the test releases it, which the real one cannot do on
-demand.
+items. The backend is the real MLflow backend on a sqlite store (read back with
+``MlflowClient``); ``HangingBackend`` (fault injection, around it) makes every ``log`` call hang
+until the test releases it, which the real one cannot do on demand.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections import Counter
 
-from hf_callbacks_plus.loggers.jsonl import JsonlBackend
 from hf_callbacks_plus.loggers.ledger import StepLedger
 from hf_callbacks_plus.loggers.records import RawLog, RecordRenderer, WarnOnce
 from hf_callbacks_plus.loggers.replay import replay_spill
@@ -24,8 +22,8 @@ from hf_callbacks_plus.loggers.worker import HUNG_CALL_SECONDS, BackgroundWorker
 from hf_callbacks_plus.metrics.keys import KeyGrammar
 from tests.loggers.faults import FaultInjectingBackend
 
-BOUND = 10_000
-RECORDS, METRICS = 200, 500
+BOUND = 4_000
+RECORDS, METRICS = 100, 200
 
 
 class HangingBackend(FaultInjectingBackend):
@@ -42,22 +40,24 @@ class HangingBackend(FaultInjectingBackend):
         return self.wrapped.log(records, run_id)
 
 
-def logged_points(path):
-    """``[(key, step)]`` of every curve point in a JSONL metrics file, in file order."""
-    points = []
-    for line in path.read_text().splitlines():
-        event = json.loads(line)
-        if event.get("event") == "log":
-            points.extend((key, event["step"]) for key in event["curves"])
-    return points
+def logged_points(client, run_id):
+    """``[(key, step)]`` of every metric point of an MLflow run."""
+    return [(key, metric.step) for key in client.get_run(run_id).data.metrics
+            for metric in client.get_metric_history(run_id, key)]
 
 
-def test_the_memory_bound_holds_while_a_backend_call_hangs_and_nothing_is_lost(tmp_path, caplog):
+def test_the_memory_bound_holds_while_a_backend_call_hangs_and_nothing_is_lost(tmp_path, caplog, sqlite_uri):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from hf_callbacks_plus.loggers.mlflow import MLflowBackend
+
     release = threading.Event()
-    out = tmp_path / "metrics.jsonl"
-    backend = HangingBackend(JsonlBackend(lambda: out), release)
-    worker = BackgroundWorker(backend, StepLedger(), tmp_path / "spill.jsonl", name="JsonlLogger",
-                              renderer=RecordRenderer(KeyGrammar(), "keep", WarnOnce(), "JsonlLogger"),
+    backend = HangingBackend(MLflowBackend(mlflow, sqlite_uri, "memory-bound", None, {}, None), release)
+    ledger = StepLedger()
+    ledger.begin_run(lambda: None)
+    worker = BackgroundWorker(backend, ledger, tmp_path / "spill.jsonl", name="MLflowLogger",
+                              renderer=RecordRenderer(KeyGrammar(), "keep", WarnOnce(), "MLflowLogger"),
                               max_memory_points=BOUND, backoff_initial=0.01, backoff_max=0.05,
                               target=backend.target())
     assert worker.wait_started(10)
@@ -83,15 +83,13 @@ def test_the_memory_bound_holds_while_a_backend_call_hangs_and_nothing_is_lost(t
     assert worker.peak_queued_points <= BOUND and worker.peak_points <= BOUND, (
         worker.peak_queued_points, worker.peak_points)
 
-    delivered = logged_points(out)
+    client = MlflowClient(sqlite_uri)
+    delivered = logged_points(client, ledger.run_id)
     kept = read_records(tmp_path / "spill.jsonl")
     kept_points = sum(len(record.metrics) for record in kept if record.kind == "log")
     assert len(delivered) + kept_points == 1 + RECORDS * METRICS  # every point sent or kept
 
     replay_spill(tmp_path / "spill.jsonl", report=lambda line: None)
     assert not (tmp_path / "spill.jsonl").exists()
-    delivered = logged_points(out)
-    counts = Counter(delivered)
+    counts = Counter(logged_points(client, ledger.run_id))
     assert len(counts) == 1 + RECORDS * METRICS and max(counts.values()) == 1  # each point exactly once
-    steps = [step for _, step in delivered]
-    assert steps == sorted(steps)  # in order, the replayed records after the delivered ones

@@ -3,13 +3,12 @@
 Replay reads the file, sends its records, then rewrites it with what was not delivered. A
 training still running appends to the file meanwhile; without the lock those appends landed
 in the file being rewritten and were lost. A thread stands for the training: it appends with
-the same `SpillFile` API the worker uses, while replay runs again and again into a real JSONL
-metrics file.
+the same `SpillFile` API the worker uses, while replay runs again and again into a real MLflow
+sqlite store (read back with ``MlflowClient``).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 
@@ -17,18 +16,22 @@ from hf_callbacks_plus.loggers.records import LogRecord
 from hf_callbacks_plus.loggers.replay import replay_spill
 from hf_callbacks_plus.loggers.spill import SpillFile, lock_path, read_records
 
-METRICS = 20
+METRICS = 5
 
 
-def record(step: int) -> LogRecord:
-    return LogRecord(step, 0, {f"m{k}": float(step + k) for k in range(METRICS)}, {}, session="s-1",
-                     run_id="run-a")
+def test_appends_during_replays_are_all_delivered_exactly_once(tmp_path, sqlite_uri):
+    from mlflow.tracking import MlflowClient
 
+    client = MlflowClient(sqlite_uri)
+    run_id = client.create_run(client.create_experiment("spill-lock")).info.run_id
 
-def test_appends_during_replays_are_all_delivered_exactly_once(tmp_path):
-    out = tmp_path / "metrics.jsonl"
-    spill = SpillFile(tmp_path / "spill" / "JsonlLogger.jsonl", "JsonlLogger",
-                      target={"logger": "JsonlLogger", "path": str(out)})
+    def record(step: int) -> LogRecord:
+        return LogRecord(step, 0, {f"m{k}": float(step + k) for k in range(METRICS)}, {}, session="s-1",
+                         run_id=run_id)
+
+    spill = SpillFile(tmp_path / "spill" / "MLflowLogger.jsonl", "MLflowLogger",
+                      target={"logger": "MLflowLogger", "tracking_uri": sqlite_uri,
+                              "experiment_name": "spill-lock"})
     spill.append([record(step) for step in range(300)])
     total = 3000
     appended = threading.Event()
@@ -48,9 +51,7 @@ def test_appends_during_replays_are_all_delivered_exactly_once(tmp_path):
     replay_spill(spill.path.parent, report=lambda line: None)  # what the last replays left
 
     kept = read_records(spill.path)
-    steps = [json.loads(line)["step"] for line in out.read_text().splitlines()
-             if json.loads(line)["event"] == "log"]
-    counts = Counter(steps)
+    counts = Counter(metric.step for metric in client.get_metric_history(run_id, "m0"))
     assert not kept and not spill.path.exists()
     assert sorted(counts) == list(range(total)), (total - len(counts), replays)  # nothing lost
     assert max(counts.values()) == 1  # nothing twice
