@@ -1,4 +1,4 @@
-"""``TrackerLogger``: the callback every experiment-tracker logger is (W&B, MLflow, JSONL).
+"""``TrackerLogger``: the callback every experiment-tracker logger is (W&B, MLflow, JSONL, TensorBoard).
 
 A logger is a callback in front of three objects:
 
@@ -8,9 +8,12 @@ A logger is a callback in front of three objects:
   the steps the earlier process sent (the *resume boundary*, fixed when the training starts);
   every point produced in the current session is delivered, including a second value at one
   step (``trainer.evaluate()`` after training);
-* a `BackgroundWorker`, given the backend and the ledger: ``on_log`` copies the logs and
-  queues them (microseconds), the worker renders them with the shared key grammar, sends them
-  in batches, retries, spills, and backend errors never reach the training loop.
+* for a remote store (MLflow, W&B), a `BackgroundWorker`, given the backend and the ledger:
+  ``on_log`` copies the logs and queues them (microseconds), the worker renders them with the
+  shared key grammar, sends them in batches, retries, spills, and backend errors never reach
+  the training loop; for a local file its library buffers (JSONL, TensorBoard:
+  `Backend.writes_locally`), an `InlineWriter`, which does the rendering and planning on the
+  training thread and hands the record to the library (nothing to retry or spill).
 
 The callback itself logs the ``TrainingArguments`` and the model config once (flattened, cut
 to the backend's limits, secrets redacted), logs only on the main process
@@ -117,6 +120,8 @@ class TrackerLogger(SelfRestoringState):
             the divergence), ``"drop"`` drops them with one warning per key. Defaults to "keep".
         flush_timeout: Seconds to wait at train end / exception / exit for the backend to take
             the remaining records; what is still unsent goes to the spill file. Defaults to 30.
+            This and the options down to ``backoff`` concern the background worker of the remote
+            stores (MLflow, W&B); JSONL and TensorBoard write inline.
         spill_dir: Directory of the spill file. Defaults to ``<output_dir>/.tracker_spill``.
         max_memory_records: Records kept in memory (backend unreachable or slower than the
             training) before spilling to disk. Defaults to 10000.

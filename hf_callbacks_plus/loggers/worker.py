@@ -242,7 +242,8 @@ class BackgroundWorker:
         self._warned_overflow = False
         self._abandoned = False
         self._shut_down = False
-        self._submitted = 0
+        self._submitted = 0  # written by the training thread only (`submit`); read by both
+        self._split_extra = 0  # records added by splitting rejected ones: the worker's own count
         self._settled = 0  # sent, dropped or spilled
         self._spilled_total = 0
         self._down_since: Optional[float] = None
@@ -364,14 +365,14 @@ class BackgroundWorker:
         self._flushes += 1
         try:
             with self._condition:
-                while self._settled < target and self._thread.is_alive():
+                while self._settled < target + self._split_extra and self._thread.is_alive():
                     remaining = None if end is None else end - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return False
                     self._condition.wait(remaining if remaining is None else min(remaining, 0.5))
         finally:
             self._flushes -= 1
-        return self._settled >= target
+        return self._settled >= target + self._split_extra
 
     def wait_started(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until the run is open; stop waiting as soon as the
@@ -395,7 +396,7 @@ class BackgroundWorker:
     @property
     def pending(self) -> int:
         """Records submitted and not yet sent, dropped or spilled (read without locking)."""
-        return max(0, self._submitted - self._settled)
+        return max(0, self._submitted + self._split_extra - self._settled)
 
     def close(self, timeout: float, status: Optional[str] = FINISHED, grace: float = 5.0) -> bool:
         """Send what is left for at most ``timeout`` seconds, finish the run, stop the thread.
@@ -558,7 +559,8 @@ class BackgroundWorker:
                 halves = _split(record)
                 for half in reversed(halves):
                     self._pending.appendleft(half)
-                self._submitted += len(halves) - 1
+                with self._condition:  # never `_submitted`: the training thread writes it meanwhile
+                    self._split_extra += len(halves) - 1
                 self._isolate = max(self._isolate - 1, 0) + len(halves)
         return outcome
 
@@ -855,7 +857,7 @@ class BackgroundWorker:
                 self._keep(self._unsent(), status_set)
             self._shut_down = True
         with self._condition:  # what is left is kept for the next run: nothing to wait for
-            self._settled = max(self._settled, self._submitted)
+            self._settled = max(self._settled, self._submitted + self._split_extra)
             self._condition.notify_all()
         self._finish_ok = status_set or self._status is None
 

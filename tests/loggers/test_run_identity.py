@@ -258,18 +258,26 @@ def test_a_resume_says_what_the_checkpoint_counted_as_pending(tmp_path, caplog, 
 
 
 @pytest.mark.mlflow
+@pytest.mark.parametrize("store", ["sqlite", "server"])
 @pytest.mark.parametrize("how", ["resumed_training", "replay_command"])
-def test_records_spilled_before_the_run_opened_go_to_the_run_of_their_key(tmp_path, sqlite_uri, how):
+def test_records_spilled_before_the_run_opened_go_to_the_run_of_their_key(tmp_path, request, how, store):
     """The store was down for the whole first process: its records are spilled with no run id. They
     carry the run key, so the resumed training (or ``hf-callbacks-plus replay``, then the resumed
-    training) puts them into the one run of that key. Before: a second, 'recovered' run."""
+    training) puts them into the one run of that key, in a sqlite store and through a real
+    ``mlflow server`` (the tag search goes over its REST API). Before: a second, 'recovered' run."""
+    import uuid
+
     from mlflow.tracking import MlflowClient
+
+    sqlite_uri = (request.getfixturevalue("sqlite_uri") if store == "sqlite"
+                  else request.getfixturevalue("mlflow_server").uri)
+    experiment_name = f"identity-{uuid.uuid4().hex[:8]}"  # the server is shared by the session
 
     from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG, MLflowLogger
     from hf_callbacks_plus.loggers.replay import replay_spill
 
     args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
-    first = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity", flush_timeout=1.0,
+    first = MLflowLogger(tracking_uri=sqlite_uri, experiment_name=experiment_name, flush_timeout=1.0,
                          backoff=(0.05, 0.1))
     first.backend = FaultInjectingBackend(first.backend, failing=("start",))
     with pytest.raises(RuntimeError, match="injected crash"):
@@ -279,12 +287,12 @@ def test_records_spilled_before_the_run_opened_go_to_the_run_of_their_key(tmp_pa
     assert key and first.spill_path.is_file()
     if how == "replay_command":
         replay_spill(first.spill_path.parent)
-    resumed = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity")
+    resumed = MLflowLogger(tracking_uri=sqlite_uri, experiment_name=experiment_name)
     make_trainer(tmp_path, callbacks=[resumed], **args).train(
         resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
 
     client = MlflowClient(sqlite_uri)
-    experiment = client.get_experiment_by_name("identity")
+    experiment = client.get_experiment_by_name(experiment_name)
     runs = client.search_runs([experiment.experiment_id])
     assert [run.data.tags.get(RUN_KEY_TAG) for run in runs] == [key], "a second run was opened"
     steps = Counter(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss"))

@@ -264,3 +264,29 @@ def test_a_burst_closed_early_loses_nothing_and_keeps_the_order(tmp_path):
     kept = [json.loads(line) for line in (tmp_path / "spill.jsonl").read_text().splitlines()]
     steps = [line["step"] for line in kept if line["kind"] == "log"]
     assert sink.received + steps == list(range(600)), (len(sink.received), len(steps))
+
+
+def test_only_the_training_thread_counts_submitted_records(tmp_path):
+    """``_submitted`` is read-modify-written by ``submit`` on the training thread; the worker used
+    to add the halves of a rejected record to it from its own thread (``+=`` from two threads can
+    lose an update: a flush then returns early or waits out its timeout). Splits are counted in a
+    counter of the worker's own; ``pending`` and ``flush`` still count them."""
+    writers: list[str] = []
+
+    class WatchedWorker(BackgroundWorker):
+        def __setattr__(self, name, value):
+            if name == "_submitted" and getattr(self, "_thread", None) is not None:
+                writers.append(threading.current_thread().name)
+            super().__setattr__(name, value)
+
+    two_keys = LogRecord(1, 0, {"good": 1.0, "bad": 2.0}, {})
+    sink = FailingBackend(reject=lambda record: "bad" in record.metrics)
+    sink.open_run = "run-new"
+    worker = WatchedWorker(sink, StepLedger(), tmp_path / "spill.jsonl", backoff_initial=0.01,
+                           backoff_max=0.05)
+    worker.submit(two_keys)
+    worker.submit(record(2))
+    assert worker.flush(10) and worker.pending == 0
+    assert sink.received == [1, 2] and worker.dropped == 1  # "good" delivered, "bad" dropped alone
+    assert set(writers) == {threading.current_thread().name}, writers
+    assert worker.close(5)
