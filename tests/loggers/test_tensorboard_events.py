@@ -8,7 +8,6 @@ writing (``add_scalar`` per metric, a flush per batch), kept here as `log_one_ev
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -131,13 +130,13 @@ def test_trainer_run_reads_back_as_with_add_scalar(tmp_path, key_names):
 
 def test_checkpoint_save_puts_the_events_on_disk(tmp_path):
     """Issue 16 finding 10 (no flush per batch): what was logged before a checkpoint is in the event
-    file when the checkpoint is saved, with the writer still open, though the backend lags behind."""
+    file when the checkpoint is saved, with the writer still open, though writing lags behind."""
     from transformers import TrainerCallback
 
     logger = TensorBoardLogger()
     write = logger.backend.log
 
-    def slow_log(records, run_id):  # the worker lags behind the training
+    def slow_log(records, run_id):  # writing lags behind the training
         time.sleep(0.2)
         write(records, run_id)
 
@@ -155,34 +154,3 @@ def test_checkpoint_save_puts_the_events_on_disk(tmp_path):
                            save_strategy="steps", save_steps=4)
     trainer.train()
     assert seen == {4: {1, 2, 3, 4}, 8: set(range(1, 9))}
-
-
-def test_checkpoint_save_waits_a_bounded_time_for_a_hung_writer(tmp_path):
-    """A backend call that hangs holds the save for ``min(flush_timeout, 5)`` seconds, not more."""
-    from transformers import TrainerCallback
-
-    logger = TensorBoardLogger(flush_timeout=0.5)
-    release = threading.Event()
-    write = logger.backend.log
-
-    def hung_log(records, run_id):
-        release.wait(60)
-        write(records, run_id)
-
-    logger.backend.log = hung_log
-    times: dict[str, float] = {}
-
-    class Clock(TrainerCallback):
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def on_save(self, args, state, control, **kwargs):
-            times[self.name] = time.monotonic()
-
-    trainer = make_trainer(tmp_path, callbacks=[Clock("before"), logger, Clock("after")], max_steps=2,
-                           logging_steps=1, save_strategy="steps", save_steps=2)
-    try:
-        trainer.train()
-    finally:
-        release.set()
-    assert times["after"] - times["before"] < 2.0
