@@ -3,13 +3,13 @@
 A `Backend` talks to one tracking service (MLflow, W&B, a JSONL file, TensorBoard event files)
 and nothing else: no queue, no retry, no spill, no dedupe. It is called in this order: `start`
 once, then `log` / `store_config` / `set_tags` / `log_artifact` in record order, then `finish`,
-by the `BackgroundWorker` from its thread (remote stores: MLflow, W&B), or by the `InlineWriter`
-on the training thread (`writes_locally`: JSONL, TensorBoard, whose libraries buffer local
-files themselves). Modelled on accelerate's ``GeneralTracker``.
+by the `BackgroundWorker` from its thread (MLflow, a remote store without a durable buffer of
+its own), or by the `InlineWriter` on the training thread (`buffers_itself`: JSONL, TensorBoard
+and W&B, whose libraries buffer and write in the background themselves). Modelled on
+accelerate's ``GeneralTracker``.
 
-Every call names the run (``run_id``): a backend that can write to any run (MLflow,
-`can_write_other_runs`) lets the worker replay spilled records of an earlier run into that
-run; the others write to their open run only.
+Every call names the run (``run_id``): the worker replays spilled records of an earlier run
+into that run.
 
 Capability attributes tell the worker the backend's limits, so it batches up to them.
 """
@@ -31,10 +31,14 @@ class Backend:
 
     #: Shown in warnings.
     name: str = "backend"
-    #: A local file written through its library's own buffer (JSONL, TensorBoard): records go to
-    #: it on the training thread (`InlineWriter`), with nothing to retry or spill; the remote
-    #: stores (False) go through the `BackgroundWorker`.
-    writes_locally: bool = False
+    #: The tracker's library buffers and writes in the background itself (JSONL's file buffer,
+    #: the ``SummaryWriter``'s queue thread, W&B's service process and its offline log): records go
+    #: to it on the training thread (`InlineWriter`), with nothing of ours to retry or spill; a
+    #: store without such a buffer (False: MLflow) goes through the `BackgroundWorker`.
+    buffers_itself: bool = False
+    #: Opening the run takes seconds (``wandb.init``): the `InlineWriter` opens it on a thread of
+    #: its own and keeps the records logged meanwhile in memory until it is open.
+    opens_slowly: bool = False
     #: Longest param value the backend accepts (None: no limit).
     max_param_length: Optional[int] = None
     #: Most params per `store_config` call (None: no limit).
@@ -47,9 +51,6 @@ class Backend:
     #: Send numeric summary values as curve points at the current step (backends without a
     #: run summary, such as MLflow); they are then deduplicated per step like curves.
     summary_as_curves: bool = False
-    #: The backend can write to any run: spilled records of an earlier run go to that run.
-    #: When False (W&B: only the open run), they are held until that run resumes.
-    can_write_other_runs: bool = False
     #: How the stock transformers callback names keys (``key_names="stock"``): ``"raw"`` (the
     #: ``logs`` keys as they are: MLflowCallback) or ``"rewrite_logs"`` (``eval_`` -> ``eval/``,
     #: ``test_`` -> ``test/``, anything else -> ``train/``: WandbCallback, TensorBoardCallback).
@@ -66,7 +67,8 @@ class Backend:
     #: with one commit per ``log_batch``). Flushing, closing and retrying never wait for it.
     send_interval: float = 0.0
     #: Seconds an exception in training waits for the run to open so it can take its FAILED
-    #: status; a backend whose unsent records and status replay into their run needs little.
+    #: status (W&B opens a run in seconds); a backend whose unsent records and status replay into
+    #: their run needs little (MLflow: 3).
     exception_start_wait: float = 20.0
 
     def prepare_process(self) -> None:
@@ -134,7 +136,7 @@ class Backend:
         """The run for spilled records whose run id was never known; return its id.
 
         The run tagged with ``run_key`` (found, or created with that tag: the first process never
-        heard back from the store), else a new run. Only called when `can_write_other_runs`.
+        heard back from the store), else a new run.
         """
         raise NotImplementedError
 

@@ -8,12 +8,13 @@ A logger is a callback in front of three objects:
   the steps the earlier process sent (the *resume boundary*, fixed when the training starts);
   every point produced in the current session is delivered, including a second value at one
   step (``trainer.evaluate()`` after training);
-* for a remote store (MLflow, W&B), a `BackgroundWorker`, given the backend and the ledger:
-  ``on_log`` copies the logs and queues them (microseconds), the worker renders them with the
-  shared key grammar, sends them in batches, retries, spills, and backend errors never reach
-  the training loop; for a local file its library buffers (JSONL, TensorBoard:
-  `Backend.writes_locally`), an `InlineWriter`, which does the rendering and planning on the
-  training thread and hands the record to the library (nothing to retry or spill).
+* for a remote store without a durable buffer of its own (MLflow), a `BackgroundWorker`, given
+  the backend and the ledger: ``on_log`` copies the logs and queues them (microseconds), the
+  worker renders them with the shared key grammar, sends them in batches, retries, spills, and
+  backend errors never reach the training loop; for a tracker whose library buffers in the
+  background itself (JSONL, TensorBoard, W&B: `Backend.buffers_itself`), an `InlineWriter`,
+  which does the rendering and planning on the training thread and hands the record to the
+  library (nothing to retry or spill; W&B's run is opened on a thread of its own).
 
 The callback itself logs the ``TrainingArguments`` and the model config once (flattened, cut
 to the backend's limits, secrets redacted), logs only on the main process
@@ -120,8 +121,10 @@ class TrackerLogger(SelfRestoringState):
             the divergence), ``"drop"`` drops them with one warning per key. Defaults to "keep".
         flush_timeout: Seconds to wait at train end / exception / exit for the backend to take
             the remaining records; what is still unsent goes to the spill file. Defaults to 30.
-            This and the options down to ``backoff`` concern the background worker of the remote
-            stores (MLflow, W&B); JSONL and TensorBoard write inline.
+            This and the options down to ``backoff`` concern MLflow's background worker; JSONL,
+            TensorBoard and W&B hand records to their library inline (W&B: ``flush_timeout``
+            bounds the wait for ``wandb.init`` and ``finish`` at the end, and
+            ``max_memory_points`` the records kept while ``wandb.init`` runs).
         spill_dir: Directory of the spill file. Defaults to ``<output_dir>/.tracker_spill``.
         max_memory_records: Records kept in memory (backend unreachable or slower than the
             training) before spilling to disk. Defaults to 10000.
@@ -260,8 +263,8 @@ class TrackerLogger(SelfRestoringState):
 
     @property
     def worker(self) -> Optional[BackgroundWorker | InlineWriter]:
-        """What sends the open run's records (None when closed): a `BackgroundWorker` for a remote
-        store, an `InlineWriter` for a local file (`Backend.writes_locally`)."""
+        """What sends the open run's records (None when closed): a `BackgroundWorker` (MLflow), or
+        an `InlineWriter` for a tracker that buffers itself (`Backend.buffers_itself`)."""
         return self._worker
 
     def log_file(self, path: Union[str, os.PathLike], name: str, artifact_type: str = "predictions") -> bool:
@@ -459,7 +462,7 @@ class TrackerLogger(SelfRestoringState):
         super().on_save(args, state, control, **kwargs)
         worker = self._worker
         if isinstance(worker, InlineWriter) and is_main_process(state):
-            worker.flush()
+            worker.flush(timeout=0)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """Flush and close the run FINISHED."""
@@ -546,7 +549,9 @@ class TrackerLogger(SelfRestoringState):
         run = (f"run {self.run_id}" if self.run_id is not None
                else f"the run with key {self.run_key}" if self.run_key else "the run")
         spill = self.spill_path
-        spilled = (f"what was spilled is replayed from {spill}" if spill.exists()
+        spilled = ("they were waiting for the run to open; the trainer's log_history holds them"
+                   if self.backend.buffers_itself else
+                   f"what was spilled is replayed from {spill}" if spill.exists()
                    else f"nothing is waiting in the spill file ({spill} does not exist)")
         logger.warning("%s: the checkpoint of step %s counted %d record(s) logged before it but not yet "
                        "delivered; if the earlier process was killed before sending them, they are missing "
@@ -594,8 +599,9 @@ class TrackerLogger(SelfRestoringState):
                 self._exit_hook = atexit.register(_close_at_exit, weakref.ref(self))
             renderer = RecordRenderer(self.grammar, self.nonfinite, self._warn, type(self).__name__,
                                       self.key_names, backend.stock_key_style, backend.stock_summary_keys)
-            if backend.writes_locally:  # a local file the library buffers: written on this thread
-                self._worker = InlineWriter(backend, self.ledger, renderer, type(self).__name__)
+            if backend.buffers_itself:  # its library buffers in the background: written on this thread
+                self._worker = InlineWriter(backend, self.ledger, renderer, type(self).__name__,
+                                            max_memory_points=self.max_memory_points)
                 _OPEN_LOGGERS[id(self)] = self
                 return self._worker
             self._worker = BackgroundWorker(

@@ -51,7 +51,7 @@ class JsonlBackend(Backend):
     """
 
     name = "JsonlLogger"
-    writes_locally = True
+    buffers_itself = True
 
     def __init__(self, file: Callable[[], Path]) -> None:
         self._file = file

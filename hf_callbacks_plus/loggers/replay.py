@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from .backend import Backend
-from .records import FinishRecord, LogRecord, NameSanitizer, Record, WarnOnce, record_from_json
+from .records import FinishRecord, LogRecord, NameSanitizer, Record, record_from_json
 from .spill import locked, read_records, write_records
 from .worker import send_to_run
 
@@ -134,16 +134,9 @@ def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> B
         uri = tracking_uri or unmask_url(target.get("tracking_uri"), "MLFLOW_TRACKING_URI")
         return MLflowBackend(require("mlflow", "replay"), validate_tracking_uri(uri),
                              target.get("experiment_name"), None, {}, None)
-    if name == "WandbLogger":
-        from .._compat import require
-        from .wandb import WandbBackend
-
-        init = {key: target.get(key) for key in ("project", "entity", "dir", "mode")}
-        return WandbBackend(require("wandb", "replay"), {**init, "resume": "allow"}, None, "false",
-                            WarnOnce())
-    raise ValueError(f"replay: unknown logger {name!r} in the target file; expected MLflowLogger or "
-                     "WandbLogger (JsonlLogger and TensorBoardLogger write their files directly and never "
-                     "spill).")
+    raise ValueError(f"replay: unknown logger {name!r} in the target file; expected MLflowLogger "
+                     "(JsonlLogger, TensorBoardLogger and WandbLogger hand their records to their library "
+                     "and never spill; W&B's own run files are uploaded with `wandb sync`).")
 
 
 def _identity(file: Path) -> Optional[tuple[int, int, int]]:

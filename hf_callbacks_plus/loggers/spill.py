@@ -6,9 +6,9 @@ its own run:
 
 * ``<name>.jsonl``: records of the current worker (and, until the worker partitions it at
   start, records left by earlier ones), read back in order;
-* ``<name>.held.jsonl``: records of other runs that the backend cannot write to now (W&B
-  writes only to its open run); kept, and replayed by the run they belong to when it is
-  resumed (or by ``hf-callbacks-plus replay``);
+* ``<name>.held.jsonl``: records of other runs that could not be replayed into their run
+  when the worker started (the store refused); kept, and tried again by the next worker
+  writing to this spill path (or by ``hf-callbacks-plus replay``);
 * ``<name>.target.json``: which logger and target (tracking URI with its credentials masked,
   experiment...) the records are for;
 * ``<name>.jsonl.lock``: an advisory lock (``fcntl.flock``), held by every append and every

@@ -82,7 +82,7 @@ class TensorBoardBackend(Backend):
     """
 
     name = "TensorBoardLogger"
-    writes_locally = True
+    buffers_itself = True
     summary_as_curves = True
     stock_key_style = "rewrite_logs"
 

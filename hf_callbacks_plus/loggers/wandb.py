@@ -1,7 +1,11 @@
 """``WandbLogger``: Weights & Biases logging that never blocks training and reattaches on resume.
 
-On top of `TrackerLogger` (background worker, retry,
-spill, key grammar, value normalization, redacted config, rank zero, checkpointed run id):
+A thin adapter over W&B's own background machinery: ``run.log`` hands each record to W&B's
+service process, which writes it to the run's own log (``run-<id>.wandb``) and uploads it,
+riding out network outages (``wandb sync`` uploads what an interrupted process left); nothing of
+ours queues, retries or spills W&B records. ``wandb.init`` and ``run.finish``, which take
+seconds, run on a thread of their own, bounded by ``flush_timeout``. On top of `TrackerLogger`
+(key grammar, value normalization, redacted config, rank zero, checkpointed run id):
 
 * one step axis: every row is logged with ``step=global_step`` and carries
   ``train/global_step``, and ``define_metric("*", step_metric="train/global_step")`` makes
@@ -178,9 +182,9 @@ def _offline_damage(run: WandbRun, resume_step: Optional[int]) -> Optional[str]:
 class WandbBackend(Backend):
     """One W&B run: ``wandb.init`` / ``run.log`` / ``run.summary`` / ``run.config`` / ``run.finish``.
 
-    W&B writes only to its open run (`can_write_other_runs` is False) and keeps one value per
-    key and step: a later value of a key already in the current step's row, or a value at a
-    step the run is already past, goes to ``run.summary``, with one warning per key.
+    W&B keeps one value per key and step: a later value of a key already in the current step's
+    row, or a value at a step the run is already past, goes to ``run.summary``, with one warning
+    per key.
 
     Args:
         wandb: The ``wandb`` module.
@@ -191,6 +195,8 @@ class WandbBackend(Backend):
     """
 
     name = "WandbLogger"
+    buffers_itself = True
+    opens_slowly = True
     stock_key_style = "rewrite_logs"
     stock_summary_keys = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
                                     "train_loss", "total_flos"})
@@ -360,10 +366,10 @@ class WandbBackend(Backend):
                 current.append(tag)
         self.run.tags = tuple(current)
 
-    def target(self) -> dict[str, Any]:
-        project = self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface"
-        return {"logger": self.name, "project": project, "entity": self.init.get("entity"),
-                "dir": self.init.get("dir"), "mode": self.init.get("mode")}
+    def location(self) -> str:
+        """The run's folder (W&B's ``sync_dir``), or the W&B directory before it is open."""
+        sync_dir = getattr(getattr(self.run, "settings", None), "sync_dir", None)
+        return str(sync_dir or self.init.get("dir") or os.environ.get("WANDB_DIR") or "./wandb")
 
     def log_artifact(self, record: ArtifactRecord, run_id: str) -> None:
         folder = Path(record.path)
@@ -380,7 +386,7 @@ class WandbBackend(Backend):
 
 
 class WandbLogger(TrackerLogger):
-    """Logs to Weights & Biases from a background thread; one run per training, resumable.
+    """Logs to Weights & Biases through its own service process; one run per training, resumable.
 
     Args:
         project: W&B project. Defaults to ``WANDB_PROJECT``, else ``"huggingface"`` (like
@@ -406,8 +412,9 @@ class WandbLogger(TrackerLogger):
             working directory).
         settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None. When the
             command line holds a secret, ``x_disable_meta=True`` is added unless you set it.
-        **kwargs: Options of `TrackerLogger`
-            (``log_config``, ``nonfinite``, ``flush_timeout``, ``spill_dir``...).
+        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``flush_timeout``:
+            the longest wait for ``wandb.init`` and ``run.finish`` at the end, ``max_memory_points``:
+            the records kept while ``wandb.init`` runs...).
 
     Raises:
         ModuleNotFoundError: ``wandb`` is not installed (install ``hf-callbacks-plus[wandb]``).
@@ -489,7 +496,7 @@ class WandbLogger(TrackerLogger):
 
     @property
     def run(self) -> Any:
-        """The ``wandb`` run being logged to (None before the worker opened it)."""
+        """The ``wandb`` run being logged to (None until ``wandb.init`` returned)."""
         return None if self.backend is None else self.backend.run
 
     def state_args(self) -> dict[str, Any]:

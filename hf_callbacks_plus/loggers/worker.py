@@ -142,19 +142,14 @@ def send_to_run(backend: Backend, sanitize: Callable[[str], str], run_id: Option
     final status is set when the records carry one. Records of a run that never opened (the
     backend was down from its start) go to the run their run key names, found or created
     (`Backend.recovery_run`), or to a new run of their own without a key, closed FINISHED unless
-    a status was recorded. A backend that writes only to its open run
-    reopens the run (``start(run_id, resume=True)``) and closes it.
+    a status was recorded.
     """
-    if backend.can_write_other_runs:
-        run_key = next((record.run_key for record in records if record.run_key), None)
-        target = backend.recovery_run(run_key) if run_id is None else run_id
-    else:
-        target = backend.start(run_id, True)
+    run_key = next((record.run_key for record in records if record.run_key), None)
+    target = backend.recovery_run(run_key) if run_id is None else run_id
     held = backend.logged_steps(target)
     planned = list(plan_batch(records, held, sanitize, backend.summary_as_curves))
     deliver(backend, planned, target)
-    has_status = any(isinstance(record, FinishRecord) for record in records)
-    if not has_status and (run_id is None or not backend.can_write_other_runs):
+    if run_id is None and not any(isinstance(record, FinishRecord) for record in records):
         backend.finish(FINISHED, target)
     return target
 
@@ -764,7 +759,7 @@ class BackgroundWorker:
         self._pending_points += sum(points(record) for record in moved)
 
     def _replay_other_runs(self) -> None:
-        """Once the run is open: send records of other runs to their run, or hold them."""
+        """Once the run is open: send records of other runs (left by earlier processes) to their run."""
         current, key = self.ledger.run_id, self.ledger.run_key
 
         def is_own(record: Record) -> bool:
@@ -772,32 +767,21 @@ class BackgroundWorker:
             return (current is None or session is None or session == self._session or record.run_id == current
                     or (record.run_id is None and key is not None and record.run_key == key))
 
-        held: list[Record] = []
         with self._spill_lock:  # `submit` may append to the file meanwhile
             others = self._spill.partition(is_own)
+        kept: list[Record] = []
         for run_id, records in others.items():
-            if self.backend.can_write_other_runs:
-                try:
-                    send_to_run(self.backend, self._sanitize, run_id, records)
-                    self.sent += len(records)
-                    self._settle(len(records))
-                    continue
-                except Exception as error:  # keep them for a later run
-                    logger.warning("%s: could not replay %d record(s) of run %s (%s: %s); kept in %s.",
-                                   self.name, len(records), run_id, type(error).__name__,
-                                   str(error)[:300], self._spill.held_path)
-            held.extend(records)
+            try:
+                send_to_run(self.backend, self._sanitize, run_id, records)
+                self.sent += len(records)
+            except Exception as error:  # keep them for a later run or a replay
+                kept.extend(records)
+                logger.warning("%s: could not replay %d record(s) of run %s (%s: %s); they are kept in %s, "
+                               "and %s.", self.name, len(records), run_id, type(error).__name__,
+                               str(error)[:300], self._spill.held_path, replay_hint(self._spill.held_path))
             self._settle(len(records))
         with self._spill_lock:
-            self._spill.hold(held)
-        if held and not self.backend.can_write_other_runs:
-            runs = sorted({str(record.run_id) for record in held})
-            logger.warning(
-                "%s: %d record(s) in the spill file belong to other run(s) (%s), and this backend can only "
-                "write to the open run %s; they are kept in %s and replayed when their run is resumed, "
-                "or %s.", self.name, len(held), ", ".join(runs), current, self._spill.held_path,
-                replay_hint(self._spill.held_path),
-            )
+            self._spill.hold(kept)
 
     def _unsent(self) -> tuple[list[Record], list[Record]]:
         """What this worker still holds: ``(in memory, still queued)``; the spill file sits between."""

@@ -23,7 +23,7 @@ class FailingBackend(Backend):
 
     name = "test"
 
-    def __init__(self, down: bool = False, reject=None, can_write_other_runs=False) -> None:
+    def __init__(self, down: bool = False, reject=None) -> None:
         self.down = threading.Event()
         if down:
             self.down.set()
@@ -31,7 +31,6 @@ class FailingBackend(Backend):
         self.received: list[int] = []
         self.other: list[tuple] = []
         self.starts = 0
-        self.can_write_other_runs = can_write_other_runs
 
     def start(self, run_id, resume, run_key=None):
         if self.down.is_set():
@@ -173,40 +172,12 @@ def test_start_is_retried_until_the_backend_answers(tmp_path):
     worker.close(5)
 
 
-def test_records_of_another_run_are_held_when_the_backend_writes_only_to_its_open_run(tmp_path, caplog):
-    sink = FailingBackend(down=True)
-    worker = make_worker(sink, tmp_path, run_id="run-a")
-    for i in range(5):
-        worker.submit(record(i))
-    assert not worker.close(0.2)
-    assert {json.loads(line)["run_id"] for line in (tmp_path / "spill.jsonl").read_text().splitlines()} == {
-        "run-a"}
-
-    sink.down.clear()  # a fresh run (W&B: no send_other) must not receive run-a's records
-    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        worker = make_worker(sink, tmp_path, run_id="run-b")
-        for i in range(10, 13):
-            worker.submit(record(i))
-        assert worker.flush(10)
-        assert worker.close(5)
-    assert sink.received == [10, 11, 12]
-    assert len([r for r in caplog.records if "belong to other run(s) (run-a)" in r.message]) == 1
-    assert (tmp_path / "spill.held.jsonl").exists() and not (tmp_path / "spill.jsonl").exists()
-
-    worker = make_worker(sink, tmp_path, run_id="run-a")  # run-a resumed: replayed there
-    assert worker.flush(10)
-    assert worker.close(5)
-    assert sink.received == [10, 11, 12, 0, 1, 2, 3, 4]
-    assert not (tmp_path / "spill.held.jsonl").exists()
-
-
 def test_send_other_receives_each_runs_records(tmp_path):
     sink = FailingBackend(down=True)
     worker = make_worker(sink, tmp_path, run_id="run-a")
     worker.submit(record(0))
     assert not worker.close(0.2)
     sink.down.clear()
-    sink.can_write_other_runs = True
     worker = make_worker(sink, tmp_path, run_id="run-b")
     worker.submit(record(1))
     assert worker.flush(10) and worker.close(5)
