@@ -1,8 +1,9 @@
 """Issue 16 "What to build" 3: every backend x lifecycle, read back with each tracker's own reader.
 
 Each case ends with the right statuses (no successful run closed FAILED), every (key, step) exactly
-once and nothing erased. Backends: JSONL, MLflow sqlite (MlflowClient), TensorBoard
-(EventAccumulator). Cases failing on today's code are strict xfails naming the issue 16 finding.
+once and nothing erased. Backends: JSONL, MLflow on a sqlite store and on a real ``mlflow server``
+on 127.0.0.1 (read back with MlflowClient), TensorBoard (EventAccumulator), W&B offline (its run
+files). Each test has an MLflow experiment of its own (the server is shared by the session).
 """
 
 from __future__ import annotations
@@ -33,17 +34,21 @@ def _jsonl_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
     return points, [line["status"] for line in lines if line["event"] == "finish"]
 
 
+def _experiment(tmp_path: Path) -> str:
+    return f"lifecycle-{tmp_path.name}"  # one per test: the server's store is shared
+
+
 def _mlflow(tmp_path: Path, uri: str):
     from hf_callbacks_plus.loggers.mlflow import MLflowLogger
 
-    return MLflowLogger(tracking_uri=uri, experiment_name="lifecycle")
+    return MLflowLogger(tracking_uri=uri, experiment_name=_experiment(tmp_path))
 
 
 def _mlflow_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("lifecycle")
+    experiment = client.get_experiment_by_name(_experiment(tmp_path))
     points: Counter = Counter()
     statuses = []
     for run in client.search_runs([experiment.experiment_id]):
@@ -98,6 +103,7 @@ def _wandb_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
 BACKENDS = {
     "jsonl": (_jsonl, _jsonl_points),
     "mlflow_sqlite": (_mlflow, _mlflow_points),
+    "mlflow_server": (_mlflow, _mlflow_points),
     "tensorboard": (_tensorboard, _tensorboard_points),
     "wandb_offline": (_wandb, _wandb_points),
 }
@@ -119,12 +125,14 @@ def backend(request, tmp_path, _template_db, monkeypatch):
         (tmp_path / "wandb_root").mkdir()
         offline_env(monkeypatch, tmp_path / "wandb_root")
 
-    if request.param == "mlflow_sqlite":
+    if request.param.startswith("mlflow"):
         pytest.importorskip("mlflow")
     if request.param == "tensorboard":
         pytest.importorskip("tensorboard")
     shutil.copy(_template_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    if request.param == "mlflow_server":
+        uri = request.getfixturevalue("mlflow_server").uri
     make, read = BACKENDS[request.param]
     made = []
 
@@ -220,7 +228,7 @@ def test_crash_then_resume(tmp_path, backend, caplog):
     points, statuses = read()
     assert not duplicates(points), duplicates(points)
     assert train_steps(points) == list(range(1, 9))
-    if name == "mlflow_sqlite":
+    if name.startswith("mlflow"):
         assert statuses == ["FINISHED"], statuses
     else:
         assert statuses and statuses[-1] == "FINISHED", statuses
@@ -245,7 +253,7 @@ def test_stock_integration_beside_ours_warns(tmp_path, _template_db, monkeypatch
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "lifecycle")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", _experiment(tmp_path))
     monkeypatch.delenv("DISABLE_MLFLOW_INTEGRATION", raising=False)  # tests/conftest.py sets it
     if stock == "wandb":
         from tests.loggers.wandb_helpers import offline_env
@@ -308,7 +316,7 @@ def test_resume_into_another_output_dir(tmp_path, backend, caplog):
     points, statuses = read()
     assert not duplicates(points), duplicates(points)
     assert train_steps(points) == list(range(1, 9))
-    assert statuses and statuses[-1 if name != "mlflow_sqlite" else 0] == "FINISHED", statuses
+    assert statuses and statuses[0 if name.startswith("mlflow") else -1] == "FINISHED", statuses
     if name in ("jsonl", "tensorboard"):
         assert any("continues there" in r.getMessage() and str(tmp_path) in r.getMessage()
                    for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -89,13 +89,13 @@ def wandb_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_records_logged_while_wandb_init_runs_reach_the_run_in_order_and_training_never_waits(
         tmp_path, wandb_root):
-    """``wandb.init`` takes 3 s; the training does not wait for it, and every step logged meanwhile
+    """``wandb.init`` takes 2 s; the training does not wait for it, and every step logged meanwhile
     is in the run once, in order. Nothing of ours spills: no spill folder, no worker thread.
     Before: a `BackgroundWorker` (with its spill file) stood in front of W&B's service."""
     from tests.loggers.wandb_helpers import fast_logger, runs
 
     logger = fast_logger(project="direct", log_config=False)
-    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=3.0)
+    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=2.0)
     opened: list[Any] = []
 
     class SeeTheWriter(TrainerCallback):
@@ -105,7 +105,7 @@ def test_records_logged_while_wandb_init_runs_reach_the_run_in_order_and_trainin
     started = time.monotonic()
     began = train(tmp_path, logger, step_seconds=0.05, before=[SeeTheWriter()])
     assert began[0] - started < 1.5, began[0] - started  # the training did not wait for wandb.init
-    assert began[-1] - started < 3.0  # all steps ran before the run opened
+    assert began[-1] - started < 2.0  # all steps ran before the run opened
     assert all(isinstance(writer, InlineWriter) for writer in opened), opened
     assert not [thread.name for thread in threading.enumerate() if thread.name.endswith("WandbLogger")]
     assert not (tmp_path / "out" / ".tracker_spill").exists()
@@ -137,13 +137,13 @@ def test_a_run_that_cannot_open_is_told_with_what_is_lost_and_where_the_data_is(
 
 
 def test_records_beyond_the_memory_bound_while_init_runs_are_counted_and_told(tmp_path, wandb_root, caplog):
-    """``wandb.init`` takes 3 s and each training record holds 102 points against a bound of 450: the
+    """``wandb.init`` takes 2 s and each training record holds 102 points against a bound of 450: the
     first four wait for the run and reach it, the next eight are counted as lost and told, never
     held without bound; the small end-of-training record fits again and reaches the run."""
     from tests.loggers.wandb_helpers import fast_logger, runs
 
     logger = fast_logger(project="bounded", log_config=False, max_memory_points=450)
-    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=3.0)
+    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=2.0)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         train(tmp_path, logger, metrics=99)
     errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
@@ -155,13 +155,13 @@ def test_records_beyond_the_memory_bound_while_init_runs_are_counted_and_told(tm
 
 
 def test_a_wandb_init_longer_than_the_close_deadline_ends_training_on_time(tmp_path, wandb_root, caplog):
-    """``wandb.init`` takes 8 s, ``flush_timeout`` is 1 s: ``train()`` ends about 1 s after its last
+    """``wandb.init`` takes 5 s, ``flush_timeout`` is 1 s: ``train()`` ends about 1 s after its last
     step, with one error counting the records that were waiting. Before the run opened nothing
     could be sent; the run W&B opens afterwards is finished by the test."""
     from tests.loggers.wandb_helpers import fast_logger
 
     logger = fast_logger(project="late", log_config=False, flush_timeout=1.0)
-    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=8.0)
+    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=5.0)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         began = train(tmp_path, logger)
         ended = time.monotonic()
