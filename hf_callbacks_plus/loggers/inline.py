@@ -212,6 +212,7 @@ class InlineWriter:
         """``backend.finish``; on a thread of its own, waited for ``seconds``, when the run opens
         slowly (W&B's ``finish`` waits for its service to write and upload the run)."""
         errors: list[BaseException] = []
+        where = self.backend.location()  # the run's folder, named before the run lets go of it
 
         def finish() -> None:
             try:
@@ -219,21 +220,26 @@ class InlineWriter:
             except Exception as error:
                 errors.append(error)
 
-        if self._opener is None:
-            finish()
-        else:
+        finishing = None
+        if self._opener is not None:
             finishing = threading.Thread(target=finish, daemon=True,
                                          name=f"hf-callbacks-plus-{self.name}-finish")
-            finishing.start()
+            try:
+                finishing.start()
+            except RuntimeError:  # interpreter shutdown (Python >= 3.12 refuses new threads there)
+                finishing = None
+        if finishing is None:
+            finish()
+        else:
             finishing.join(seconds)
             if finishing.is_alive():
                 logger.warning("%s: the run %s is still being finished after %.0f s; its library goes on "
                                "in the background and keeps the run's data in %s.", self.name,
-                               self.ledger.run_id, seconds, self.backend.location())
+                               self.ledger.run_id, seconds, where)
                 return False
         if errors:
             logger.error("%s: could not close the run in %s with status %s (%s: %s).", self.name,
-                         self.backend.location(), status, type(errors[0]).__name__, str(errors[0])[:300])
+                         where, status, type(errors[0]).__name__, str(errors[0])[:300])
             return False
         return True
 

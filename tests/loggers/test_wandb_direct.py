@@ -174,3 +174,39 @@ def test_a_wandb_init_longer_than_the_close_deadline_ends_training_on_time(tmp_p
         time.sleep(0.2)
     if logger.backend.run is not None:
         logger.backend.run.finish()
+
+
+def test_a_finish_longer_than_the_deadline_is_left_to_the_library_and_told(tmp_path, wandb_root, caplog):
+    """``run.finish`` hangs (fault injection: W&B's service still uploading): ``train()`` ends at the
+    close deadline (``flush_timeout`` + the 5 s grace for a call in flight), with one warning naming
+    the run's folder, where W&B keeps its data; the run is finished in the background."""
+    from tests.loggers.wandb_helpers import fast_logger, runs
+
+    logger = fast_logger(project="slow-finish", log_config=False, flush_timeout=0.5)
+    real_finish = logger.backend.finish
+    released = threading.Event()
+
+    def hanging_finish(status, run_id):
+        released.wait(30)
+        real_finish(status, run_id)
+
+    logger.backend.finish = hanging_finish
+
+    class WaitForTheRun(TrainerCallback):
+        """Listed before the logger: the run is open before the logger closes it (wandb.init takes
+        longer than the 0.5 s deadline on a busy machine)."""
+
+        def on_train_end(self, args, state, control, **kwargs):
+            assert logger.worker.wait_started(60)
+            opened.append(time.monotonic())
+
+    opened: list[float] = []
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train(tmp_path, logger, before=[WaitForTheRun()])
+        ended = time.monotonic()
+    released.set()
+    assert ended - opened[0] < 10.0  # 0.5 s + the 5 s grace, not the 30 s finish
+    told = [record.getMessage() for record in caplog.records if "still being finished" in record.getMessage()]
+    assert len(told) == 1 and "offline-run-" in told[0] and logger.run_id in told[0], told
+    (run,) = runs(wandb_root)
+    assert run.steps("train/loss") == list(range(1, STEPS + 1)) and run.exit_code == 0
