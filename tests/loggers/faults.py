@@ -47,3 +47,27 @@ class FaultInjectingBackend:
             return attribute(*args, **kwargs)
 
         return call
+
+
+class SlowInitWandb:
+    """Fault injection: the real ``wandb`` module whose ``init`` first sleeps ``delay`` seconds
+    (W&B offline cannot be made slow for real)."""
+
+    def __init__(self, wandb: Any, delay: float) -> None:
+        self._wandb, self._delay = wandb, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wandb, name)
+
+    def init(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self._delay)
+        return self._wandb.init(*args, **kwargs)
+
+
+class FailingInitWandb(SlowInitWandb):
+    """Fault injection: a ``wandb.init`` that raises after ``delay`` seconds, as when W&B's server
+    cannot be reached."""
+
+    def init(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self._delay)
+        raise ConnectionError("W&B server unreachable (injected)")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.loggers.faults import FaultInjectingBackend
+from tests.loggers.faults import FaultInjectingBackend, SlowInitWandb
 from tests.tiny_models import make_trainer
 
 pytestmark = pytest.mark.transformers
@@ -120,20 +120,6 @@ def test_a_resume_creates_the_run_with_its_key_when_the_first_process_never_did(
     assert client.get_run(created).info.status == "FINISHED"
     experiment = client.get_experiment_by_name("never-created")
     assert len(client.search_runs([experiment.experiment_id])) == 2
-
-
-class SlowInitWandb:
-    """Fault injection: the real ``wandb`` module whose ``init`` first sleeps ``delay`` seconds."""
-
-    def __init__(self, wandb: Any, delay: float) -> None:
-        self._wandb, self._delay = wandb, delay
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._wandb, name)
-
-    def init(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(self._delay)
-        return self._wandb.init(*args, **kwargs)
 
 
 def _jsonl(tmp_path, monkeypatch):

@@ -4,8 +4,8 @@ ours queues, retries or spills them, and ``wandb.init`` / ``run.finish`` run on 
 their own, bounded by ``flush_timeout``.
 
 Real W&B offline runs read back from their run files. ``SlowInitWandb`` and ``FailingInitWandb``
-are fault injection: a ``wandb.init`` that takes seconds, or that raises (W&B offline cannot be
-made slow or unreachable for real).
+(``tests/loggers/faults.py``) are fault injection: a ``wandb.init`` that takes seconds, or that
+raises (W&B offline cannot be made slow or unreachable for real).
 """
 
 from __future__ import annotations
@@ -22,35 +22,13 @@ from hf_callbacks_plus.core.callback import TrainerCallback
 from hf_callbacks_plus.loggers.inline import InlineWriter
 from hf_callbacks_plus.loop.arguments import LoopArguments
 from hf_callbacks_plus.loop.trainer import LightweightTrainer
+from tests.loggers.faults import FailingInitWandb, SlowInitWandb
 
 pytest.importorskip("wandb")
 
 pytestmark = pytest.mark.wandb
 
 STEPS = 12
-
-
-class SlowInitWandb:
-    """Fault injection: the real ``wandb`` module whose ``init`` first sleeps ``delay`` seconds."""
-
-    def __init__(self, wandb: Any, delay: float) -> None:
-        self._wandb, self._delay = wandb, delay
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._wandb, name)
-
-    def init(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(self._delay)
-        return self._wandb.init(*args, **kwargs)
-
-
-class FailingInitWandb(SlowInitWandb):
-    """Fault injection: a ``wandb.init`` that raises after ``delay`` seconds, as when W&B's server
-    cannot be reached."""
-
-    def init(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(self._delay)
-        raise ConnectionError("W&B server unreachable (injected)")
 
 
 class Extras(TrainerCallback):
