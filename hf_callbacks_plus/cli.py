@@ -37,7 +37,7 @@ def add_replay_command(commands: Any) -> None:
     """Register ``replay``: send a logger's spilled records to their runs."""
     replay = commands.add_parser(
         "replay",
-        help="send records a logger spilled (backend down or too slow) to their runs",
+        help="send records MLflowLogger spilled (backend down or too slow) to their runs",
         description="Send every record of a spill file (or of every spill file under a folder, such "
         "as <output_dir>/.tracker_spill) to the run it belongs to, in order, and set the run's final "
         "status. Steps the run already holds are skipped, and delivered records leave the file: "
