@@ -135,9 +135,10 @@ class InlineWriter:
         if self._waiting_points + size > self._max_points:
             self.lost += 1
             if self.lost == 1:
-                logger.error("%s: the run is not open yet and %d metric points are waiting for it "
-                             "(max_memory_points); later records are counted as lost until it opens (%s).",
-                             self.name, self._waiting_points, _LOG_HISTORY)
+                logger.error("%s: the run is not open yet and %d metric points are waiting for it; "
+                             "records that do not fit within max_memory_points=%d are counted as lost until "
+                             "it opens (%s).", self.name, self._waiting_points, self._max_points,
+                             _LOG_HISTORY)
             return
         self._waiting.append(record)
         self._waiting_points += size

@@ -113,6 +113,10 @@ def _target_path(file: Path) -> Path:
     return file.with_name(f"{stem}.target.json")
 
 
+#: Loggers whose spill files hf-callbacks-plus 0.2.0 wrote and this version no longer replays.
+_SPILLED_UNTIL_0_2 = ("WandbLogger", "JsonlLogger")
+
+
 def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> Backend:
     """Rebuild the backend a spill file's target names.
 
@@ -123,7 +127,9 @@ def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> B
             matches). Defaults to None.
 
     Raises:
-        ValueError: Unknown logger, or a masked URI whose real value is unknown.
+        ValueError: Unknown logger, a spill file of an earlier version's `WandbLogger` or
+            `JsonlLogger` (the message gives the command that replays it), or a masked URI whose
+            real value is unknown.
     """
     name = target.get("logger")
     if name == "MLflowLogger":
@@ -134,6 +140,13 @@ def backend_for(target: dict[str, Any], tracking_uri: Optional[str] = None) -> B
         uri = tracking_uri or unmask_url(target.get("tracking_uri"), "MLFLOW_TRACKING_URI")
         return MLflowBackend(require("mlflow", "replay"), validate_tracking_uri(uri),
                              target.get("experiment_name"), None, {}, None)
+    if name in _SPILLED_UNTIL_0_2:  # a file left by an earlier version: say how to send it
+        raise ValueError(
+            f"replay: this spill file was written by the {name} of hf-callbacks-plus 0.2.0 or earlier; "
+            f"{name} no longer spills (it hands records to its library), so this version cannot send it. "
+            "Replay it with the version that wrote it, in a virtualenv of its own: pip install "
+            f"'hf-callbacks-plus{'[wandb]' if name == 'WandbLogger' else ''}==0.2.0' && "
+            "hf-callbacks-plus replay <this file>.")
     raise ValueError(f"replay: unknown logger {name!r} in the target file; expected MLflowLogger "
                      "(JsonlLogger, TensorBoardLogger and WandbLogger hand their records to their library "
                      "and never spill; W&B's own run files are uploaded with `wandb sync`).")

@@ -157,7 +157,7 @@ def _mlflow(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("make", [_jsonl, _tensorboard, _wandb, _mlflow], ids=["jsonl", "tensorboard",
                                                                              "wandb_offline", "mlflow"])
-def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_path, monkeypatch, make):
+def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_path, monkeypatch, make, caplog):
     """A remote run (W&B, MLflow) opens 3.5 s after train begin; the saves at steps 1 and 2 come
     before. Each checkpoint names the run at once: its run key, and the run id where the client
     chooses it (W&B's ``wandb.init(id=...)``, TensorBoard's folder, JSONL); that is the id the run
@@ -202,10 +202,20 @@ def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_pat
         return
     assert all(state["run_id"] == logger.run_id for state in states), (states, logger.run_id)
     if make is _wandb:
-        from tests.loggers.wandb_helpers import runs
+        from tests.loggers.wandb_helpers import fast_logger, runs
 
         (run,) = runs(tmp_path / "wandb_root")
         assert run.run_id == logger.run_id
+        # the first save counted the records waiting for wandb.init: a resume from it says what
+        # they were (no spill file for W&B) and where they are
+        assert states[0]["pending"] > 0, states
+        with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+            resumed = make_trainer(tmp_path, callbacks=[fast_logger()], max_steps=2, logging_steps=1,
+                                   save_strategy="no", n_train=16)
+            resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+        told = [r.getMessage() for r in caplog.records if "not yet delivered" in r.getMessage()]
+        assert len(told) == 1 and "waiting for the run to open" in told[0] and "log_history" in told[0], told
+        assert ".tracker_spill" not in told[0]
     elif make is _tensorboard:
         assert Path(logger.backend.directory).name == logger.run_id
     else:
