@@ -1,5 +1,5 @@
 """Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png`` and
-``hf-callbacks-plus replay <spill file or dir> [--dry-run]``."""
+``hf-callbacks-plus replay <write-ahead log or folder> [--dry-run]``."""
 
 from __future__ import annotations
 
@@ -34,35 +34,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_replay_command(commands: Any) -> None:
-    """Register ``replay``: send a logger's spilled records to their runs."""
+    """Register ``replay``: send what MLflowLogger's write-ahead logs hold to their runs."""
     replay = commands.add_parser(
         "replay",
-        help="send records MLflowLogger spilled (backend down or too slow) to their runs",
-        description="Send every record of a spill file (or of every spill file under a folder, such "
-        "as <output_dir>/.tracker_spill) to the run it belongs to, in order, and set the run's final "
-        "status. Steps the run already holds are skipped, and delivered records leave the file: "
-        "running it twice sends nothing twice.",
+        help="send what MLflowLogger's write-ahead logs hold and the store has not acknowledged",
+        description="Send every record of a write-ahead log (or of every log under a folder, such as "
+        "<output_dir>/.mlflow_wal) past its acknowledged offset to its run, in order, and set the run's "
+        "final status; a log sent to its end is removed. A log a running training holds is left to it.",
     )
-    replay.add_argument("path", help="a spill file (*.jsonl) or a folder holding spill files")
+    replay.add_argument("path", help="a write-ahead log (<run key>.jsonl) or a folder holding them")
     replay.add_argument("--dry-run", action="store_true", help="list what would be sent; send nothing")
     replay.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI to send to (the spill file keeps it with credentials "
-                        "masked; default: the recorded one, or MLFLOW_TRACKING_URI when it matches)")
+                        help="MLflow tracking URI to send to (the log keeps it with credentials masked; "
+                        "default: the recorded one, or MLFLOW_TRACKING_URI when it matches)")
 
 
 def run_replay(args: argparse.Namespace) -> int:
     """Run ``replay``; 0 when everything was sent (or listed), 1 otherwise."""
-    from .loggers.replay import replay_spill
+    from .loggers.wal import find_logs, replay
 
     try:
-        results = replay_spill(args.path, dry_run=args.dry_run, tracking_uri=args.tracking_uri)
-    except (FileNotFoundError, ValueError, ModuleNotFoundError) as error:
+        paths = find_logs(args.path)
+    except (FileNotFoundError, ValueError) as error:
         print(f"hf-callbacks-plus replay: {error}", file=sys.stderr)
         return 1
-    failed = [result for result in results if result.error]
+    if not paths:
+        print(f"nothing to replay in {args.path}")
+    failed = 0
+    for path in paths:
+        try:
+            result = replay(path, dry_run=args.dry_run, tracking_uri=args.tracking_uri)
+        except (OSError, RuntimeError, ValueError, ModuleNotFoundError) as error:
+            print(f"hf-callbacks-plus replay: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        print(result.describe(args.dry_run))
+        failed += result.error is not None
     if not args.dry_run:
-        print(f"replayed {len(results) - len(failed)} run(s)" + (f", {len(failed)} failed (kept in the file)"
-                                                               if failed else ""))
+        print(f"replayed {len(paths) - failed} log(s)" + (f", {failed} not sent (kept)" if failed else ""))
     return 1 if failed else 0
 
 

@@ -1,29 +1,48 @@
-"""Stage a checkpoint folder for a background upload: a hard-linked copy the Trainer cannot rotate away.
-
-Transformers deletes old ``checkpoint-*`` folders (``save_total_limit``) right after a save,
-possibly before a background worker uploaded them. `stage_folder` makes, on the training
-thread, a copy made of hard links (no data copied; a real copy only where links fail), which
-the worker uploads and removes. Files that hold secrets in clear are left out (`NEVER_UPLOADED`:
-``training_args.bin`` is the pickled ``TrainingArguments``, ``hub_token`` included).
+"""Folders staged for upload: a checkpoint as hard links the Trainer cannot rotate away, a model
+saved to a temporary folder. Nothing staged holds a secret in clear: ``training_args.bin`` (the
+pickled ``TrainingArguments``, ``hub_token`` included) is left out, and ``trainer_state.json``
+(whose ``log_history`` holds every logged text) is a redacted copy.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["NEVER_UPLOADED", "stage_folder"]
+from .secrets import REDACTED, looks_like_secret, mask_secrets
 
-#: Checkpoint files never staged for upload: they hold credentials in clear.
+__all__ = ["NEVER_UPLOADED", "redacted", "save_model_to_temp", "stage_folder"]
+
+#: Checkpoint files never staged: they hold credentials in clear.
 NEVER_UPLOADED = ("training_args.bin",)
+#: Checkpoint files staged as a redacted copy (JSON holding logged texts).
+REDACTED_COPIES = ("trainer_state.json",)
 
 logger = logging.getLogger("hf_callbacks_plus")
 
 
+def redacted(value: Any, key: str = "") -> Any:
+    """``value`` with every string under the secrets policy: ``<redacted>`` for a secret (by its key or
+    its shape), masked secrets inside other texts; keys naming a token are masked too."""
+    if isinstance(value, dict):
+        return {mask_secrets(str(k)): redacted(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(item, key) for item in value]
+    if isinstance(value, str):
+        return REDACTED if looks_like_secret(key, value) else mask_secrets(value)
+    return value
+
+
 def _link_or_copy(source: str, target: str) -> None:
+    if Path(source).name in REDACTED_COPIES:
+        data = json.loads(Path(source).read_text(encoding="utf-8"))
+        Path(target).write_text(json.dumps(redacted(data), indent=2), encoding="utf-8")
+        return
     try:
         os.link(source, target)
     except OSError:  # another file system, or links not supported
@@ -31,25 +50,31 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str) -> Optional[Path]:
-    """Hard-link copy of ``source`` under ``staging_root``; None (with a warning) when it fails.
-
-    Args:
-        source: The folder to stage (a checkpoint).
-        staging_root: Where staged folders go (created when missing).
-
-    Returns:
-        The staged folder ``staging_root/<source name>``, replaced when it exists.
-    """
+    """Hard-link copy of ``source`` under ``staging_root`` (replaced when it exists); None, with a
+    warning, when it fails."""
     source = Path(source)
     target = Path(staging_root) / source.name
     try:
         if target.exists():
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(source, target, copy_function=_link_or_copy,
-                        ignore=shutil.ignore_patterns(*NEVER_UPLOADED))
-    except OSError as error:
+        shutil.copytree(source, target, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(*NEVER_UPLOADED))
+    except (OSError, ValueError) as error:
         logger.warning("Could not stage %s for upload (%s); it is not uploaded.", source, error)
         shutil.rmtree(target, ignore_errors=True)
         return None
     return target
+
+
+def save_model_to_temp(model: Any, prefix: str) -> str:
+    """Save ``model`` into a new temporary folder (``save_pretrained``, else its ``state_dict`` as
+    ``model.pt``) and return the folder."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    save = getattr(model, "save_pretrained", None)
+    if callable(save):
+        save(folder)
+    else:
+        import torch
+
+        torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
+    return folder

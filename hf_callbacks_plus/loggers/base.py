@@ -1,67 +1,55 @@
-"""``TrackerLogger``: the callback every experiment-tracker logger is (W&B, MLflow, JSONL, TensorBoard).
+"""``TrackerLogger``: the callback every experiment-tracker logger is, and the `Backend` it drives.
 
-A logger is a callback in front of three objects:
-
-* a `Backend` (start / store config / log / finish) that talks to one tracking service;
-* a `StepLedger`: the run id, the client-made run key and the last logged step of every
-  metric, part of the checkpointed state, so a resumed training continues the same run and does not log again
-  the steps the earlier process sent (the *resume boundary*, fixed when the training starts);
-  every point produced in the current session is delivered, including a second value at one
-  step (``trainer.evaluate()`` after training);
-* for a remote store without a durable buffer of its own (MLflow), a `BackgroundWorker`, given
-  the backend and the ledger: ``on_log`` copies the logs and queues them (microseconds), the
-  worker renders them with the shared key grammar, sends them in batches, retries, spills, and
-  backend errors never reach the training loop; for a tracker whose library buffers in the
-  background itself (JSONL, TensorBoard, W&B: `Backend.buffers_itself`), an `InlineWriter`,
-  which does the rendering and planning on the training thread and hands the record to the
-  library (nothing to retry or spill; W&B's run is opened on a thread of its own).
-
-The callback itself logs the ``TrainingArguments`` and the model config once (flattened, cut
-to the backend's limits, secrets redacted), logs only on the main process
-(``state.is_world_process_zero`` and ``RANK``, checked at call time), and closes the run
-FINISHED at ``on_train_end``, FAILED at ``on_exception`` (TrainerPlus, LightweightTrainer)
-and, for a stock ``transformers.Trainer`` which has no exception event, FAILED at interpreter
-exit when ``on_train_end`` never came (one ``atexit`` hook per logger).
-
-A logger subclass builds its backend in ``__init__`` (``self.backend = ...``).
+On the training thread a logger renders each ``on_log`` into a `LogRecord` (sections of the
+key grammar, floats, the non-finite policy, the secrets policy on names and texts, names the
+tracker accepts) and writes it: to its `Backend` directly (JSONL, TensorBoard, W&B, whose
+libraries buffer), or, for MLflow, to a write-ahead log (``loggers/wal.py``). It keeps the
+run's identity in the checkpoint, logs the config once, logs on rank 0 only, and closes the
+run FINISHED or FAILED (at interpreter exit for a stock Trainer that raised).
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
-import re
 import shutil
 import tempfile
 import threading
 import time
+import uuid
 import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
-from ..metrics.keys import KeyGrammar, grammar_for
-from .backend import FAILED, FINISHED, Backend
-from .inline import InlineWriter
-from .ledger import StepLedger
-from .records import (
-    KEY_NAMES,
-    NONFINITE_POLICIES,
-    ArtifactRecord,
-    ParamsRecord,
-    RawLog,
-    RecordRenderer,
-    WarnOnce,
-    collect_config,
-    truncate,
-)
-from .worker import BackgroundWorker
+from ..metrics.keys import KeyGrammar, flatten_metrics, grammar_for
+from ..metrics.numbers import to_float
+from .config import collect_config, truncate
+from .secrets import REDACTED, looks_like_secret, mask_secrets
 
-__all__ = ["FAILED", "FINISHED", "TrackerLogger", "is_main_process", "save_model_to_temp"]
+__all__ = ["FAILED", "FINISHED", "Backend", "LogRecord", "TrackerLogger", "is_main_process"]
 
 logger = logging.getLogger("hf_callbacks_plus")
+
+FINISHED = "FINISHED"
+FAILED = "FAILED"
+#: Values of the loggers' ``nonfinite`` and ``key_names`` arguments.
+NONFINITE_POLICIES = ("keep", "drop")
+KEY_NAMES = ("sections", "stock")
+
+#: One logger per state key and ``train()`` (see `TrackerLogger._check_neighbours`).
+_CLAIMS = TrainBeginClaims()
+#: The ``report_to`` name of transformers' callback for each tracker.
+_STOCK_REPORT_TO = {"TensorBoardCallback": "tensorboard", "MLflowCallback": "mlflow",
+                    "WandbCallback": "wandb"}
+#: Loggers of this process with an open run, held until it is closed (so a trainer dropped after
+#: ``train()`` raised cannot take the open run out of reach of the exit hook).
+_OPEN_LOGGERS: dict[int, TrackerLogger] = {}
 
 
 def is_main_process(state: Any = None) -> bool:
@@ -71,31 +59,218 @@ def is_main_process(state: Any = None) -> bool:
     return bool(getattr(state, "is_world_process_zero", True)) if state is not None else True
 
 
-#: One logger per state key and run (see `TrackerLogger._check_neighbours`).
-_CLAIMS = TrainBeginClaims()
+@dataclass
+class LogRecord:
+    """One rendered ``on_log`` record: curve points at ``step`` and run-summary values."""
 
-#: The ``report_to`` name of transformers' callback for each tracker.
-_STOCK_REPORT_TO = {"TensorBoardCallback": "tensorboard", "MLflowCallback": "mlflow",
-                    "WandbCallback": "wandb"}
-
-#: Loggers of this process with an open run, held until it is closed (a trainer dropped after
-#: ``train()`` raised must not take its logger, and the run it holds open, out of reach of the
-#: exit hook and of `TrackerLogger._close_earlier_holder`).
-_OPEN_LOGGERS: dict[int, TrackerLogger] = {}
+    step: int
+    time: int  # milliseconds since the epoch
+    metrics: dict[str, float]
+    summary: dict[str, Any]
 
 
-def save_model_to_temp(model: Any, prefix: str) -> str:
-    """Save ``model`` into a new temporary folder (``save_pretrained``, else its ``state_dict`` as
-    ``model.pt``) and return the folder; the worker uploads it off the training thread."""
-    folder = tempfile.mkdtemp(prefix=prefix)
-    save = getattr(model, "save_pretrained", None)
-    if callable(save):
-        save(folder)
-    else:
-        import torch
+class Backend:
+    """One tracker's client, called on one thread in order: `start`, writes, `finish`.
 
-        torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
-    return folder
+    Subclasses implement `start`, `log`, `log_config` and `finish`; the rest is optional.
+    """
+
+    #: Shown in messages.
+    name = "backend"
+
+    def new_run_id(self) -> Optional[str]:
+        """The id of a new run when the client chooses it (W&B, TensorBoard, JSONL); None when the
+        store assigns it (MLflow). Defaults to None."""
+        return None
+
+    def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
+        """Open the run (reattach to it when ``resume``) and return its id.
+
+        Args:
+            run_id: The run's id when known.
+            run_key: The client-made key of the run (a store that assigns ids tags the run with
+                it and finds it by it when ``run_id`` is None).
+            resume: The run may exist already.
+        """
+        raise NotImplementedError
+
+    def logged_steps(self, run_id: str) -> dict[str, int]:
+        """Last step per metric the run holds (asked when a session attaches to it). Defaults to {}."""
+        return {}
+
+    def log(self, records: list[LogRecord], run_id: str) -> None:
+        """Write log records, in order."""
+        raise NotImplementedError
+
+    def log_config(self, params: dict[str, str], run_id: str) -> None:
+        """Write the run config (flat, redacted strings)."""
+        raise NotImplementedError
+
+    def log_file(self, folder: str, name: str, kind: str, run_id: str) -> None:
+        """Upload a staged folder as ``name`` (``kind``: ``"model"``, ``"predictions"``...) and remove
+        the folder. Defaults to nothing (a tracker that keeps no files)."""
+
+    def finish(self, status: str, run_id: str) -> None:
+        """Close the run with ``"FINISHED"`` or ``"FAILED"``."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Write what the library buffers to disk (a checkpoint is saved). Defaults to nothing."""
+
+    def location(self) -> str:
+        """Where the run is written, for messages. Defaults to the name."""
+        return self.name
+
+
+class WarnOnce:
+    """Log a warning once per key."""
+
+    def __init__(self) -> None:
+        self._seen: set[Any] = set()
+
+    def __call__(self, key: Any, message: str, *args: Any) -> None:
+        """Log ``message % args`` as a warning the first time ``key`` is seen."""
+        if key not in self._seen:
+            self._seen.add(key)
+            logger.warning(message, *args)
+
+
+def stock_names(logs: Mapping[str, Any], style: str,
+                summary_keys: frozenset = frozenset()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Name ``logs`` as the stock transformers callback does: ``(curves, summary)``.
+
+    Args:
+        logs: One ``on_log`` record.
+        style: ``"raw"`` (keys unchanged, MLflowCallback) or ``"rewrite_logs"`` (``eval_`` ->
+            ``eval/``, ``test_`` -> ``test/``, else ``train/``: WandbCallback, TensorBoardCallback).
+        summary_keys: Keys that go to the summary under their raw name (W&B's run totals).
+
+    Example:
+        >>> stock_names({"eval_loss": 1.0, "loss": 2.0}, "rewrite_logs")
+        ({'eval/loss': 1.0, 'train/loss': 2.0}, {})
+    """
+    curves: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    for key, value in flatten_metrics(logs).items():
+        if key in summary_keys:
+            summary[key] = value
+            continue
+        name = key
+        if style == "rewrite_logs":
+            section, _, rest = key.partition("_")
+            name = f"{section}/{rest}" if section in ("eval", "test") and rest else "train/" + key
+        (summary if isinstance(value, str) else curves)[name] = value
+    return curves, summary
+
+
+def normalize_value(value: Any) -> tuple[str, Any]:
+    """Classify one logged value: ``("number", float)``, ``("text", str)`` or ``("drop", value)``.
+
+    Example:
+        >>> normalize_value(True), normalize_value("early")
+        (('number', 1.0), ('text', 'early'))
+    """
+    if type(value) is float:  # the common case first: a record can hold hundreds
+        return "number", value
+    if isinstance(value, str):
+        return "text", value
+    try:
+        number = to_float(value, accept_bool=True)
+    except OverflowError:  # an int beyond float's range (10**400)
+        return "drop", value
+    return ("drop", value) if number is None else ("number", number)
+
+
+class Renderer:
+    """Turns ``on_log`` data into a `LogRecord` for one tracker (training thread).
+
+    Keys get their section from the key grammar (or the stock callback's names), values become
+    floats (``bool``, ints, numpy scalars, one-element tensors) or texts (run summary; secret ones
+    redacted), other values are dropped with one warning per key. Names are masked by the
+    secrets policy, cleaned and cut for the tracker (two names that end up equal get ``_2``...).
+    A point equal to the last one of its metric (same step and value) and a point at or below
+    ``held`` (the resume boundary) are left out.
+
+    Args:
+        owner: The logger, which sets the policy (``nonfinite``, ``key_names``, its class's
+            naming attributes and ``clean_name``) and warns once per key.
+    """
+
+    def __init__(self, owner: TrackerLogger) -> None:
+        self.owner = owner
+        self.grammar = owner.grammar
+        #: The resume boundary: last step per metric the run held when this session started.
+        self.held: dict[str, int] = {}
+        #: Last step per metric rendered (checkpointed).
+        self.last_steps: dict[str, int] = {}
+        self._last_points: dict[str, tuple[int, float]] = {}
+        self._names: dict[str, str] = {}
+        self._owners: dict[str, str] = {}
+        self._learned: tuple[Any, ...] = ()
+
+    def name(self, raw: str) -> str:
+        """The tracker's name for a rendered name (stable for the life of the renderer)."""
+        known = self._names.get(raw)
+        if known is not None:
+            return known
+        owner = self.owner
+        limit = owner.max_name_length
+        cleaned = owner.clean_name(mask_secrets(raw))[:limit]
+        candidate, counter = cleaned, 2
+        while self._owners.get(candidate, raw) != raw:
+            suffix = f"_{counter}"
+            candidate = (cleaned if limit is None else cleaned[: limit - len(suffix)]) + suffix
+            counter += 1
+        if candidate != cleaned:
+            logger.warning("Metric names %r and %r both become %r for this tracker; logging %r as %r.",
+                           self._owners[cleaned], raw, cleaned, raw, candidate)
+        self._names[raw] = candidate
+        self._owners[candidate] = raw
+        return candidate
+
+    def render(self, logs: Mapping[str, Any], step: int, time_ms: int) -> Optional[LogRecord]:
+        """One record from ``on_log`` data; None when nothing is left to send."""
+        owner, warn = self.owner, self.owner.warn
+        keys = tuple(logs)
+        if keys != self._learned:  # learning is idempotent: once per key set in a row
+            self.grammar.learn_from_metrics(logs)
+            self._learned = keys
+        if owner.key_names == "stock":
+            curves, summary_in = stock_names(logs, owner.stock_key_style, owner.stock_summary_keys)
+        else:
+            curves, summary_in = self.grammar.render_logs(logs)
+        metrics: dict[str, float] = {}
+        summary: dict[str, Any] = {}
+        held, last, steps = self.held, self._last_points, self.last_steps
+        for is_curve, values in ((True, curves), (False, summary_in)):
+            for raw, value in values.items():
+                kind, number = normalize_value(value)
+                name = self.name(raw)
+                if kind == "text":
+                    summary[name] = REDACTED if looks_like_secret(raw, number) else mask_secrets(number)
+                    continue
+                if kind == "drop":
+                    reason = ("is too large for a float" if isinstance(value, int) else
+                              f"has a value of type {type(value).__name__}, neither a number nor a string")
+                    warn(("drop", raw), "%s: %r %s; it is not logged (the other metrics are).",
+                         owner.logger_name, raw, reason)
+                    continue
+                if owner.nonfinite == "drop" and not math.isfinite(number):
+                    warn(("nonfinite", raw), "%s: dropping non-finite value %r of %r (nonfinite='drop').",
+                         owner.logger_name, number, raw)
+                    continue
+                if not is_curve and not owner.summary_as_curves:
+                    summary[name] = number
+                    continue
+                if (held and step <= held.get(name, -1)) or last.get(name) == (step, number):
+                    continue  # the run held this step before this session, or a repeat
+                last[name] = (step, number)
+                if step > steps.get(name, -1):
+                    steps[name] = step
+                metrics[name] = number
+        if not metrics and not summary:
+            return None
+        return LogRecord(int(step), time_ms, metrics, summary)
 
 
 def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
@@ -108,122 +283,95 @@ def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
         else:
             tracker.close(FINISHED)
     except Exception as error:  # never raise at interpreter exit
-        logger.warning("%s: could not close at exit: %s", type(tracker).__name__, error)
+        logger.warning("%s: could not close at exit: %s", tracker.logger_name, error)
 
 
 class TrackerLogger(SelfRestoringState):
-    """Base callback for experiment trackers; never blocks and never crashes training.
+    """Base callback for experiment trackers; never crashes training.
+
+    A subclass sets ``self.backend`` in its ``__init__``, and its class attributes say how
+    names are rendered for its tracker. Writing goes to the backend on the training thread; a
+    tracker without a durable buffer of its own (MLflow) overrides the ``_open_run`` /
+    ``_write*`` / ``_sync`` / ``_close_run`` hooks to go through a write-ahead log.
 
     Args:
         log_config: Log the ``TrainingArguments`` and the model config once, as params.
             Defaults to True.
-        nonfinite: What to do with NaN/+-Inf values: ``"keep"`` logs them (the curve shows
-            the divergence), ``"drop"`` drops them with one warning per key. Defaults to "keep".
-        flush_timeout: Seconds to wait at train end / exception / exit for the backend to take
-            the remaining records; what is still unsent goes to the spill file. Defaults to 30.
-            This and the options down to ``backoff`` concern MLflow's background worker; JSONL,
-            TensorBoard and W&B hand records to their library inline (W&B: ``flush_timeout``
-            bounds the wait for ``wandb.init`` and ``finish`` at the end, and
-            ``max_memory_points`` the records kept while ``wandb.init`` runs).
-        spill_dir: Directory of the spill file. Defaults to ``<output_dir>/.tracker_spill``.
-        max_memory_records: Records kept in memory (backend unreachable or slower than the
-            training) before spilling to disk. Defaults to 10000.
-        max_memory_points: Metric points kept in memory before spilling to disk: bounds the
-            memory of heavy records (500 metrics per step), and as many again waiting in the
-            queue: at most twice this while a backend call hangs (``on_log`` then spills the
-            oldest queued records). Defaults to 200000 (tens of MB).
-        backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30.0).
-        grammar: The key grammar to render keys with. Defaults to a new ``KeyGrammar()``, which
-            learns evaluation prefixes and dataset names from the metrics it sees.
-        key_names: ``"sections"`` (every metric in its section: ``train/loss``, ``eval/loss``,
-            ``train_subset/loss``...) or ``"stock"``: the names the stock transformers callback
-            of this backend writes (MLflow: the raw keys ``loss``, ``eval_loss``; W&B and
-            TensorBoard: ``rewrite_logs``' ``train/...``, ``eval/...``), for dashboards and
-            queries built on them. Defaults to "sections".
+        nonfinite: ``"keep"`` logs NaN/+-Inf (a diverging curve is information), ``"drop"``
+            drops them with one warning per key. Defaults to "keep".
+        flush_timeout: Longest wait in seconds at train end, exception or exit for the tracker
+            to take what is left and close the run. Defaults to 30.
+        grammar: The key grammar. Defaults to the trainer's (``grammar_for``), else a new one.
+        key_names: ``"sections"`` (``train/loss``, ``eval/loss``, ``train_subset/loss``...) or
+            ``"stock"``: the names the stock transformers callback of this tracker writes.
+            Defaults to "sections".
 
     Raises:
         ValueError: An argument is out of range.
     """
 
-    #: Capability: this callback sends logs out of the process, so `run_before_integrations`
-    #: places the callbacks that fix logs ahead of it (also for subclasses defined elsewhere).
+    #: Capability: sends logs out of the process (`run_before_integrations` puts the callbacks
+    #: that fix logs ahead of it).
     sends_logs_out = True
-
     #: The tracking service; set by the subclass's ``__init__`` (None: the logger does nothing).
     backend: Optional[Backend] = None
+    #: Class name of transformers' ``report_to`` callback for the same tracker.
+    stock_callback: Optional[str] = None
+    #: Naming for this tracker: longest metric name and param value (None: no limit); numeric
+    #: run totals sent as points at their step (a tracker without a run summary); the stock
+    #: callback's naming (``"raw"`` or ``"rewrite_logs"``) and the keys it puts in the summary.
+    max_name_length: Optional[int] = None
+    max_param_length: Optional[int] = None
+    summary_as_curves = False
+    stock_key_style = "raw"
+    stock_summary_keys: frozenset = frozenset()
+    #: Longest wait for the backlog after an exception in training (the exception waits for it).
+    exception_timeout = 2.0
 
-    def __init__(
-        self,
-        log_config: bool = True,
-        nonfinite: str = "keep",
-        flush_timeout: float = 30.0,
-        spill_dir: Optional[str] = None,
-        max_memory_records: int = 10_000,
-        backoff: tuple[float, float] = (0.5, 30.0),
-        grammar: Optional[KeyGrammar] = None,
-        max_memory_points: int = 200_000,
-        key_names: str = "sections",
-    ) -> None:
+    def __init__(self, log_config: bool = True, nonfinite: str = "keep", flush_timeout: float = 30.0,
+                 grammar: Optional[KeyGrammar] = None, key_names: str = "sections") -> None:
         super().__init__()
         if key_names not in KEY_NAMES:
             raise ValueError(f"key_names must be one of {KEY_NAMES}, got {key_names!r}")
-        self.key_names = key_names
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
-        if not isinstance(flush_timeout, (int, float)) or flush_timeout < 0:
+        if isinstance(flush_timeout, bool) or not isinstance(flush_timeout, (int, float)) or flush_timeout < 0:
             raise ValueError(f"flush_timeout must be a number >= 0, got {flush_timeout!r}")
-        if not isinstance(max_memory_records, int) or max_memory_records < 1:
-            raise ValueError(f"max_memory_records must be an int >= 1, got {max_memory_records!r}")
-        if not isinstance(max_memory_points, int) or max_memory_points < 1:
-            raise ValueError(f"max_memory_points must be an int >= 1, got {max_memory_points!r}")
-        if len(backoff) != 2 or not 0 < backoff[0] <= backoff[1]:
-            raise ValueError(f"backoff must be (initial, max) with 0 < initial <= max, got {backoff!r}")
         self.log_config = log_config
         self.nonfinite = nonfinite
         self.flush_timeout = float(flush_timeout)
-        self.spill_dir = spill_dir
-        self.max_memory_records = max_memory_records
-        self.max_memory_points = max_memory_points
-        self.backoff = (float(backoff[0]), float(backoff[1]))
+        self.key_names = key_names
         self._own_grammar = grammar is not None
         self.grammar = grammar if grammar is not None else KeyGrammar()
+        self.warn = WarnOnce()
         #: The run id given by the user (argument or environment); wins over a checkpoint's.
         self.explicit_run_id: Optional[str] = None
-        #: The run id and the steps the run holds; checkpointed.
-        self.ledger = StepLedger()
+        #: The run's id (None until known) and client-made key; checkpointed.
+        self.run_id: Optional[str] = None
+        self.run_key: Optional[str] = None
+        #: True between ``on_train_begin`` and the run's close.
         self.training = False
-        self._params_logged = False
-        self._worker: Optional[BackgroundWorker | InlineWriter] = None
-        self._trainer_ref: Optional[weakref.ref[Any]] = None
-        self._output_dir: Optional[str] = None
-        self._warn = WarnOnce()
-        self._lifecycle_lock = threading.Lock()
-        self._exit_hook: Optional[Any] = None
         #: Where the checkpoint's run was written (`local_location`, absolute), set on resume.
         self.restored_location: Optional[str] = None
-        #: Records the checkpoint says were queued and not delivered when it was saved (resume).
-        self._restored_pending = 0
+        self._renderer = Renderer(self)
+        self._restored_steps: dict[str, int] = {}
+        self._params_logged = False
+        self._is_open = False
+        self._new_session = True
+        self._lost = 0
+        self._trainer_ref: Optional[weakref.ref[Any]] = None
+        self._output_dir: Optional[str] = None
+        self._lifecycle_lock = threading.Lock()
+        self._exit_hook: Optional[Any] = None
 
     @property
-    def run_id(self) -> Optional[str]:
-        """The run id (None until the first run started); checkpointed."""
-        return self.ledger.run_id
+    def logger_name(self) -> str:
+        """The logger's class name, shown in messages."""
+        return type(self).__name__
 
-    @run_id.setter
-    def run_id(self, value: Optional[str]) -> None:
-        self.ledger.run_id = value
-
-    @property
-    def run_key(self) -> Optional[str]:
-        """The client-made key of the run (``uuid4().hex``), fixed when the run is opened, without
-        the backend; checkpointed, and set as the run tag ``hf_callbacks_plus.run_key`` where the
-        store assigns run ids (MLflow), so a resume finds the run even when the checkpoint was
-        saved before the store answered."""
-        return self.ledger.run_key
-
-    @run_key.setter
-    def run_key(self, value: Optional[str]) -> None:
-        self.ledger.run_key = value
+    def clean_name(self, name: str) -> str:
+        """Turn a rendered metric name into one the tracker accepts. Defaults to unchanged."""
+        return name
 
     # -- public API --------------------------------------------------------------------
     def bind(self, trainer: Any) -> TrackerLogger:
@@ -232,45 +380,18 @@ class TrackerLogger(SelfRestoringState):
         return self
 
     def attach_trainer(self, trainer: Any) -> None:
-        """Give the logger its trainer: eval dataset names (``eval_dataset`` dict) and model.
-
-        Args:
-            trainer: A ``transformers.Trainer``, ``TrainerPlus`` or ``LightweightTrainer``.
-        """
+        """Take the trainer's key grammar and its eval dataset names (``eval_dataset`` dict)."""
         self._trainer_ref = weakref.ref(trainer)
         if not self._own_grammar:
-            self.grammar = grammar_for(trainer)
+            self.grammar = self._renderer.grammar = grammar_for(trainer)
         eval_dataset = getattr(trainer, "eval_dataset", None)
         if isinstance(eval_dataset, dict):
             for name in eval_dataset:
                 self.grammar.declare_dataset(str(name))
-        worker = self._worker
-        if worker is not None and worker.renderer is not None:
-            worker.renderer.grammar = self.grammar
-
-    @property
-    def spill_path(self) -> Path:
-        """The JSONL file records are spilled to while they cannot be delivered.
-
-        Named after `state_key` (credentials masked), with every character other than letters,
-        digits, ``_``, ``.`` and ``-`` replaced by ``_``: one flat file name.
-        """
-        base = self.spill_dir or (
-            os.path.join(self._output_dir, ".tracker_spill") if self._output_dir
-            else os.path.join(tempfile.gettempdir(), "hf_callbacks_plus_spill")
-        )
-        return Path(base) / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.state_key)}.jsonl"
-
-    @property
-    def worker(self) -> Optional[BackgroundWorker | InlineWriter]:
-        """What sends the open run's records (None when closed): a `BackgroundWorker` (MLflow), or
-        an `InlineWriter` for a tracker that buffers itself (`Backend.buffers_itself`)."""
-        return self._worker
 
     def log_file(self, path: Union[str, os.PathLike], name: str, artifact_type: str = "predictions") -> bool:
-        """Queue a file for upload to the open run as an artifact (MLflow: under ``name/``; W&B: an
-        artifact of type ``artifact_type`` with alias ``name``). `StreamingMetrics` uses it for its
-        predictions files.
+        """Upload a file to the open run (MLflow: under ``name/``; W&B: an artifact of type
+        ``artifact_type``). `StreamingMetrics` uses it for its predictions files.
 
         Args:
             path: The file (copied at once: it may change afterwards).
@@ -278,11 +399,10 @@ class TrackerLogger(SelfRestoringState):
             artifact_type: The W&B artifact type. Defaults to ``"predictions"``.
 
         Returns:
-            True when queued; False when this tracker keeps no files (JSONL, TensorBoard), no run
-            is open, or this is not the main process.
+            True when handed on; False when this tracker keeps no files (JSONL, TensorBoard) or
+            no run is open.
         """
-        worker = self._worker
-        if worker is None or type(self.backend).log_artifact is Backend.log_artifact:
+        if not self._is_open or type(self.backend).log_file is Backend.log_file:
             return False
         staging = Path(self._output_dir or tempfile.gettempdir()) / ".tracker_artifacts" / name
         try:
@@ -290,27 +410,21 @@ class TrackerLogger(SelfRestoringState):
             staging.mkdir(parents=True)
             shutil.copy2(path, staging / Path(path).name)
         except OSError as error:
-            self._warn(("log_file", name), "%s: could not stage %s for upload (%s); not uploaded.",
-                       type(self).__name__, path, error)
+            self.warn(("log_file", name), "%s: could not stage %s for upload (%s); not uploaded.",
+                      self.logger_name, path, error)
             return False
-        worker.submit(ArtifactRecord(str(staging), [name], cleanup=True, artifact_type=artifact_type))
+        self._write_file(str(staging), name, artifact_type)
         return True
 
     def flush(self, timeout: Optional[float] = None) -> bool:
-        """Wait until every record so far reached the backend. Returns False on timeout."""
-        worker = self._worker
-        return True if worker is None else worker.flush(self.flush_timeout if timeout is None else timeout)
+        """Hand what was logged so far to disk or to the tracker. Returns False when it is not all
+        there yet after ``timeout`` seconds (a write-ahead log's store answering late)."""
+        if not self._is_open:
+            return True
+        return self._sync(self.flush_timeout if timeout is None else timeout)
 
-    def close(self, status: str = FINISHED, timeout: Optional[float] = None, grace: float = 5.0) -> bool:
-        """Send what is left, close the run with ``status`` and stop the worker.
-
-        Bounded: after ``timeout`` seconds (plus ``grace`` for a backend call in flight) what is
-        not delivered is in the spill file, with one warning saying how to replay it.
-
-        Args:
-            status: ``"FINISHED"`` or ``"FAILED"``. Defaults to "FINISHED".
-            timeout: Seconds to keep sending. Defaults to ``flush_timeout``.
-            grace: Extra seconds for a backend call in flight at the deadline. Defaults to 5.
+    def close(self, status: str = FINISHED, timeout: Optional[float] = None) -> bool:
+        """Close the run with ``status`` within ``timeout`` seconds (default ``flush_timeout``).
 
         Returns:
             True when everything was delivered and the run was closed.
@@ -318,78 +432,241 @@ class TrackerLogger(SelfRestoringState):
         if status not in (FINISHED, FAILED):
             raise ValueError(f"status must be 'FINISHED' or 'FAILED', got {status!r}")
         with self._lifecycle_lock:
-            worker, self._worker = self._worker, None
-            self.training = False
+            was_open, self._is_open, self.training = self._is_open, False, False
             _OPEN_LOGGERS.pop(id(self), None)
-        if worker is None:
+        if not was_open:
             return True
-        return worker.close(self.flush_timeout if timeout is None else timeout, status, grace)
+        return self._close_run(status, self.flush_timeout if timeout is None else max(0.0, timeout))
+
+    def close_after_exception(self) -> bool:
+        """Close the run FAILED without holding the user's exception back for long (at most
+        ``min(flush_timeout, exception_timeout)`` seconds)."""
+        return self.close(FAILED, timeout=min(self.flush_timeout, self.exception_timeout))
 
     # -- checkpointed state -----------------------------------------------------------
     def state_attributes(self) -> dict[str, Any]:
-        """Run id and key, last delivered step per metric, records still pending, whether the config
-        was logged.
-
-        Called when a checkpoint is saved; it never waits for the backend: ``run_key`` (and, for
-        backends whose ids the client chooses, ``run_id``) is fixed when the run is opened, so
-        the checkpoint names the run even before the store answered (MLflow's ``run_id`` is then
-        None, and the resume finds the run by its key); ``last_steps`` holds what was delivered
-        so far and ``pending`` how many records were still queued (they are delivered later, or
-        spilled and replayed; a resume after a hard kill says that they may be missing).
-        """
-        worker = self._worker
+        """The run's identity, the last step per metric, whether the config was logged and where
+        the run is on this machine; never waits for the tracker."""
         location = self.local_location()
-        return {"run_id": self.run_id, "run_key": self.run_key, "last_steps": self.ledger.last_steps(),
-                "pending": 0 if worker is None else worker.pending, "params_logged": self._params_logged,
+        return {"run_id": self.run_id, "run_key": self.run_key, "last_steps": dict(self._renderer.last_steps),
+                "params_logged": self._params_logged,
                 "location": None if location is None else os.path.abspath(location)}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
-        """Restore the run id and key and the logged steps from a checkpoint.
-
-        The checkpoint's ``pending`` count is kept for one warning at train begin (see
-        `_tell_pending`): records queued but not delivered when it was saved are lost when the
-        process was killed before delivering or spilling them.
-        """
+        """Restore the run's identity and steps from a checkpoint (an explicit run id wins)."""
         run_id = attributes.get("run_id")
         if run_id and self.explicit_run_id and run_id != self.explicit_run_id:
             logger.warning("%s: the checkpoint belongs to run %r but run id %r was given; using %r.",
-                           type(self).__name__, run_id, self.explicit_run_id, self.explicit_run_id)
+                           self.logger_name, run_id, self.explicit_run_id, self.explicit_run_id)
             return
         self.run_id = run_id or self.run_id
         self.run_key = attributes.get("run_key") or self.run_key
-        try:
-            self._restored_pending = max(0, int(attributes.get("pending") or 0))
-        except (TypeError, ValueError):
-            self._restored_pending = 0
         self.restored_location = attributes.get("location")
-        self.ledger.restore(attributes.get("last_steps") or {})
+        self._restored_steps = {str(k): int(v) for k, v in (attributes.get("last_steps") or {}).items()}
+        self._renderer.last_steps.update(self._restored_steps)
         self._params_logged = bool(attributes.get("params_logged", False))
 
-    #: Class name of transformers' ``report_to`` callback for the same tracker (a subclass sets it).
-    stock_callback: Optional[str] = None
+    # -- events ------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
+        """Restore the run from the checkpoint, open it, log the config."""
+        if self.backend is None or not is_main_process(state):
+            return
+        self._check_neighbours(state, args)
+        if self._is_open:  # a run left open by evaluate() (ended well) or by a train() that raised
+            self.close(FAILED if self.training else FINISHED)
+        self.run_id, self.run_key = self.explicit_run_id, None
+        self.restored_location, self._restored_steps, self._params_logged = None, {}, False
+        self._renderer = Renderer(self)
+        self._new_session = True
+        super().on_train_begin(args, state, control, **kwargs)
+        self._output_dir = getattr(args, "output_dir", None)
+        self._tell_moved_location()
+        self._close_earlier_holder()
+        self.training = True
+        self._open()
+        if self.log_config and not self._params_logged:
+            self._log_config(args, model)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
+        """Render ``logs`` and write the record (reopening the run after training, for evaluate())."""
+        if not logs or self.backend is None or not is_main_process(state):
+            return
+        if not self._is_open:
+            self._output_dir = self._output_dir or getattr(args, "output_dir", None)
+            self._open()
+        try:
+            record = self._renderer.render(logs, state.global_step, int(time.time() * 1000))
+        except Exception as error:  # a value we cannot render must not stop training
+            self._lose(1, error)
+            return
+        if record is not None:
+            self._write(record)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
+        """Learn evaluation prefixes and dataset names from the metrics."""
+        if metrics:
+            self.grammar.learn_from_metrics(metrics)
+
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
+        """Log ``trainer.predict()`` metrics at the current step (``predict`` fires no ``on_log``)."""
+        if metrics:
+            self.grammar.learn_from_metrics(metrics)
+            self.on_log(args, state, control, logs=dict(metrics))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """Put what was logged before this checkpoint on disk (never waits for a remote store)."""
+        super().on_save(args, state, control, **kwargs)
+        if self._is_open and is_main_process(state):
+            self._sync(0.0)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """Close the run FINISHED."""
+        _CLAIMS.release(state, self.state_key, self)
+        if is_main_process(state):
+            self.close(FINISHED)
+
+    def on_exception(self, args: Any, state: Any, control: Any, exception: Any = None, **kwargs: Any):
+        """Close the run FAILED (``TrainerPlus`` and ``LightweightTrainer`` fire this)."""
+        if is_main_process(state):
+            self.close_after_exception()
+
+    # -- where the run is on this machine (JSONL file, TensorBoard folder, MLflow's log) -------
+    def explicit_location(self) -> Optional[str]:
+        """The file or folder the user chose for the run. Defaults to None."""
+        return None
+
+    def default_location(self) -> Optional[str]:
+        """Where the run goes without a choice (under ``output_dir``). Defaults to None."""
+        return None
+
+    def local_location(self) -> Optional[str]:
+        """The user's choice, else the checkpoint's when it exists here (a checkpoint copied into
+        another ``output_dir`` continues its run), else `default_location`."""
+        explicit = self.explicit_location()
+        if explicit is not None:
+            return explicit
+        restored = self.restored_location
+        if restored and os.path.exists(restored):
+            return restored
+        return self.default_location()
+
+    # -- writing: on the training thread, to the backend (a durable logger overrides these) ----
+    def _open_run(self, resume: bool, boundary: bool) -> None:
+        """Open the run; with ``boundary``, fix the steps it held before this session."""
+        backend = self.backend
+        try:
+            self.run_id = backend.start(self.run_id, self.run_key, resume)
+        except OSError as error:
+            raise OSError(error.errno, f"{self.logger_name}: cannot write the run to {backend.location()}: "
+                          f"{error.strerror or error}. Pass a writable location.") from error
+        if boundary:
+            held = dict(self._restored_steps)
+            for key, step in backend.logged_steps(self.run_id).items():
+                held[key] = max(step, held.get(key, -1))
+            self._renderer.held = held
+
+    def _write(self, record: LogRecord) -> None:
+        self._call(self.backend.log, [record], self.run_id)
+
+    def _write_config(self, params: dict[str, str]) -> None:
+        self._call(self.backend.log_config, params, self.run_id)
+
+    def _write_file(self, folder: str, name: str, kind: str) -> None:
+        self._call(self.backend.log_file, folder, name, kind, self.run_id)
+
+    def _sync(self, timeout: float) -> bool:
+        try:
+            self.backend.sync()
+        except Exception as error:
+            logger.warning("%s: could not write %s to disk: %s", self.logger_name, self.backend.location(), error)
+            return False
+        return self._lost == 0
+
+    def _close_run(self, status: str, timeout: float) -> bool:
+        ok = self._call(self.backend.finish, status, self.run_id)
+        if self._lost:
+            logger.error("%s: %d record(s) could not be written to %s and are not in the run (every logged "
+                         "record is also in the trainer's state.log_history, trainer_state.json).",
+                         self.logger_name, self._lost, self.backend.location())
+        return ok and self._lost == 0
+
+    def _call(self, function: Callable[..., Any], *args: Any) -> bool:
+        try:
+            function(*args)
+        except Exception as error:  # a full disk, a closed run: never into the training loop
+            self._lose(1, error)
+            return False
+        return True
+
+    def _lose(self, count: int, error: BaseException) -> None:
+        self._lost += count
+        if self._lost == count:
+            logger.error("%s: could not write to %s (%s: %s); training continues, and every record that "
+                         "cannot be written is counted and told at the end.", self.logger_name,
+                         self.backend.location(), type(error).__name__, str(error)[:300])
+
+    # -- internals ---------------------------------------------------------------------
+    def _open(self) -> None:
+        """Fix the run's identity without the backend (the checkpoint names it from the first save
+        on), then open it."""
+        with self._lifecycle_lock:
+            if self._is_open:
+                return
+            resume = self.run_id is not None or self.run_key is not None
+            self.run_key = self.run_key or uuid.uuid4().hex
+            self.run_id = self.run_id or self.backend.new_run_id()
+            boundary, self._new_session = resume and self._new_session, False
+            self._lost = 0
+            self._open_run(resume, boundary)
+            if self._exit_hook is None:  # one hook per logger
+                self._exit_hook = atexit.register(_close_at_exit, weakref.ref(self))
+            self._is_open = True
+            _OPEN_LOGGERS[id(self)] = self
+
+    def _log_config(self, args: Any, model: Any) -> None:
+        trainer = self._trainer_ref() if self._trainer_ref is not None else None
+        if model is None and trainer is not None:
+            model = getattr(trainer, "model", None)
+        params = collect_config(args, model)
+        limit = self.max_param_length
+        for key, value in params.items():
+            if limit is not None and len(value) > limit:
+                self.warn(("long-param", key), "%s: param %r is longer than %d characters; cut.",
+                          self.logger_name, key, limit)
+                params[key] = truncate(value, limit)
+        if params:
+            self._write_config(params)
+            self._params_logged = True
 
     def _check_neighbours(self, state: Any, args: Any = None) -> None:
-        """Refuse a second instance with this state key in the run (they would share one
-        checkpoint entry and one spill file: runs mixed on resume); warn when transformers' own
-        callback for the same tracker runs too (two runs, or each point twice)."""
-        name = type(self).__name__
-        _CLAIMS.claim(state, self.state_key, self,
-                      f"so they would share one checkpoint entry and one spill file and a resumed run "
-                      f"would attach to the other's run. Use one {name} per trainer.")
+        """Refuse a second logger with this state key (one checkpoint entry, one run); warn when
+        transformers' own callback for the same tracker runs too."""
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
         callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", None) or ()
+        conflict = (f"so they would share one checkpoint entry and a resumed run would attach to the "
+                    f"other's run. Use one {self.logger_name} per trainer.")
+        twins = [other for other in callbacks if other is not self and isinstance(other, TrackerLogger)
+                 and other.state_key == self.state_key]
+        if twins:  # before any of them opens a run
+            raise ValueError(f"{self.logger_name}: 2 instances share state_key={self.state_key!r}, {conflict}")
+        try:
+            _CLAIMS.claim(state, self.state_key, self, conflict)
+        except ValueError:
+            for other in list(_OPEN_LOGGERS.values()):  # the first one opened its run: no stray run
+                if other is not self and other.state_key == self.state_key and other.training:
+                    other.close(FAILED, timeout=min(other.flush_timeout, 5.0))
+            raise
         stock = [other for other in callbacks if self.stock_callback is not None
                  and type(other).__name__ == self.stock_callback
                  and type(other).__module__.startswith("transformers.integrations")]
         if stock or self._stock_in_report_to(args):
-            self._warn(("stock-twin",), "%s: transformers' %s (report_to) runs in this trainer too, so the "
-                       "same metrics go to the tracker twice (a second run, or a second value per step). "
-                       "Set report_to='none', or call hf_callbacks_plus.replace_report_to_callbacks(trainer) "
-                       "to swap it for this logger.", name, self.stock_callback)
+            self.warn(("stock-twin",), "%s: transformers' %s (report_to) runs in this trainer too, so the "
+                      "same metrics go to the tracker twice (a second run, or a second value per step). "
+                      "Set report_to='none', or call hf_callbacks_plus.replace_report_to_callbacks(trainer) "
+                      "to swap it for this logger.", self.logger_name, self.stock_callback)
 
     def _stock_in_report_to(self, args: Any) -> bool:
-        """Whether ``args.report_to`` adds transformers' callback for this tracker (a stock Trainer
-        not given to `run_before_integrations` shows its callbacks nowhere else)."""
+        """Whether ``args.report_to`` adds transformers' callback for this tracker."""
         name = _STOCK_REPORT_TO.get(self.stock_callback or "")
         report_to = getattr(args, "report_to", None)
         if name is None or not report_to:
@@ -404,122 +681,6 @@ class TrackerLogger(SelfRestoringState):
                 return False
         return name in chosen
 
-    # -- events ------------------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        """Restore the run from the checkpoint, start the worker, queue the config."""
-        if self.backend is None or not is_main_process(state):
-            return
-        self._check_neighbours(state, args)
-        if self._worker is not None:
-            # a run reopened by evaluate()/predict() outside training ended well (it was closed
-            # FAILED, also the first, successful run of train(); evaluate(); train()); one left
-            # open by a train() that never reached its end did not
-            self.close(FAILED if self.training else FINISHED)
-        self.ledger.new_session(self.explicit_run_id)
-        self.restored_location = None
-        self._restored_pending = 0
-        self._params_logged = False
-        super().on_train_begin(args, state, control, **kwargs)
-        self.backend.resume_step = int(getattr(state, "global_step", 0) or 0) or None
-        self._output_dir = getattr(args, "output_dir", None)
-        self._tell_moved_location()
-        self._tell_pending(state)
-        self._close_earlier_holder()
-        self.training = True
-        self._open()
-        if self.log_config and not self._params_logged:
-            self._queue_config(args, model)
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
-        """Copy ``logs`` and queue them; the worker renders and sends them. Returns at once."""
-        if not logs or self.backend is None or not is_main_process(state):
-            return
-        worker = self._worker
-        if worker is None:  # e.g. trainer.evaluate() after training: reopen the run
-            self._output_dir = self._output_dir or getattr(args, "output_dir", None)
-            worker = self._open()
-        worker.submit(RawLog(dict(logs), state.global_step, int(time.time() * 1000)))
-
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
-        """Learn evaluation prefixes / dataset names from the metrics."""
-        if metrics:
-            self.grammar.learn_from_metrics(metrics)
-
-    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any):
-        """Log ``trainer.predict()`` metrics (``test_*`` -> ``test/...``) at the current step.
-
-        ``predict`` logs nothing itself (no ``on_log``); the stock ``WandbCallback`` logs these
-        metrics, and so do our loggers. After training, the run is reopened like for
-        ``evaluate()``.
-        """
-        if metrics:
-            self.grammar.learn_from_metrics(metrics)
-            self.on_log(args, state, control, logs=dict(metrics))
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        """A local file (JSONL, TensorBoard) is written to disk, so what was logged before this
-        checkpoint survives a crash after it; a remote store's worker is never waited for."""
-        super().on_save(args, state, control, **kwargs)
-        worker = self._worker
-        if isinstance(worker, InlineWriter) and is_main_process(state):
-            worker.flush(timeout=0)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        """Flush and close the run FINISHED."""
-        _CLAIMS.release(state, self.state_key, self)
-        if is_main_process(state):
-            self.close(FINISHED)
-
-    def on_exception(self, args: Any, state: Any, control: Any, exception: Any = None, **kwargs: Any):
-        """Close the run FAILED without holding the exception back (TrainerPlus and
-        LightweightTrainer fire this): at most ``min(flush_timeout, 2)`` seconds while the backend
-        answers, none while it is unreachable; the rest goes to the spill file."""
-        if is_main_process(state):
-            self.close_after_exception()
-
-    def close_after_exception(self) -> bool:
-        """Close the run FAILED quickly: while the backend answers, wait for the run to be open (at
-        most ``min(flush_timeout, backend.exception_start_wait)`` seconds: 20 for W&B, which takes
-        seconds on a busy machine; 3 for MLflow, whose unsent status is replayed), then at most
-        ``min(flush_timeout, 2)`` seconds for the backlog; none while it is unreachable. What is
-        left goes to the spill file.
-
-        Returns:
-            True when everything was delivered and the run was closed.
-        """
-        worker = self._worker
-        timeout = 0.0
-        if worker is not None and worker.healthy:
-            # the run must exist to take its status (W&B opens it in seconds); not the backlog
-            worker.wait_started(min(self.flush_timeout, self.backend.exception_start_wait))
-            timeout = min(self.flush_timeout, 2.0) if worker.healthy else 0.0
-        return self.close(FAILED, timeout=timeout, grace=1.0)
-
-    def explicit_location(self) -> Optional[str]:
-        """The file or folder the user chose for the run (argument or environment). Defaults to None."""
-        return None
-
-    def default_location(self) -> Optional[str]:
-        """Where the run goes without a choice (under ``output_dir``); None for a tracker that keeps
-        runs elsewhere (MLflow, W&B). Defaults to None."""
-        return None
-
-    def local_location(self) -> Optional[str]:
-        """The file or folder on this machine that holds the run (JSONL file, TensorBoard folder).
-
-        The user's choice; else, on resume, the checkpoint's (saved in every checkpoint) when it
-        exists here, so a checkpoint copied into another ``output_dir`` continues its run instead
-        of splitting it in two; else `default_location`.
-        """
-        explicit = self.explicit_location()
-        if explicit is not None:
-            return explicit
-        restored = self.restored_location
-        if restored and os.path.exists(restored):
-            return restored
-        return self.default_location()
-
-    # -- internals ---------------------------------------------------------------------
     def _tell_moved_location(self) -> None:
         """On resume, say where the run continues when that is not where this ``output_dir`` puts it."""
         restored, default = self.restored_location, self.default_location()
@@ -527,46 +688,19 @@ class TrackerLogger(SelfRestoringState):
             return
         if os.path.abspath(default) == restored:
             return
-        name = type(self).__name__
         if os.path.exists(restored):
             logger.warning("%s: resuming the run kept in %s (named by the checkpoint); it continues there, "
-                           "not in %s. Pass the location explicitly to write elsewhere.", name, restored,
+                           "not in %s. Pass the location explicitly to write elsewhere.", self.logger_name, restored,
                            default)
         else:
             logger.warning("%s: the checkpoint's run is in %s, which does not exist here; this resumed "
                            "training writes to %s, without what was logged before the checkpoint.",
-                           name, restored, default)
-
-    def _tell_pending(self, state: Any) -> None:
-        """On resume, say that records the checkpoint counted as pending may be missing from the run.
-
-        The checkpoint cannot tell whether they were delivered or spilled after it was saved: after
-        a hard kill (SIGKILL, out of memory) those that were neither are lost.
-        """
-        pending, self._restored_pending = self._restored_pending, 0
-        if pending <= 0:
-            return
-        run = (f"run {self.run_id}" if self.run_id is not None
-               else f"the run with key {self.run_key}" if self.run_key else "the run")
-        spill = self.spill_path
-        spilled = ("they were waiting for the run to open; the trainer's log_history holds them"
-                   if self.backend.buffers_itself else
-                   f"what was spilled is replayed from {spill}" if spill.exists()
-                   else f"nothing is waiting in the spill file ({spill} does not exist)")
-        logger.warning("%s: the checkpoint of step %s counted %d record(s) logged before it but not yet "
-                       "delivered; if the earlier process was killed before sending them, they are missing "
-                       "from %s (%s).", type(self).__name__, getattr(state, "global_step", "?"), pending,
-                       run, spilled)
+                           self.logger_name, restored, default)
 
     def _close_earlier_holder(self) -> None:
-        """Close the run this logger resumes when another logger of this process still holds it.
-
-        A stock ``Trainer`` has no exception event: after ``train()`` raised, its logger keeps the
-        run open until interpreter exit. A resumed ``train()`` in the same process (a notebook, a
-        retry loop) would then meet "run ID in use" (W&B), or see the first logger close the
-        resumed, finished run FAILED at exit (MLflow). The earlier holder is closed now: FAILED
-        when its ``train()`` never ended, and this logger reopens the run.
-        """
+        """Close the run this logger resumes when another logger of this process still holds it (a
+        stock ``train()`` that raised keeps its run open until exit): FAILED when its ``train()``
+        never ended."""
         run_id, run_key = self.run_id, self.run_key
         if run_id is None and run_key is None:
             return
@@ -577,52 +711,10 @@ class TrackerLogger(SelfRestoringState):
                 continue
             crashed = other.training
             logger.warning("%s: run %s is still open in this process (an earlier %s whose train() %s); "
-                           "closing it %s before this train() reopens it.", type(self).__name__,
-                           run_id or other.run_id or f"with key {run_key}",
-                           type(other).__name__, "raised" if crashed else "ended",
-                           FAILED if crashed else FINISHED)
+                           "closing it %s before this train() reopens it.", self.logger_name,
+                           run_id or other.run_id or f"with key {run_key}", other.logger_name,
+                           "raised" if crashed else "ended", FAILED if crashed else FINISHED)
             if crashed:
                 other.close_after_exception()
             else:
                 other.close(FINISHED)
-
-    def _open(self) -> BackgroundWorker | InlineWriter:
-        with self._lifecycle_lock:
-            if self._worker is not None:
-                return self._worker
-            backend = self.backend
-            # the run's identity, fixed here without the backend: the checkpoint names the run
-            # from the first save on (`state_attributes` never waits for the store)
-            self.ledger.begin_run(backend.new_run_id)
-            backend.prepare_process()
-            if self._exit_hook is None:  # one hook per logger, after the backend's own
-                self._exit_hook = atexit.register(_close_at_exit, weakref.ref(self))
-            renderer = RecordRenderer(self.grammar, self.nonfinite, self._warn, type(self).__name__,
-                                      self.key_names, backend.stock_key_style, backend.stock_summary_keys)
-            if backend.buffers_itself:  # its library buffers in the background: written on this thread
-                self._worker = InlineWriter(backend, self.ledger, renderer, type(self).__name__,
-                                            max_memory_points=self.max_memory_points)
-                _OPEN_LOGGERS[id(self)] = self
-                return self._worker
-            self._worker = BackgroundWorker(
-                backend, self.ledger, self.spill_path, renderer=renderer, name=type(self).__name__,
-                max_memory_records=self.max_memory_records, max_memory_points=self.max_memory_points,
-                backoff_initial=self.backoff[0], backoff_max=self.backoff[1], target=backend.target(),
-            )
-            _OPEN_LOGGERS[id(self)] = self
-            return self._worker
-
-    def _queue_config(self, args: Any, model: Any) -> None:
-        trainer = self._trainer_ref() if self._trainer_ref is not None else None
-        if model is None and trainer is not None:
-            model = getattr(trainer, "model", None)
-        params = collect_config(args, model)
-        limit = self.backend.max_param_length
-        for key, value in params.items():
-            if limit is not None and len(value) > limit:
-                self._warn(("long-param", key), "%s: param %r is longer than %d characters; cut.",
-                           type(self).__name__, key, limit)
-                params[key] = truncate(value, limit)
-        if params and self._worker is not None:
-            self._worker.submit(ParamsRecord(params))
-            self._params_logged = True

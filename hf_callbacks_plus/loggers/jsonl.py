@@ -1,18 +1,10 @@
 """``JsonlLogger``: the embedded default logger, one JSON line per log event, nothing to install.
 
-Each line is one of::
-
-    {"event": "start", "run_id": "...", "time": 1712345678.9, "resumed": false}
-    {"event": "params", "params": {"learning_rate": "0.1", ...}}
-    {"event": "log", "step": 10, "time": 1712345679.1, "curves": {"train/loss": 0.3}, "summary": {}}
-    {"event": "finish", "status": "FINISHED", "time": ...}
-
-Non-finite values are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` so
-every line is strict JSON. Lines are appended on the training thread (`InlineWriter`: no
-thread, queue or spill file of ours), each append handed to the operating system at once, and
-the file is ``fsync``-ed at every checkpoint save. A resumed training appends to the same file
-and, like every tracker logger, never writes a step twice for one metric. A file that cannot
-be written is an error at the start of ``train()``.
+Lines: ``{"event": "start", "run_id", "time", "resumed"}``, ``{"event": "params", "params"}``,
+``{"event": "log", "step", "time", "curves", "summary"}``, ``{"event": "finish", "status", "time"}``.
+Non-finite values are written ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (every line strict JSON).
+Each line is handed to the operating system at once and the file is ``fsync``-ed at every
+checkpoint save.
 """
 
 from __future__ import annotations
@@ -26,9 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .backend import Backend
-from .base import TrackerLogger
-from .records import LogRecord
+from .base import Backend, LogRecord, TrackerLogger
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -51,7 +41,6 @@ class JsonlBackend(Backend):
     """
 
     name = "JsonlLogger"
-    buffers_itself = True
 
     def __init__(self, file: Callable[[], Path]) -> None:
         self._file = file
@@ -91,7 +80,7 @@ class JsonlBackend(Backend):
         """A new run's id (``uuid4().hex``), made when the run is opened: checkpoints name it at once."""
         return uuid.uuid4().hex
 
-    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
+    def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         run_id = run_id or self.new_run_id()
         self._close_partial_line()
         self._append([{"event": "start", "run_id": run_id, "time": time.time(), "resumed": resume}])
@@ -117,20 +106,16 @@ class JsonlBackend(Backend):
         self._append([{
             "event": "log",
             "step": record.step,
-            "time": record.timestamp / 1000.0,
+            "time": record.time / 1000.0,
             "curves": {k: _json_number(v) for k, v in record.metrics.items()},
             "summary": {k: _json_number(v) for k, v in record.summary.items()},
         } for record in records])
 
-    def store_config(self, params: dict[str, str], run_id: str) -> None:
+    def log_config(self, params: dict[str, str], run_id: str) -> None:
         self._append([{"event": "params", "params": params}])
-
-    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
-        self._append([{"event": "tags", "tags": tags}])
 
     def finish(self, status: str, run_id: str) -> None:
         self._append([{"event": "finish", "status": status, "time": time.time()}])
-
 
 
 class JsonlLogger(TrackerLogger):
@@ -139,8 +124,7 @@ class JsonlLogger(TrackerLogger):
     Args:
         path: The JSONL file. Defaults to ``<output_dir>/metrics.jsonl`` (``output_dir`` of the
             trainer's arguments).
-        **kwargs: Options of `TrackerLogger`
-            (``log_config``, ``nonfinite``, ``flush_timeout``...).
+        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``key_names``...).
 
     Example:
         >>> from hf_callbacks_plus import JsonlLogger

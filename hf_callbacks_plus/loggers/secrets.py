@@ -1,34 +1,10 @@
-"""Secrets: what must never leave the process, and how it is masked. One module, one policy.
+"""Secrets: what must never leave the process, and how it is masked (the policy: docs/secrets.md).
 
-Everything the loggers write (params, tags, summary texts, run names, checkpoint state,
-spill file names, console lines) goes through these functions.
-
-What is removed:
-
-* **credentials in URLs**: the password of ``scheme://user:password@host`` becomes ``***``
-  (``user:***@host``), a token used as the user (``https://hf_xxx@host``) too, and so do the
-  values of query parameters naming a secret (``?token=...``, ``?api_key=...``);
-* **access tokens recognizable by their shape**, wherever they appear in a string: Hugging Face
-  (``hf_...``, ``api_org_...``), W&B v1 keys (``wandb_v1_...``), Databricks/MLflow (``dapi...``),
-  GitHub (``ghp_...``, ``github_pat_...``), OpenAI-style ``sk-...``;
-* **the values of secret environment variables** of this process (any variable whose name
-  names a secret: ``WANDB_API_KEY``, ``HF_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``,
-  ``MLFLOW_TRACKING_TOKEN``, ``AWS_SECRET_ACCESS_KEY``...), wherever they appear; this is
-  how a 40-hex W&B key is caught without touching git SHAs;
-* **fields naming a credential** (``hub_token``, ``*_api_key``, ``password``, ``client_secret``,
-  ``credentials``...): the whole value becomes ``<redacted>``.
-
-What is kept (no false positives):
-
-* **vocabulary tokens**: ``pad_token``, ``eos_token``, ``bos_token``... (trl's ``SFTConfig``,
-  tokenizer and processor configs) and any ``*_token`` field whose value has the shape of a
-  vocabulary token (``<pad>``, ``</s>``, ``[PAD]``, ``<|im_end|>``);
-* **hex digests**: a 40-hex git SHA (``commit``, ``revision``) is kept unless it is the value
-  of a secret environment variable or sits in a field naming a credential;
-* ids, counts and lengths of tokens (``pad_token_id``, ``num_tokens``, ``max_length``...).
-
-`SecretMaskingFilter` applies `mask_secrets` to every record of the
-``hf_callbacks_plus`` logger (installed on import), so console lines carry no secret either.
+Every text and name the loggers write (params, tags, summary texts, metric names, run names,
+checkpoint state, console lines) goes through these functions: URL credentials and access
+tokens (by their shape, and the values of this process's secret environment variables) are
+masked; a field naming a credential is ``<redacted>`` as a whole; vocabulary tokens (``pad_token``)
+and git SHAs are kept. `SecretMaskingFilter` masks the ``hf_callbacks_plus`` logger's lines.
 """
 
 from __future__ import annotations
@@ -277,12 +253,9 @@ def redact_value(key: str, value: Any) -> str:
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
-    """Turn a flat config into strings with every secret removed (`redact_value`).
-
-    Nested containers are turned into their ``repr`` first, so a token inside a list is masked
-    by its shape or as a known environment value.
-    """
-    return {key: redact_value(key, value) for key, value in config.items()}
+    """Turn a flat config into strings with every secret removed (`redact_value`); a key holding a
+    token is masked too. Containers become their ``repr`` first (a token inside a list is masked)."""
+    return {mask_secrets(key): redact_value(key, value) for key, value in config.items()}
 
 
 def command_line_has_secret(argv: list[str]) -> bool:

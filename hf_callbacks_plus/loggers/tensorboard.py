@@ -1,28 +1,11 @@
 """``TensorBoardLogger``: TensorBoard event files with every metric in its own section.
 
-transformers' ``TensorBoardCallback`` renders keys with ``rewrite_logs``, which sends every key
-that does not start with ``eval_``/``test_`` to ``train/``: the train-subset metrics become
-``train/train_subset_loss``, the gaps ``train/gap_loss``, the early-stopping diagnostics
-``train/early_stopping/wait`` and the run totals ``train/train_loss``. That cannot be fixed
-from outside the callback. This logger writes the same event files through the shared key
-grammar instead (``train/loss``, ``train_subset/loss``, ``gap/loss``, ``eval/loss``,
-``eval/<set>/loss``, ``test/loss``, ``early_stopping/wait``, ``train_summary/train_loss``).
-
-Each log record is written, on the training thread (`InlineWriter`: no thread, queue or spill
-file of ours), as ONE event holding all its scalar values (one ``Summary.Value`` per metric,
-the same tags and values ``add_scalar`` writes), handed to the writer's own file writer, whose
-queue thread writes it to disk: ``add_scalar`` per metric made 500 events per step at 500
-metrics. The writer flushes on its own (every ``flush_secs``, 120 s by default); the logger
-also flushes it at each checkpoint save (what was logged before a checkpoint is on disk when
-the process dies after it), on `TensorBoardLogger.flush` and at close, never per batch.
-
-The writer is ``torch.utils.tensorboard.SummaryWriter`` (needs the ``tensorboard`` package),
-else ``tensorboardX.SummaryWriter``; ``pip install 'hf-callbacks-plus[tensorboard]'``.
-
-The log directory is ``log_dir``, else ``TENSORBOARD_LOGGING_DIR`` (as for the stock
-callback), else ``<output_dir>/runs/<run id>``: a resumed training writes to the same
-directory and TensorBoard discards the events the crashed process wrote after the checkpoint
-(the writer's ``purge_step``).
+transformers' ``TensorBoardCallback`` renders keys with ``rewrite_logs`` (everything that is not
+``eval_``/``test_`` goes to ``train/``: ``train/train_subset_loss``, ``train/gap_loss``); this
+logger writes the same event files through the key grammar. Each record is ONE event holding
+all its scalars (the tags and values ``add_scalar`` writes), handed to the ``SummaryWriter``'s
+own queue thread; the writer is flushed at each checkpoint save. A resumed training writes to
+the same folder and purges the events after the checkpoint (``purge_step``).
 """
 
 from __future__ import annotations
@@ -35,9 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .._compat import is_available, require
-from .backend import Backend
-from .base import TrackerLogger
-from .records import LogRecord
+from .base import Backend, LogRecord, TrackerLogger
 
 __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
 
@@ -82,9 +63,6 @@ class TensorBoardBackend(Backend):
     """
 
     name = "TensorBoardLogger"
-    buffers_itself = True
-    summary_as_curves = True
-    stock_key_style = "rewrite_logs"
 
     def __init__(self, writer_class: Any, log_dir: Callable[[str], str]) -> None:
         self._writer_class = writer_class
@@ -97,21 +75,23 @@ class TensorBoardBackend(Backend):
         self._tags: dict[str, str] = {}
         #: The directory of the open run.
         self.directory: Optional[str] = None
+        #: Set by the logger when ``train()`` resumes: events after the checkpoint's step are purged.
+        self.purge_step: Optional[int] = None
 
     def new_run_id(self) -> str:
         """A new run's id, its folder's name (``uuid4().hex[:12]``), made when the run is opened:
         checkpoints name it at once."""
         return uuid.uuid4().hex[:12]
 
-    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
+    def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         run_id = run_id or self.new_run_id()
         self.directory = self._log_dir(run_id)
         kwargs: dict[str, Any] = {}
-        if resume and self.resume_step is not None:
-            kwargs["purge_step"] = self.resume_step + 1
+        if resume and self.purge_step is not None:
+            kwargs["purge_step"] = self.purge_step
         # the purge belongs to the first open of a resumed train() only: a writer reopened later
         # (evaluate()/predict() after it) would erase what the resumed training just logged
-        self.resume_step = None
+        self.purge_step = None
         self._writer = self._writer_class(log_dir=self.directory, **kwargs)
         return run_id
 
@@ -124,7 +104,7 @@ class TensorBoardBackend(Backend):
         writer = self._writer
         file_writer = writer._get_file_writer()
         for record in records:
-            walltime = record.timestamp / 1000.0
+            walltime = record.time / 1000.0
             values = [self._value(key, value) for key, value in record.metrics.items()]
             texts = []
             for key, value in record.summary.items():
@@ -155,12 +135,9 @@ class TensorBoardBackend(Backend):
         if self._writer is not None:
             self._writer.flush()
 
-    def store_config(self, params: dict[str, str], run_id: str) -> None:
+    def log_config(self, params: dict[str, str], run_id: str) -> None:
         self._writer.add_text("config", "```json\n" + json.dumps(params, indent=1, sort_keys=True) + "\n```")
         self._writer.flush()
-
-    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
-        self._writer.add_text("tags", json.dumps(tags, sort_keys=True))
 
     def finish(self, status: str, run_id: str) -> None:
         writer, self._writer = self._writer, None
@@ -176,7 +153,7 @@ class TensorBoardLogger(TrackerLogger):
         log_dir: The run's directory. Defaults to ``TENSORBOARD_LOGGING_DIR``, else
             ``<output_dir>/runs/<run id>`` (the run id is kept in checkpoints, so a resumed
             training continues the same directory).
-        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``flush_timeout``...).
+        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``key_names``...).
 
     Raises:
         ModuleNotFoundError: Neither tensorboard (with torch) nor tensorboardX is installed
@@ -190,6 +167,8 @@ class TensorBoardLogger(TrackerLogger):
     """
 
     stock_callback = "TensorBoardCallback"
+    summary_as_curves = True
+    stock_key_style = "rewrite_logs"
 
     def __init__(self, log_dir: Optional[str] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -198,6 +177,13 @@ class TensorBoardLogger(TrackerLogger):
                             f"{log_dir!r}")
         self.log_dir = None if log_dir is None else str(log_dir)
         self.backend: TensorBoardBackend = TensorBoardBackend(summary_writer_class(), self._directory)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        """A resumed ``train()`` purges the events the earlier process wrote after the checkpoint."""
+        if self.backend is not None:
+            step = int(getattr(state, "global_step", 0) or 0)
+            self.backend.purge_step = step + 1 if step else None
+        return super().on_train_begin(args, state, control, **kwargs)
 
     def _directory(self, run_id: str) -> str:
         """The run's folder: `local_location`, or ``<output_dir>/runs/<run_id>`` for a new run."""

@@ -1,38 +1,15 @@
-"""``WandbLogger``: Weights & Biases logging that never blocks training and reattaches on resume.
+"""``WandbLogger``: Weights & Biases through W&B's own service process; one run per training, resumable.
 
-A thin adapter over W&B's own background machinery: ``run.log`` hands each record to W&B's
-service process, which writes it to the run's own log (``run-<id>.wandb``) and uploads it,
-riding out network outages (``wandb sync`` uploads what an interrupted process left); nothing of
-ours queues, retries or spills W&B records. ``wandb.init`` and ``run.finish``, which take
-seconds, run on a thread of their own, bounded by ``flush_timeout``. On top of `TrackerLogger`
-(key grammar, value normalization, redacted config, rank zero, checkpointed run id):
-
-* one step axis: every row is logged with ``step=global_step`` and carries
-  ``train/global_step``, and ``define_metric("*", step_metric="train/global_step")`` makes
-  every section (``train/``, ``eval/``, ``eval/<dataset>/``, ``test/``, custom) plot against it;
-* end-of-training totals (``train_runtime``...) and text values go to ``run.summary``;
-* W&B keeps one value per key and step: a later value of a key already in the current step's
-  row (``trainer.evaluate()`` on other data right after an evaluation at that step), or a value
-  at a step the run is already past, goes to ``run.summary`` (under the same key), with one
-  warning per key; the history row keeps the first value. Nothing is dropped silently;
-* W&B records the program's command line in its run metadata: when the command line passes a
-  secret (``--hub_token hf_...``, any flag naming a token, secret, password or api key, or a
-  value that looks like an access token), the logger turns W&B's metadata collection off
-  (``x_disable_meta=True``, unless your ``settings`` set it), with one warning;
-* the run id is known from ``on_train_begin`` on (generated up front), saved in every
-  checkpoint, and a ``resume_from_checkpoint`` training reattaches to the same run
-  (``wandb.init(id=..., resume="allow")``). Steps the run already holds are not logged again:
-  W&B would reject steps lower than its current step, so the logger asks the resumed run
-  (online: ``run.starting_step`` and its summary keys; offline: the earlier offline run files
-  of the same id, read with `read_wandb_run` of `hf_callbacks_plus.loggers.wandb_runfile`);
-* ``run.finish(exit_code=0)`` at train end, ``exit_code=1`` when training raised (the
-  ``on_exception`` event of ``TrainerPlus``/``LightweightTrainer``, and, in a stock
-  ``transformers.Trainer``, an exit hook that runs before W&B's own when ``on_train_end``
-  never came);
-* transformers' environment variables keep working: ``WANDB_PROJECT`` (default
-  ``"huggingface"``), ``WANDB_RUN_ID``, ``WANDB_LOG_MODEL``, ``WANDB_WATCH``,
-  ``WANDB_DISABLED``, ``WANDB_MODE`` (and everything ``wandb.init`` reads itself:
-  ``WANDB_ENTITY``, ``WANDB_DIR``, ``WANDB_TAGS``...).
+``run.log`` on the training thread hands each record to W&B's service process, which writes
+the run's own file (``run-<id>.wandb``) and uploads it, riding out network outages (``wandb
+sync`` uploads what an interrupted process left); nothing of ours queues, retries or spills.
+``wandb.init`` and ``run.finish`` take seconds: they run on threads of this module, bounded by
+``flush_timeout``, and the records logged while ``wandb.init`` runs wait in memory (bounded).
+Every row carries ``train/global_step``, the step axis of every section. W&B keeps one value
+per key and step: a later value for a step already written goes to the run summary as
+``<key>@<step>``, with one warning per key. transformers' environment variables keep working
+(``WANDB_PROJECT``, ``WANDB_RUN_ID``, ``WANDB_LOG_MODEL``, ``WANDB_WATCH``, ``WANDB_DISABLED``,
+``WANDB_MODE``, and what ``wandb.init`` reads itself).
 """
 
 from __future__ import annotations
@@ -41,21 +18,23 @@ import logging
 import os
 import shutil
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
-from .artifacts import stage_folder
-from .backend import FINISHED, Backend
-from .base import TrackerLogger, save_model_to_temp
-from .records import ArtifactRecord, LogRecord, WarnOnce
+from .artifacts import save_model_to_temp, stage_folder
+from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce
 from .secrets import command_line_has_secret, mask_secrets
-from .wandb_runfile import WandbLogFormatError, WandbRun, read_wandb_run
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
 
 logger = logging.getLogger("hf_callbacks_plus")
+
+#: Where every logged record still is when W&B did not get it.
+_LOG_HISTORY = "every logged record is also in the trainer's state.log_history (trainer_state.json)"
 
 
 #: Values of ``log_model`` / ``WANDB_LOG_MODEL`` ("true" is transformers' legacy spelling of "end").
@@ -156,35 +135,8 @@ def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn
     return settings
 
 
-#: Seconds to wait for an earlier offline run file that looks incomplete to be flushed.
-_FLUSH_WAIT = 3.0
-
-
-def _offline_damage(run: WandbRun, resume_step: Optional[int]) -> Optional[str]:
-    """What is wrong with an earlier offline run file of a resumed run, or None when it is whole.
-
-    A run file that was finished (exit record) is whole. One that was not was left by a
-    process that died: W&B's service had not written (all of) its records.
-    """
-    if run.finished:
-        return None
-    size = run.path.stat().st_size if run.path.exists() else 0
-    if not run.history:
-        return f"holds no history rows ({run.path.name} is {size} bytes, no exit record)"
-    last = max(row.get("_step", -1) for row in run.history)
-    if run.truncated:
-        return f"ends in the middle of a record after step {last} (no exit record)"
-    if resume_step is not None and last < resume_step:
-        return f"holds history only up to step {last} (no exit record)"
-    return None
-
-
 class WandbBackend(Backend):
-    """One W&B run: ``wandb.init`` / ``run.log`` / ``run.summary`` / ``run.config`` / ``run.finish``.
-
-    W&B keeps one value per key and step: a later value of a key already in the current step's
-    row, or a value at a step the run is already past, goes to ``run.summary``, with one warning
-    per key.
+    """One W&B run: ``wandb.init`` (on a thread), ``run.log``, ``run.summary``, ``run.config``, ``run.finish``.
 
     Args:
         wandb: The ``wandb`` module.
@@ -192,27 +144,31 @@ class WandbBackend(Backend):
         settings: The user's ``wandb.Settings`` (or a dict), or None.
         watch: ``wandb.watch`` mode, or ``"false"``.
         warn: Warns once per key.
+        max_points: Metric points kept while ``wandb.init`` runs; later ones are counted as lost.
     """
 
     name = "WandbLogger"
-    buffers_itself = True
-    opens_slowly = True
-    stock_key_style = "rewrite_logs"
-    stock_summary_keys = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
-                                    "train_loss", "total_flos"})
-    max_param_length = 10_000
 
-    def __init__(self, wandb: Any, init: dict[str, Any], settings: Any, watch: str, warn: WarnOnce) -> None:
+    def __init__(self, wandb: Any, init: dict[str, Any], settings: Any, watch: str, warn: WarnOnce,
+                 max_points: int = 200_000) -> None:
         self._wandb = wandb
         self.init = init
         self.settings = settings
         self.watch = watch
         self._warn = warn
+        self.max_points = max_points
         #: Set at train begin: the model (``watch``) and the display name from ``args.run_name``.
         self.model: Any = None
         self.run_name_from_args: Optional[str] = None
         self.run: Any = None
+        #: Records W&B did not get (its run did not open, or they did not fit while it opened).
+        self.lost = 0
         self._owns_run = True
+        self._ready = threading.Event()
+        self._opener: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._waiting: list[tuple[Callable[..., None], tuple]] = []
+        self._waiting_points = 0
         self._min_step = 0
         self.new_session()
 
@@ -222,167 +178,187 @@ class WandbBackend(Backend):
         self._row_keys: set[str] = set()
         self._row_open = False  # the row at _row_step was written by the open run
 
-    def prepare_process(self) -> None:
-        """Start W&B's service now, on the training thread: its exit hook is registered before
-        the logger's, so the logger's runs first (closing the run with the right exit code)."""
-        setup = getattr(self._wandb, "setup", None)
-        if callable(setup):
-            setup()
-
     def new_run_id(self) -> str:
-        """A W&B run id, made on the training thread when the run is opened (``wandb.init(id=...)``
-        takes it), so the first checkpoint names the run however long ``wandb.init`` takes."""
-        util = getattr(self._wandb, "util", None)
-        generate = getattr(util, "generate_id", None)
+        """A W&B run id made on the training thread (``wandb.init(id=...)`` takes it), so the first
+        checkpoint names the run however long ``wandb.init`` takes."""
+        generate = getattr(getattr(self._wandb, "util", None), "generate_id", None)
         return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
 
-    def start(self, run_id: Optional[str], resume: bool, run_key: Optional[str] = None) -> str:
+    def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
+        """Start W&B's service here (its exit hook then runs after the logger's), then open the run on
+        a thread (or adopt the run the user opened)."""
         wandb = self._wandb
+        setup = getattr(wandb, "setup", None)
+        if callable(setup):
+            setup()
+        self._ready.clear()
+        self._error, self.run, self.lost = None, None, 0
         current = getattr(wandb, "run", None)
-        if current is not None and (run_id is None or current.id == run_id) and self.run is None:
+        if current is not None and (run_id is None or current.id == run_id):
             self.run, self._owns_run = current, False  # a run the user opened: log into it
-        else:
-            init = {**self.init, "name": mask_secrets(self.init.get("name") or self.run_name_from_args),
-                    "group": mask_secrets(self.init.get("group")), "id": run_id,
-                    "project": self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface",
-                    "resume": self.init.get("resume") if run_id else None}
-            settings = settings_hiding_secret_args(self.settings, wandb, sys.argv[1:], self._warn)
-            if settings is not None:
-                init["settings"] = settings
-            if version_tuple(wandb, 2) >= (0, 19):
-                init["reinit"] = "create_new"
+            self._opened()
+            return str(current.id)
+        self._owns_run = True
+        self._opener = threading.Thread(target=self._open, args=(run_id,), daemon=True,
+                                        name="hf-callbacks-plus-WandbLogger-open")
+        self._opener.start()
+        return run_id
+
+    def _open(self, run_id: Optional[str]) -> None:
+        wandb = self._wandb
+        init = {**self.init, "name": mask_secrets(self.init.get("name") or self.run_name_from_args),
+                "group": mask_secrets(self.init.get("group")), "id": run_id,
+                "project": self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface",
+                "resume": self.init.get("resume") if run_id else None}
+        settings = settings_hiding_secret_args(self.settings, wandb, sys.argv[1:], self._warn)
+        if settings is not None:
+            init["settings"] = settings
+        if version_tuple(wandb, 2) >= (0, 19):
+            init["reinit"] = "create_new"
+        try:
             self.run = wandb.init(**{key: value for key, value in init.items() if value is not None})
-            self._owns_run = True
+            self._opened()
+        except Exception as error:  # never into the training loop: told, every record counted
+            self._error = error
+            logger.error("WandbLogger: could not open the run (%s: %s); nothing is logged to it in this "
+                         "training, and the records are counted and told at the end (%s).",
+                         type(error).__name__, str(error)[:500], _LOG_HISTORY)
+            self._ready.set()
+
+    def _opened(self) -> None:
         run = self.run
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         self._min_step = int(getattr(run, "starting_step", 0) or 0)
         self._row_step, self._row_keys, self._row_open = max(self._row_step, self._min_step - 1), set(), False
         if self.watch != "false" and self.model is not None:
-            watch = getattr(run, "watch", None) or wandb.watch  # Run.watch since wandb 0.18
+            watch = getattr(run, "watch", None) or self._wandb.watch  # Run.watch since wandb 0.18
             watch(self.model, log=self.watch, log_freq=100)
-        return str(run.id)
+        self._ready.set()
 
-    def finish(self, status: str, run_id: str) -> None:
-        run, self.run = self.run, None
-        if run is not None and self._owns_run:
-            run.finish(exit_code=0 if status == FINISHED else 1)
+    def _do(self, action: Callable[..., None], *args: Any, points: int = 1) -> None:
+        """Run ``action`` now when the run is open; keep it for later while ``wandb.init`` runs."""
+        if not self._ready.is_set():
+            if self._waiting_points + points > self.max_points:
+                self.lost += 1
+                if self.lost == 1:
+                    logger.error("WandbLogger: the run is not open yet and %d metric points wait for it; records "
+                                 "beyond max_memory_points=%d are counted as lost until it opens (%s).",
+                                 self._waiting_points, self.max_points, _LOG_HISTORY)
+                return
+            self._waiting.append((action, args))
+            self._waiting_points += points
+            return
+        self._run_waiting()
+        if self._error is not None:
+            self.lost += 1
+            return
+        action(*args)
 
-    def logged_steps(self, run_id: str) -> dict[str, int]:
-        """Last step per metric the reattached run already holds."""
-        steps: dict[str, int] = {}
-        run = self.run
-        if self._min_step > 0:  # online resume: W&B knows its last step and the summary keys
-            for key in list(run.summary.keys()):
-                if not key.startswith("_"):
-                    steps[key] = self._min_step - 1
-        damaged: list[tuple[Path, str]] = []
-        for previous in self._previous_offline_runs():
-            try:
-                earlier = read_wandb_run(previous)
-                if _offline_damage(earlier, self.resume_step) is not None:
-                    # a run finished just now (in this process) may not be flushed yet: wait a little
-                    earlier = read_wandb_run(previous, wait=_FLUSH_WAIT)
-            except (OSError, WandbLogFormatError) as error:
-                damaged.append((previous, f"cannot be read ({error})"))
-                continue
-            for row in earlier.history:
-                step = row.get("_step", -1)
-                for key in row:
-                    if not key.startswith("_") and key != STEP_KEY:
-                        steps[key] = max(steps.get(key, -1), step)
-            problem = _offline_damage(earlier, self.resume_step)
-            if problem is not None:
-                damaged.append((previous, problem))
-        for previous, problem in damaged:
-            self._tell_lost_offline_data(previous, problem, steps)
-        return steps
-
-    def _tell_lost_offline_data(self, previous: Path, problem: str, steps: dict[str, int]) -> None:
-        """One warning per earlier offline folder of this run whose process died before W&B
-        wrote its data: which folder, what is lost, and what this resumed run holds."""
-        held = max(steps.values(), default=-1)
-        checkpoint = self.resume_step
-        lost = (f"the W&B data of the steps up to the checkpoint (step {checkpoint})" if checkpoint
-                else "the W&B data that process logged")
-        holds = (f"W&B history up to step {held}" if held >= 0 else "no W&B history")
-        current = getattr(getattr(self.run, "settings", None), "sync_dir", None)
-        self._warn(("lost-offline", str(previous)),
-                   "WandbLogger: the earlier offline folder %s of run %s %s: the process writing it ended "
-                   "without W&B writing its records (killed?), so %s is lost or incomplete there (`wandb "
-                   "sync` of that folder cannot bring it back). This run (%s) logs %s; the offline "
-                   "folders of this run hold %s before it.",
-                   previous.parent, getattr(self.run, "id", "?"), problem, lost, current or "a new folder",
-                   f"the steps after the checkpoint's step {checkpoint}" if checkpoint else "from the start",
-                   holds)
-
-    def _previous_offline_runs(self) -> list[Path]:
-        run = self.run
-        sync_dir = getattr(getattr(run, "settings", None), "sync_dir", None)
-        if not sync_dir or not str(getattr(run.settings, "mode", "")).startswith("offline"):
-            return []
-        current = Path(sync_dir).resolve()
-        found = []
-        for folder in current.parent.glob(f"offline-run-*-{run.id}*"):
-            suffix = folder.name.split(f"-{run.id}", 1)[1]
-            if folder.resolve() != current and (suffix == "" or suffix[1:].isdigit()):
-                found.extend(folder.glob(f"run-{run.id}.wandb"))
-        return found
+    def _run_waiting(self) -> None:
+        waiting, self._waiting, self._waiting_points = self._waiting, [], 0
+        for action, args in waiting:
+            if self._error is not None:
+                self.lost += 1
+            else:
+                action(*args)
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
         for record in records:
-            if record.metrics:
-                self._log_row(record.metrics, record.step)
-            if record.summary:
-                self.run.summary.update(record.summary)
+            self._do(self._log_record, record, points=len(record.metrics) + len(record.summary))
 
-    def _log_row(self, metrics: dict[str, float], step: int) -> None:
+    def _log_record(self, record: LogRecord) -> None:
+        metrics, step, run = record.metrics, record.step, self.run
+        if step < self._min_step:  # the resumed run holds this step already
+            metrics = {}
         if self._row_open and step == self._row_step:  # more values for the current row
             fresh = {key: value for key, value in metrics.items() if key not in self._row_keys}
         elif step > self._row_step:  # a new row
             self._row_step, self._row_keys, self._row_open = step, set(), True
             fresh = metrics
-        else:  # the run is past this step: W&B would reject it in the history
+        else:  # the run is past this step: W&B would refuse it in the history
             fresh = {}
         if fresh:
-            self.run.log({**fresh, STEP_KEY: step}, step=step)
+            run.log({**fresh, STEP_KEY: step}, step=step)
             self._row_keys.update(fresh)
-        late = {} if fresh is metrics else {key: value for key, value in metrics.items() if key not in fresh}
-        if late:
-            self.run.summary.update(late)
-            for key in late:
-                self._warn(("late", key), "WandbLogger: %r already has a value at step %d (or the run is "
-                           "past that step); W&B keeps one value per key and step, so its history keeps "
-                           "the first value and this later one goes to the run summary.", key, step)
+        late = {f"{key}@{step}": value for key, value in metrics.items() if key not in fresh}
+        if late or record.summary:
+            run.summary.update({**record.summary, **late})
+        for key in late:
+            self._warn(("late", key.rpartition("@")[0]), "WandbLogger: %r already has a value at step %d (or the "
+                       "run is past that step); W&B keeps one value per key and step, so its history keeps the "
+                       "first value and this one is in the run summary as %r.", key.rpartition("@")[0], step, key)
 
-    def store_config(self, params: dict[str, str], run_id: str) -> None:
-        self.run.config.update({key: typed(value) for key, value in params.items()}, allow_val_change=True)
+    def log_config(self, params: dict[str, str], run_id: str) -> None:
+        self._do(lambda: self.run.config.update({key: typed(value) for key, value in params.items()},
+                                                allow_val_change=True))
 
-    def set_tags(self, tags: dict[str, str], run_id: str) -> None:
-        current = list(self.run.tags or ())
-        for key, value in tags.items():
-            tag = mask_secrets(f"{key}:{value}")[:MAX_TAG_LENGTH]
-            if tag not in current:
-                current.append(tag)
-        self.run.tags = tuple(current)
+    def log_file(self, folder: str, name: str, kind: str, run_id: str) -> None:
+        self._do(self._artifact, folder, name, kind)
+
+    def _artifact(self, folder: str, name: str, kind: str) -> None:
+        if not Path(folder).is_dir():
+            self._warn(("artifact", folder), "WandbLogger: %s no longer exists; not logged as an artifact.", folder)
+            return
+        artifact = self._wandb.Artifact(name=f"{kind}-{self.run.id}", type=kind)
+        artifact.add_dir(folder)  # copies the files: the staged folder can go
+        self.run.log_artifact(artifact, aliases=[name])
+        shutil.rmtree(folder, ignore_errors=True)
 
     def location(self) -> str:
         """The run's folder (W&B's ``sync_dir``), or the W&B directory before it is open."""
         sync_dir = getattr(getattr(self.run, "settings", None), "sync_dir", None)
         return str(sync_dir or self.init.get("dir") or os.environ.get("WANDB_DIR") or "./wandb")
 
-    def log_artifact(self, record: ArtifactRecord, run_id: str) -> None:
-        folder = Path(record.path)
-        if not folder.is_dir():
-            self._warn(("artifact", str(folder)), "WandbLogger: %s no longer exists; not logged as an "
-                       "artifact.", folder)
-            return
-        kind = record.artifact_type
-        artifact = self._wandb.Artifact(name=f"{kind}-{run_id}", type=kind)
-        artifact.add_dir(str(folder))
-        self.run.log_artifact(artifact, aliases=record.aliases)
-        if record.cleanup:
-            shutil.rmtree(folder, ignore_errors=True)
+    def finish(self, status: str, run_id: str) -> None:
+        self.close(status, 30.0)
+
+    def sync(self) -> None:
+        """Write the records that waited for ``wandb.init`` once the run is open (a checkpoint is saved)."""
+        if self._ready.is_set():
+            self._run_waiting()
+
+    def wait_open(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for ``wandb.init``; True when the run is open."""
+        return self._ready.wait(timeout) and self._error is None
+
+    def close(self, status: str, timeout: float, grace: float = 5.0) -> bool:
+        """Write what waits and finish the run (exit code 0 or 1), within ``timeout`` + ``grace`` seconds."""
+        end = time.monotonic() + timeout
+        if not self._ready.wait(timeout):
+            self.lost += len(self._waiting)
+            self._waiting, self._waiting_points = [], 0
+            logger.error("WandbLogger: the run did not open within %.0f s (the close deadline); the records "
+                         "logged meanwhile are not in it (%s).", timeout, _LOG_HISTORY)
+            return False
+        self._run_waiting()
+        run, self.run = self.run, None
+        if run is None or not self._owns_run:
+            return self._error is None
+        where = getattr(getattr(run, "settings", None), "sync_dir", None) or self.location()
+        errors: list[BaseException] = []
+
+        def finish() -> None:
+            try:
+                run.finish(exit_code=0 if status == FINISHED else 1)
+            except Exception as error:
+                errors.append(error)
+
+        finishing = threading.Thread(target=finish, daemon=True, name="hf-callbacks-plus-WandbLogger-finish")
+        try:
+            finishing.start()
+        except RuntimeError:  # interpreter shutdown (Python >= 3.12 refuses new threads there)
+            finish()
+        finishing.join(max(0.0, end - time.monotonic()) + grace)
+        if finishing.is_alive():
+            logger.warning("WandbLogger: the run %s is still being finished after %.0f s; W&B goes on in the "
+                           "background and keeps the run's data in %s.", run.id, timeout + grace, where)
+            return False
+        if errors:
+            logger.error("WandbLogger: could not close the run in %s with status %s (%s: %s).", where, status,
+                         type(errors[0]).__name__, str(errors[0])[:300])
+            return False
+        return True
 
 
 class WandbLogger(TrackerLogger):
@@ -412,9 +388,10 @@ class WandbLogger(TrackerLogger):
             working directory).
         settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None. When the
             command line holds a secret, ``x_disable_meta=True`` is added unless you set it.
-        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``flush_timeout``:
-            the longest wait for ``wandb.init`` and ``run.finish`` at the end, ``max_memory_points``:
-            the records kept while ``wandb.init`` runs...).
+        max_memory_points: Metric points kept in memory while ``wandb.init`` runs (later records
+            are counted and told as lost). Defaults to 200000.
+        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``flush_timeout``: the
+            longest wait for ``wandb.init`` and ``run.finish`` at the end...).
 
     Raises:
         ModuleNotFoundError: ``wandb`` is not installed (install ``hf-callbacks-plus[wandb]``).
@@ -428,6 +405,12 @@ class WandbLogger(TrackerLogger):
     """
 
     stock_callback = "WandbCallback"
+    stock_key_style = "rewrite_logs"
+    stock_summary_keys = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
+                                    "train_loss", "total_flos"})
+    max_param_length = 10_000
+    #: The exception waits for ``wandb.init`` (seconds on a busy machine) so the run gets its status.
+    exception_timeout = 20.0
 
     def __init__(
         self,
@@ -443,9 +426,12 @@ class WandbLogger(TrackerLogger):
         resume: str = "allow",
         dir: Optional[str] = None,
         settings: Any = None,
+        max_memory_points: int = 200_000,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if isinstance(max_memory_points, bool) or not isinstance(max_memory_points, int) or max_memory_points < 1:
+            raise ValueError(f"WandbLogger: max_memory_points must be an int >= 1, got {max_memory_points!r}")
         if mode is not None and mode not in MODE_CHOICES:
             raise ValueError(f"WandbLogger: mode={mode!r} is not valid; choose one of {MODE_CHOICES} "
                              "or None.")
@@ -483,7 +469,7 @@ class WandbLogger(TrackerLogger):
             return
         self._wandb = require("wandb", "WandbLogger")
         self.backend: Optional[WandbBackend] = WandbBackend(self._wandb, self._init_kwargs(), settings,
-                                                            self.watch, self._warn)
+                                                            self.watch, self.warn, max_memory_points)
 
     def _init_kwargs(self) -> dict[str, Any]:
         return {"project": self.project, "entity": self.entity, "name": self.name, "group": self.group,
@@ -507,7 +493,7 @@ class WandbLogger(TrackerLogger):
 
     # -- events (no-ops when disabled: no backend) ---------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        """Restore the run id from the checkpoint, start the run in the background."""
+        """Restore the run id from the checkpoint, open the run in the background."""
         if self.backend is None:
             return
         backend = self.backend
@@ -520,24 +506,26 @@ class WandbLogger(TrackerLogger):
         super().on_train_begin(args, state, control, model=model, **kwargs)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        """With ``log_model="checkpoint"``, queue the checkpoint folder as a model artifact."""
+        """With ``log_model="checkpoint"``, upload the checkpoint folder as a model artifact."""
         super().on_save(args, state, control, **kwargs)
-        if self.backend is None or self.log_model != "checkpoint" or self._worker is None:
+        if self.backend is None or self.log_model != "checkpoint" or not self._is_open:
             return
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        staged = stage_folder(folder, Path(args.output_dir) / ".tracker_artifacts")  # no training_args.bin
+        staged = stage_folder(folder, Path(args.output_dir) / ".tracker_artifacts")
         if staged is not None:
-            self._worker.submit(ArtifactRecord(str(staged), [f"checkpoint_global_step_{state.global_step}"],
-                                               cleanup=True))
+            self._write_file(str(staged), f"checkpoint_global_step_{state.global_step}", "model")
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        """Queue the final model (``log_model="end"``), flush and finish the run (exit code 0)."""
+        """Upload the final model (``log_model="end"``), then finish the run (exit code 0)."""
         if self.backend is None:
             return
-        if self.log_model == "end" and self._worker is not None and model is not None:
-            self._queue_final_model(model)
+        if self.log_model == "end" and self._is_open and model is not None:
+            self._write_file(save_model_to_temp(model, "wandb_model_"), "final_model", "model")
         super().on_train_end(args, state, control, **kwargs)
 
-    def _queue_final_model(self, model: Any) -> None:
-        folder = save_model_to_temp(model, "wandb_model_")
-        self._worker.submit(ArtifactRecord(folder, ["final_model"], cleanup=True))
+    def _close_run(self, status: str, timeout: float) -> bool:
+        closed = self.backend.close(status, timeout, grace=5.0 if status == FINISHED else 1.0)
+        lost = self.backend.lost + self._lost
+        if lost:
+            logger.error("WandbLogger: %d record(s) are not in the W&B run (%s).", lost, _LOG_HISTORY)
+        return closed and lost == 0

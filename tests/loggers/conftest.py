@@ -1,8 +1,7 @@
-"""Fixtures for the logger tests: a real ``mlflow server`` on 127.0.0.1, started once per session.
-
-The server takes 20-30 s to start on the shared CI machine, so it is started once and shared;
-the outage test stops and restarts it (same port, same sqlite file) through :class:`MlflowServer`.
-It runs in its own process group, stopped by pid at the end of the session.
+"""Fixtures for the logger tests: a real ``mlflow server`` on 127.0.0.1, started once per session,
+and a TCP proxy in front of it that a test cuts and restores (an outage without restarting the
+server, which takes 20-30 s to start on the shared machine). The server runs in its own process
+group, stopped by pid at the end of the session.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -80,6 +80,73 @@ class MlflowServer:
             time.sleep(0.1)
 
 
+class TcpProxy:
+    """Forwards 127.0.0.1:``port`` to the server. `cut` closes every connection and the listening
+    socket (the server unreachable: connections refused); `restore` listens again on the same port."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.restore()
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            connections, self._open = self._open, set()
+        if listener is not None:
+            listener.close()
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            connection.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # cut
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:  # cut meanwhile
+                    client.close()
+                    upstream.close()
+                    return
+                self._open.update((client, upstream))
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        for end in (source, target):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     pytest.importorskip("mlflow")
@@ -87,6 +154,14 @@ def mlflow_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def mlflow_proxy(mlflow_server):
+    """A `TcpProxy` to the session's server, for this test only."""
+    proxy = TcpProxy(mlflow_server.port)
+    yield proxy
+    proxy.cut()
 
 
 @pytest.fixture(scope="session")

@@ -1,23 +1,30 @@
-"""Fault injection around a real backend: the only way to make MLflow or W&B fail (or be slow)
+"""Fault injection around a real backend: the only way to make MLflow or W&B fail, hang or be slow
 exactly when a test wants. Every other behaviour is the real backend's."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Optional
 
 
 class FaultInjectingBackend:
-    """Wraps a real `Backend`; the methods named in ``failing`` raise ``ConnectionError`` (or what
-    ``error`` makes: a bug of ours, such as a ``TypeError``) while ``down`` is True, and every
-    call of a method in ``slow`` first sleeps ``delay`` seconds."""
+    """Wraps a real `Backend` and counts its calls (``calls``).
+
+    Methods named in ``failing`` raise ``ConnectionError`` (or what ``error`` makes: a bug of ours,
+    such as a ``TypeError``) while ``down`` is True; methods in ``gated`` wait until ``gate`` is set
+    (a store that hangs, released by the test); methods in ``slow`` first sleep ``delay`` seconds.
+    """
 
     def __init__(self, backend: Any, failing: tuple[str, ...] = (), down: bool = True,
-                 slow: tuple[str, ...] = (), delay: float = 0.0,
+                 gated: tuple[str, ...] = (), slow: tuple[str, ...] = (), delay: float = 0.0,
                  error: Optional[Callable[[str], BaseException]] = None) -> None:
         self.wrapped = backend
         self.failing = set(failing)
         self.down = down
+        self.gated = set(gated)
+        self.gate = threading.Event()
+        self.entered = threading.Event()  # a gated call has begun
         self.slow = set(slow)
         self.delay = delay
         self.error = error or (lambda name: ConnectionError(
@@ -25,8 +32,8 @@ class FaultInjectingBackend:
         self.calls: dict[str, int] = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Settings of the real backend (``resume_step``, set by the logger at train begin) reach it;
-        the wrapper's own attributes stay on the wrapper."""
+        """Settings of the real backend (``run_name``, set by the logger) reach it; the wrapper's own
+        attributes stay on the wrapper."""
         wrapped = self.__dict__.get("wrapped")
         if wrapped is not None and name not in self.__dict__ and hasattr(wrapped, name):
             setattr(wrapped, name, value)
@@ -35,11 +42,14 @@ class FaultInjectingBackend:
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.wrapped, name)
-        if not callable(attribute) or name.startswith("_"):
+        if not callable(attribute) or name.startswith("_") or isinstance(attribute, type):
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] = self.calls.get(name, 0) + 1
+            if name in self.gated:
+                self.entered.set()
+                self.gate.wait(120)
             if name in self.slow:
                 time.sleep(self.delay)
             if self.down and name in self.failing:
@@ -50,24 +60,25 @@ class FaultInjectingBackend:
 
 
 class SlowInitWandb:
-    """Fault injection: the real ``wandb`` module whose ``init`` first sleeps ``delay`` seconds
-    (W&B offline cannot be made slow for real)."""
+    """Fault injection: the real ``wandb`` module whose ``init`` waits for ``gate`` (or ``delay``
+    seconds): W&B offline cannot be made slow for real."""
 
-    def __init__(self, wandb: Any, delay: float) -> None:
+    def __init__(self, wandb: Any, delay: float = 120.0) -> None:
         self._wandb, self._delay = wandb, delay
+        self.gate = threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._wandb, name)
 
     def init(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(self._delay)
+        self.gate.wait(self._delay)
         return self._wandb.init(*args, **kwargs)
 
 
 class FailingInitWandb(SlowInitWandb):
-    """Fault injection: a ``wandb.init`` that raises after ``delay`` seconds, as when W&B's server
-    cannot be reached."""
+    """Fault injection: a ``wandb.init`` that raises once ``gate`` is set, as when W&B's server cannot
+    be reached."""
 
     def init(self, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(self._delay)
+        self.gate.wait(self._delay)
         raise ConnectionError("W&B server unreachable (injected)")

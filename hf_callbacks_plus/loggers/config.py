@@ -1,0 +1,115 @@
+"""The run config a logger logs once: ``TrainingArguments`` and the model config, flattened and redacted."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from .secrets import is_vocabulary_token, redact_config
+
+__all__ = ["collect_config", "flatten_config", "truncate"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+
+def truncate(text: str, limit: Optional[int]) -> str:
+    """Cut ``text`` to ``limit`` characters, marking the cut with ``...``."""
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: max(0, limit - 3)] + "..."
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str = ".") -> dict[str, Any]:
+    """Flatten nested dicts (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``); other values are kept."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{separator}{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name, separator))
+        else:
+            flat[name] = value
+    return flat
+
+
+def args_to_dict(args: Any) -> dict[str, Any]:
+    """``args.to_dict()``, the dataclass fields, or the public attributes of ``args``.
+
+    ``TrainingArguments.to_dict()`` replaces every ``*_token`` field by a placeholder
+    (``<HUB_TOKEN>``); unset fields (None) and fields holding vocabulary tokens (trl's
+    ``pad_token``/``eos_token``) get their real value back, the others keep the placeholder
+    (then redacted).
+    """
+    if args is None:
+        return {}
+    to_dict = getattr(args, "to_dict", None)
+    if callable(to_dict):
+        result = to_dict()
+        if isinstance(result, dict):
+            for key, value in result.items():
+                real = getattr(args, key, None) if key.endswith("_token") else None
+                if value == f"<{key.upper()}>" and (real is None or is_vocabulary_token(key, real)):
+                    result[key] = real
+            return result
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        return {item.name: getattr(args, item.name, None) for item in dataclasses.fields(args)}
+    if isinstance(args, dict):
+        return dict(args)
+    return {key: value for key, value in vars(args).items() if not key.startswith("_")}
+
+
+def model_config_to_dict(model: Any) -> dict[str, Any]:
+    """The model's ``config.to_dict()`` (or a dict config), else {}."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return {}
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        result = to_dict()
+        return result if isinstance(result, dict) else {}
+    return dict(config) if isinstance(config, dict) else {}
+
+
+def model_facts(model: Any) -> dict[str, Any]:
+    """What the stock ``WandbCallback`` adds to the config: ``model/num_parameters`` (the model's
+    ``num_parameters()``, else the count of its parameters) and the peft adapters' configs
+    (``peft_config.<adapter>.<field>``)."""
+    facts: dict[str, Any] = {}
+    if model is None:
+        return facts
+    try:
+        count = getattr(model, "num_parameters", None)
+        if callable(count):
+            facts["model/num_parameters"] = int(count())
+        elif callable(getattr(model, "parameters", None)):
+            facts["model/num_parameters"] = sum(int(p.numel()) for p in model.parameters())
+    except Exception as error:  # a model that cannot count must not stop the config
+        logger.debug("model/num_parameters not logged: %s", error)
+    peft = getattr(model, "peft_config", None)
+    if isinstance(peft, Mapping):
+        for adapter, adapter_config in peft.items():
+            to_dict = getattr(adapter_config, "to_dict", None)
+            values = to_dict() if callable(to_dict) else getattr(adapter_config, "__dict__", {})
+            if isinstance(values, Mapping):
+                facts.update(flatten_config(values, prefix=f"peft_config.{adapter}"))
+    return facts
+
+
+def collect_config(args: Any, model: Any = None) -> dict[str, str]:
+    """Flatten ``args`` (bare keys), the model config (``model.<key>``), the parameter count and
+    the peft config (`model_facts`), and redact secrets.
+
+    Args:
+        args: ``TrainingArguments``, ``LoopArguments``, a dataclass or a dict.
+        model: A model with a ``config``, or None. Defaults to None.
+
+    Returns:
+        Flat ``{name: str(value)}`` where every secret value is ``"<redacted>"``.
+    """
+    config = flatten_config(args_to_dict(args))
+    model_config = model_config_to_dict(model)
+    if model_config:
+        config.update(flatten_config(model_config, prefix="model"))
+    config.update(model_facts(model))
+    return redact_config(config)

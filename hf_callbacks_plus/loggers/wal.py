@@ -1,0 +1,604 @@
+"""The write-ahead log of a remote store without a durable buffer of its own (MLflow).
+
+`WriteAheadLog` is one run's append-only file, ``<run key>.jsonl`` (one JSON entry per line:
+``log``, ``params``, ``file``, ``boundary``, ``finish``), and its sidecar ``<run key>.json``
+(the target, the run, the acknowledged byte offset ``acked`` and the resume boundary ``held``).
+The training thread only appends. `Sender` sends from ``acked`` and moves it after the store
+answered; a resumed training continues the same file, and `replay` sends it to its end for
+``hf-callbacks-plus replay``. Why this shape, and why it is exactly once: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+try:
+    import fcntl
+except ImportError:  # Windows: the file is not locked between processes
+    fcntl = None  # type: ignore[assignment]
+
+from .base import Backend, LogRecord
+
+__all__ = ["Sender", "WriteAheadLog", "find_logs", "replay"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+#: Entries of a batch (log entries only: any other entry is sent alone).
+BATCH_ENTRIES = 64
+#: Past this size, a file the sender has caught up with is emptied.
+COMPACT_BYTES = 16 * 2**20
+#: A call to the store silent for this long is told as an outage (mlflow retries inside a call).
+SILENT_CALL_SECONDS = 30.0
+#: Refused records told one by one per error type, before one error saying so.
+_REFUSALS_TOLD = 5
+#: How often an idle sender looks for new entries.
+POLL_SECONDS = 0.1
+
+
+def replay_hint(path: Union[str, Path]) -> str:
+    """The sentence telling how to send a write-ahead log by hand."""
+    return f"`hf-callbacks-plus replay {path}` sends them (add --dry-run to list them first)"
+
+
+class WriteAheadLog:
+    """One run's append-only file of entries, and its sidecar.
+
+    Args:
+        path: The file, ``<wal_dir>/<run key>.jsonl``.
+    """
+
+    def __init__(self, path: Union[str, Path]) -> None:
+        self.path = Path(path)
+        self.sidecar = self.path.with_suffix(".json")
+        self._fd: Optional[int] = None
+        self._append_lock = threading.Lock()
+        self._state: Optional[dict[str, Any]] = None
+
+    # -- the sidecar ------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The sidecar's content ({} when there is none)."""
+        if self._state is None:
+            try:
+                self._state = json.loads(self.sidecar.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return {}
+        return dict(self._state)
+
+    def save_state(self, **changes: Any) -> None:
+        """Merge ``changes`` into the sidecar, atomically (a kill leaves the old or the new one)."""
+        state = {**self.state(), **changes}
+        temporary = self.sidecar.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(state), encoding="utf-8")
+        os.replace(temporary, self.sidecar)
+        self._state = state
+
+    # -- the writer (the training thread, holding the lock) ---------------------------------------
+    def open(self, target: dict[str, Any], wait: float) -> None:
+        """Open for appending and take the lock (waiting at most ``wait`` seconds for another
+        process to let go); drop a line a killed writer left half-written.
+
+        Raises:
+            RuntimeError: Another process (a training or a replay) holds the file.
+            OSError: The folder cannot be written.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        if not _lock(fd, wait):
+            os.close(fd)
+            raise RuntimeError(f"{self.path} is in use by another process (a training or "
+                               "`hf-callbacks-plus replay` of the same run); wait for it to end.")
+        self._fd = fd
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+            os.ftruncate(fd, size - len(tail) + tail.rfind(b"\n") + 1)
+        if not self.sidecar.exists():
+            self.save_state(**target, acked=0, held=None)
+
+    def append(self, entry: dict[str, Any]) -> None:
+        """Append one entry: one ``os.write`` of a whole line (the kernel has it when this returns)."""
+        data = (json.dumps(entry, allow_nan=True) + "\n").encode()
+        with self._append_lock:
+            while data:
+                data = data[os.write(self._fd, data):]
+
+    def sync(self) -> None:
+        """``fsync`` the file (a checkpoint is saved: it survives a machine crash too)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def compact(self, acked: int) -> bool:
+        """Empty the file when ``acked`` is its size (the sidecar says 0 first, so a kill in between
+        only sends acknowledged entries again, which the store keeps once). True when emptied."""
+        with self._append_lock:
+            if self._fd is None or os.fstat(self._fd).st_size != acked:
+                return False
+            self.save_state(acked=0)
+            os.ftruncate(self._fd, 0)
+            return True
+
+    def close(self, delete: bool = False) -> None:
+        """Let go of the file (and the lock); with ``delete``, remove it and its sidecar first."""
+        if delete:
+            self.path.unlink(missing_ok=True)
+            self.sidecar.unlink(missing_ok=True)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    # -- readers -----------------------------------------------------------------------------
+    def size(self) -> int:
+        """The file's size in bytes (0 when it does not exist)."""
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def read(self, offset: int, max_points: int, max_entries: int) -> tuple[list[tuple[dict, int]], bool]:
+        """Complete entries from ``offset``: a run of log entries (at most ``max_points`` points,
+        one at least) or one other entry, each with the offset after it; and whether more follow.
+        A corrupt line is skipped with a warning."""
+        found: list[tuple[dict, int]] = []
+        points = 0
+        try:
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return found, False
+        with handle:
+            handle.seek(offset)
+            for line in handle:
+                if not line.endswith(b"\n"):
+                    return found, False  # being written
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset, self.path)
+                    offset += len(line)
+                    found.append(({"kind": "corrupt"}, offset))
+                    continue
+                size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
+                alone = entry.get("kind") != "log"
+                if found and (alone or found[0][0].get("kind") != "log" or points + size > max_points
+                              or len(found) >= max_entries):
+                    return found, True
+                offset += len(line)
+                found.append((entry, offset))
+                points += size
+        return found, False
+
+
+def _lock(fd: int, wait: float) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` within ``wait`` seconds (always True without fcntl)."""
+    if fcntl is None:
+        return True
+    end = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+
+
+class Sender:
+    """Sends a `WriteAheadLog` to its run from the acknowledged offset, in order.
+
+    Log entries go in batches within the store's limits (``backend.max_metrics_per_batch``), at
+    most one call per ``backend.send_interval`` seconds unless a full batch is waiting; after each
+    answer the sidecar gets the new offset. A transient error (``backend.is_transient``) is told
+    once and retried with backoff; an entry the store refuses is dropped alone with a warning; a
+    run that cannot start is told once and its entries stay in the file. A ``boundary`` entry
+    makes the sender ask the store which steps the run holds then, and drop points at or below
+    them until the next boundary. A ``finish`` entry sets the run's status when it is the last
+    entry of the file.
+
+    Args:
+        wal: The log.
+        backend: The store (MLflow's backend: ``is_transient``, ``send_interval``,
+            ``max_metrics_per_batch``).
+        run_key: The run's key (finds the run when its id is not known).
+        run_id: The run's id, when known (else the sidecar's). Defaults to None.
+        resume: The run may exist already. Defaults to True.
+        name: Shown in messages. Defaults to the backend's name.
+        backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30).
+        on_run_id: Called with the run's id once it is open. Defaults to None.
+    """
+
+    def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str], run_id: Optional[str] = None,
+                 resume: bool = True, name: Optional[str] = None, backoff: tuple[float, float] = (0.5, 30.0),
+                 on_run_id: Optional[Callable[[str], None]] = None) -> None:
+        state = wal.state()
+        self.wal, self.backend, self.name = wal, backend, name or backend.name
+        self.run_key = run_key or state.get("run_key")
+        self.run_id: Optional[str] = run_id or state.get("run_id")
+        self.resume = resume or self.run_id is not None
+        self.acked = int(state.get("acked") or 0)
+        self.held: Optional[dict[str, int]] = state.get("held")
+        self.backoff = backoff
+        self.on_run_id = on_run_id
+        #: Entries sent and entries the store refused (dropped), in this process.
+        self.sent = self.dropped = 0
+        #: The run's final status was set (a ``finish`` entry, or `close` out of order).
+        self.status_set = False
+        #: Why the run could not start (told once; nothing is sent then).
+        self.start_error: Optional[BaseException] = None
+        self._started = False
+        self._down_since: Optional[float] = None
+        self._call_started: Optional[float] = None
+        self._isolate_until = 0
+        self._last_send = 0.0
+        self._closing = False
+        self._abandoned = False
+        self._flushing = 0
+        self._deadline: Optional[float] = None
+        self._compactions = 0
+        self._wake = threading.Event()
+        self._progress = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._live = False
+        self._last_error: Optional[BaseException] = None
+        self._refused: dict[str, int] = {}
+
+    # -- the training thread ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Send on a daemon thread of its own (a live training)."""
+        self._live = True
+        self._thread = threading.Thread(target=self._run, name=f"hf-callbacks-plus-{self.name}", daemon=True)
+        self._thread.start()
+
+    def check_silence(self) -> None:
+        """Tell an outage when a call has not answered for `SILENT_CALL_SECONDS` (cheap: on_log calls it)."""
+        started = self._call_started
+        if started is not None and self._down_since is None and time.monotonic() - started > SILENT_CALL_SECONDS:
+            self._down_since = started
+            logger.warning("%s: the store has not answered a call for %.0f s (mlflow retries inside the call: "
+                           "MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT). Training continues; "
+                           "records wait in %s and are sent in order when it answers.", self.name,
+                           time.monotonic() - started, self.wal.path)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until everything appended so far is acknowledged."""
+        target, end, compactions = self.wal.size(), time.monotonic() + timeout, self._compactions
+        self._flushing += 1
+        self._wake.set()
+        try:
+            with self._progress:
+                while (self.acked < target and compactions == self._compactions and self._thread is not None
+                       and self._thread.is_alive()):
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._progress.wait(min(left, 0.2))
+        finally:
+            self._flushing -= 1
+        return self.acked >= target or compactions != self._compactions
+
+    def close(self, timeout: float, grace: float = 5.0) -> bool:
+        """Send what is left for at most ``timeout`` seconds (plus ``grace`` for a call in flight),
+        then stop. Returns True when everything was acknowledged."""
+        self._closing, self._deadline = True, time.monotonic() + timeout
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive() and self._call_started is not None:
+                self._thread.join(grace)
+            if self._thread.is_alive():
+                self._abandoned = True  # stuck in a call: it writes nothing more
+        return self.caught_up()
+
+    def caught_up(self) -> bool:
+        """Everything in the file is acknowledged."""
+        return self.acked >= self.wal.size()
+
+    def can_finish_now(self) -> bool:
+        """After `close`: the run is open, the store answered last and the thread has stopped."""
+        alive = self._thread is not None and self._thread.is_alive()
+        return self._started and self._down_since is None and self.start_error is None and not alive
+
+    def why_not_delivered(self) -> str:
+        """Why entries are left at close, for the one warning that says so."""
+        if self.start_error is not None:
+            return f"the run could not start: {type(self.start_error).__name__}: {str(self.start_error)[:200]}"
+        if self._call_started is not None:
+            return f"a call to the store had not answered after {time.monotonic() - self._call_started:.0f} s"
+        if self._down_since is not None:
+            return f"the store was unreachable for the last {time.monotonic() - self._down_since:.0f} s"
+        if not self._started:
+            return "the run did not open within the close deadline"
+        return "the store was too slow to take them within the close deadline"
+
+    # -- sending ------------------------------------------------------------------------------
+    def send_to_end(self) -> None:
+        """Send everything on the caller's thread (``replay``); raise on the first error that is
+        not a refused entry."""
+        self._closing = True
+        while not self._started:
+            self._start_run()
+        while True:
+            entries, _ = self._next_batch()
+            if not entries:
+                return
+            outcome = self._attempt(self._send, entries)
+            if outcome == "transient":
+                raise self._last_error
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # never let an exception escape the thread: the entries stay in the file
+            logger.exception("%s: the sender hit an unexpected error; what is not sent stays in %s.",
+                             self.name, self.wal.path)
+
+    def _loop(self) -> None:
+        backoff = self.backoff[0]
+        while not self._abandoned:
+            if self._closing and time.monotonic() >= self._deadline:
+                return
+            if not self._started:
+                outcome = self._attempt(self._start_run)
+                if outcome == "fatal":
+                    return
+                if outcome == "ok":
+                    self._replay_siblings()
+                    continue
+            else:
+                entries, more = self._next_batch()
+                if not entries:
+                    if self._closing:
+                        return
+                    if self.acked >= COMPACT_BYTES and self._live and self.wal.compact(self.acked):
+                        self._compactions += 1
+                        self._ack(0)
+                    self._wait(POLL_SECONDS)
+                    continue
+                left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
+                if left > 0 and not (more or self._closing or self._flushing or entries[0][0].get("kind") != "log"):
+                    self._wait(min(left, POLL_SECONDS))
+                    continue
+                outcome = self._attempt(self._send, entries)
+                self._last_send = time.monotonic()
+                if outcome != "transient":
+                    backoff = self.backoff[0]
+                    continue
+            self._wait(backoff if self._deadline is None else max(0.0, min(backoff, self._deadline - time.monotonic())))
+            backoff = min(backoff * 2, self.backoff[1])
+
+    def _wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def _next_batch(self) -> tuple[list[tuple[dict, int]], bool]:
+        if self.wal.size() <= self.acked:
+            return [], False
+        isolating = self.acked < self._isolate_until
+        limit = getattr(self.backend, "max_metrics_per_batch", None) or 1000
+        return self.wal.read(self.acked, limit, 1 if isolating else BATCH_ENTRIES)
+
+    def _start_run(self) -> None:
+        self.run_id = self.backend.start(self.run_id, self.run_key, self.resume)
+        self._started = True
+        if not self._abandoned:
+            self.wal.save_state(run_id=self.run_id)
+        if self.on_run_id is not None:
+            self.on_run_id(self.run_id)
+
+    def _send(self, entries: list[tuple[dict, int]]) -> None:
+        """Send one batch; acknowledge it once the store answered."""
+        backend, run_id = self.backend, self.run_id
+        first = entries[0][0]
+        kind = first.get("kind")
+        if kind == "log":
+            records = [record for record in map(self._unheld, (entry for entry, _ in entries)) if record]
+            if records:
+                backend.log(records, run_id)
+        elif kind == "params":
+            backend.log_config(first["params"], run_id)
+        elif kind == "file":
+            backend.log_file(first["folder"], first["name"], first.get("type", "model"), run_id)
+        elif kind == "boundary":
+            self.held = backend.logged_steps(run_id)
+        elif kind == "finish" and entries[-1][1] >= self.wal.size():
+            backend.finish(first["status"], run_id)
+            self.status_set = True
+        self.sent += len(entries)
+        self._ack(entries[-1][1])
+
+    def _unheld(self, entry: dict) -> Optional[LogRecord]:
+        """The entry's record without the points at or below the boundary in force."""
+        step, metrics, held = int(entry["step"]), entry.get("metrics") or {}, self.held
+        if held:
+            metrics = {key: value for key, value in metrics.items() if step > held.get(key, -1)}
+        summary = entry.get("summary") or {}
+        return LogRecord(step, int(entry["time"]), metrics, summary) if metrics or summary else None
+
+    def _ack(self, offset: int) -> None:
+        if self._abandoned:
+            return
+        self.wal.save_state(acked=offset, held=self.held)
+        with self._progress:
+            self.acked = offset
+            self._progress.notify_all()
+
+    def _attempt(self, function: Callable[..., None], *args: Any) -> str:
+        """Run ``function``: "ok", "transient" (retry), "dropped" (refused entry) or "fatal" (no run)."""
+        self._call_started = time.monotonic()
+        try:
+            function(*args)
+        except Exception as error:  # the store must never crash training
+            self._last_error = error
+            return self._failed(error, args[0] if args else None)
+        finally:
+            self._call_started = None
+        if self._down_since is not None:
+            logger.warning("%s: the store is reachable again after %.1f s; sending what waited in order.",
+                           self.name, time.monotonic() - self._down_since)
+            self._down_since = None
+        return "ok"
+
+    def _failed(self, error: Exception, entries: Optional[list[tuple[dict, int]]]) -> str:
+        if getattr(self.backend, "is_transient", lambda error: True)(error):
+            if self._down_since is None:
+                self._down_since = self._call_started or time.monotonic()
+                logger.warning("%s: the store is unreachable (%s: %s); records wait in %s and are sent in "
+                               "order when it answers.", self.name, type(error).__name__,
+                               str(error)[:300], self.wal.path)
+            return "transient"
+        if entries is None:
+            self.start_error = error
+            logger.error("%s: could not start the run (%s: %s). Nothing is sent; the records stay in %s.",
+                         self.name, type(error).__name__, str(error)[:500], self.wal.path)
+            return "fatal"
+        if len(entries) > 1:  # send them one by one: only the refused one is dropped
+            self._isolate_until = entries[-1][1]
+            return "dropped"
+        entry, kind = entries[0][0], type(error).__name__
+        what = (f"the record of step {entry.get('step')} ({', '.join(list(entry.get('metrics', {}))[:5])})"
+                if entry.get("kind") == "log" else f"a {entry.get('kind')} entry")
+        told = self._refused[kind] = self._refused.get(kind, 0) + 1
+        if told <= _REFUSALS_TOLD:
+            logger.warning("%s: the store refused %s, which is dropped; the other records are sent (%s: %s).",
+                           self.name, what, kind, str(error)[:300])
+        if told == _REFUSALS_TOLD:
+            logger.error("%s: the store has refused %d records with %s; further ones are dropped without being "
+                         "listed. If the records look right, this looks like a fault of the logger or the store: "
+                         "please report it with this message (%s).", self.name, told, kind, str(error)[:300])
+        self.dropped += 1
+        self._ack(entries[0][1])
+        return "dropped"
+
+    def _replay_siblings(self) -> None:
+        """Send the logs other runs left in this folder for the same store (a training that ended
+        while the store was down), each to its own run."""
+        if not self._live:
+            return
+        mine = self.wal.state()
+        for path in find_logs(self.wal.path.parent):
+            other = WriteAheadLog(path)
+            theirs = other.state()
+            if (path == self.wal.path or other.size() <= int(theirs.get("acked") or 0)
+                    or any(theirs.get(key) != mine.get(key) for key in ("logger", "tracking_uri", "experiment_name"))):
+                continue
+            try:
+                result = replay(path, tracking_uri=getattr(self.backend, "tracking_uri", None))
+                logger.warning("%s: sent %d entries %s left in %s to run %s.", self.name, result.sent,
+                               "an earlier training", path, result.run_id)
+            except Exception as error:  # kept for a later run or a replay
+                logger.warning("%s: could not send what %s holds (%s: %s); %s.", self.name, path,
+                               type(error).__name__, str(error)[:300], replay_hint(path))
+
+
+@dataclass
+class Replayed:
+    """What a replay sent (or would send, with ``dry_run``) from one log."""
+
+    path: Path
+    run_id: Optional[str]
+    run_key: Optional[str]
+    log_records: int = 0
+    points: int = 0
+    steps: tuple[int, int] = (0, 0)
+    status: Optional[str] = None
+    sent: int = 0
+    dropped: int = 0
+    error: Optional[str] = None
+
+    def describe(self, dry_run: bool = False) -> str:
+        """One line for the console."""
+        run = self.run_id or f"(key {self.run_key})"
+        parts = [f"{self.path}: run {run}, {self.log_records} log record(s), {self.points} point(s)"]
+        if self.log_records:
+            parts.append(f"steps {self.steps[0]}-{self.steps[1]}")
+        parts.append(f"final status {self.status}" if self.status else "no final status")
+        if self.error:
+            parts.append(f"NOT sent: {self.error}")
+        return ("would send " if dry_run else "") + ", ".join(parts)
+
+
+def find_logs(path: Union[str, Path]) -> list[Path]:
+    """The write-ahead logs at ``path``: the file itself, or every ``*.jsonl`` with a sidecar under a folder.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is a file without a sidecar (not a write-ahead log).
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"replay: {str(root)!r} does not exist")
+    if root.is_file():
+        if not root.with_suffix(".json").is_file():
+            raise ValueError(f"replay: {str(root)!r} is not an MLflowLogger write-ahead log (no "
+                             f"{root.with_suffix('.json').name} beside it; a metrics JSONL log is read with "
+                             "`hf-callbacks-plus plot`). They are in <output_dir>/.mlflow_wal/; pass that folder.")
+        return [root]
+    return sorted(file for file in root.rglob("*.jsonl") if file.with_suffix(".json").is_file())
+
+
+def _summary(wal: WriteAheadLog, state: dict[str, Any]) -> Replayed:
+    result = Replayed(wal.path, state.get("run_id"), state.get("run_key"))
+    offset, steps = int(state.get("acked") or 0), []
+    while True:
+        entries, _ = wal.read(offset, 10**9, 10**9)
+        if not entries:
+            break
+        for entry, end in entries:
+            if entry.get("kind") == "log":
+                result.log_records += 1
+                result.points += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
+                steps.append(int(entry["step"]))
+            result.status = entry.get("status") if entry.get("kind") == "finish" else None
+            offset = end
+    result.steps = (min(steps), max(steps)) if steps else (0, 0)
+    return result
+
+
+def replay(path: Union[str, Path], backend: Optional[Backend] = None, dry_run: bool = False,
+           tracking_uri: Optional[str] = None) -> Replayed:
+    """Send what a write-ahead log holds past its acknowledged offset to its run; remove it when all
+    is sent. A file a training holds is left alone.
+
+    Args:
+        path: The log (``<run key>.jsonl``).
+        backend: Where to send. Defaults to the backend its sidecar names (`for_target`).
+        dry_run: Only count what would be sent. Defaults to False.
+        tracking_uri: MLflow tracking URI to use instead of the recorded one. Defaults to None.
+
+    Raises:
+        RuntimeError: A training (or another replay) holds the file.
+    """
+    wal = WriteAheadLog(path)
+    fd = os.open(wal.path, os.O_RDONLY)
+    try:
+        if not _lock(fd, 0.0):
+            raise RuntimeError(f"{wal.path} is in use by a running training (or another replay); it sends "
+                               "it itself")
+        state = wal.state()
+        result = _summary(wal, state)
+        if dry_run:
+            return result
+        if wal.size() <= int(state.get("acked") or 0):
+            wal.close(delete=True)  # everything was sent already
+            return result
+        if backend is None:
+            from .mlflow import MLflowBackend
+
+            backend = MLflowBackend.for_target(state, tracking_uri)
+        sender = Sender(wal, backend, state.get("run_key"), state.get("run_id"))
+        try:
+            sender.send_to_end()
+        except Exception as error:
+            result.error = f"{type(error).__name__}: {str(error)[:300]}"
+        result.run_id, result.sent, result.dropped = sender.run_id, sender.sent, sender.dropped
+        if result.error is None and sender.caught_up():
+            wal.close(delete=True)
+    finally:
+        os.close(fd)
+    return result

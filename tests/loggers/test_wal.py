@@ -1,0 +1,287 @@
+"""MLflow's write-ahead log against a real MLflow sqlite store (read back with ``MlflowClient``):
+order and exactly once, outages, a store down until the end, ``hf-callbacks-plus replay``, the
+next training sending what an earlier one left, the lock, compaction, pacing.
+
+``FaultInjectingBackend`` (tests/loggers/faults.py) wraps the real backend to make chosen calls
+fail or hang on a gate: the only way to make the store fail exactly when a test wants.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from hf_callbacks_plus.cli import main as cli  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from hf_callbacks_plus.loggers import wal as wal_module  # noqa: E402
+from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
+from hf_callbacks_plus.loggers.wal import WriteAheadLog, replay  # noqa: E402
+from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
+from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
+from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
+
+pytestmark = pytest.mark.mlflow
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class AtStep(TrainerCallback):
+    """Calls ``action(logger_state)`` once, at the end of step ``step``."""
+
+    def __init__(self, step: int, action) -> None:
+        self.step, self.action = step, action
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.action()
+
+
+class Extras(TrainerCallback):
+    """Listed first: ``metrics`` more keys in every training record."""
+
+    def __init__(self, metrics: int) -> None:
+        self.metrics = metrics
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if "loss" in logs:
+            logs.update({f"extra_{k}": float(state.global_step * 1000 + k) for k in range(self.metrics)})
+
+
+def train(out, callbacks, steps, fail_at=None, metrics=0):
+    args = LoopArguments(output_dir=str(out), max_steps=steps, logging_steps=1, disable_tqdm=True,
+                         save_strategy="no")
+    calls = {"n": 0}
+
+    def step(batch):
+        calls["n"] += 1
+        if calls["n"] == fail_at:
+            raise RuntimeError("user code failed")
+        return 1.0 / calls["n"]
+
+    return LightweightTrainer(args, train_step=step, train_data=[[1.0]] * steps,
+                              callbacks=[Extras(metrics), *callbacks], learning_rate_fn=lambda: 0.1).train()
+
+
+def points(client, run_id) -> Counter:
+    return Counter((key, m.step) for key in client.get_run(run_id).data.metrics
+                   for m in client.get_metric_history(run_id, key))
+
+
+def loss_steps(client, run_id):
+    return [m.step for m in client.get_metric_history(run_id, "train/loss")]
+
+
+def test_every_record_arrives_once_in_order_and_a_clean_close_leaves_no_log(tmp_path, sqlite_uri):
+    logger = MLflowLogger(tracking_uri=sqlite_uri)
+    train(tmp_path, [logger], 30)
+    client = MlflowClient(sqlite_uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["max_steps"] == "30"
+    assert loss_steps(client, logger.run_id) == list(range(1, 31))
+    assert max(points(client, logger.run_id).values()) == 1
+    assert list((tmp_path / ".mlflow_wal").iterdir()) == []  # everything acknowledged: nothing kept
+
+
+def test_an_outage_is_told_once_each_way_and_every_record_arrives_once(tmp_path, sqlite_uri, caplog):
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, backoff=(0.01, 0.05))
+    faulty = logger.backend = FaultInjectingBackend(logger.backend, failing=("log",), down=False)
+
+    def down():
+        faulty.down = True
+
+    def up():  # back once the sender has failed at least once against the outage
+        end = time.monotonic() + 30
+        while faulty.calls.get("log", 0) < 2 and time.monotonic() < end:
+            logger.flush(0.05)
+        faulty.down = False
+
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train(tmp_path, [AtStep(5, down), AtStep(25, up), logger], 40)
+    client = MlflowClient(sqlite_uri)
+    assert loss_steps(client, logger.run_id) == list(range(1, 41))
+    assert max(points(client, logger.run_id).values()) == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "unreachable" in m]) == 1, messages
+    assert len([m for m in messages if "reachable again" in m]) == 1, messages
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+
+
+def test_a_store_down_until_the_end_keeps_everything_and_replay_sends_it_once(tmp_path, sqlite_uri, caplog):
+    """The run opens, then the store is unreachable until after training: the close deadline holds,
+    one warning names the log and the command; replay sends every record once and sets the status.
+    A kill between the store's answer and the acknowledgment (the backup copy below, sent again)
+    sends nothing twice: MLflow keeps a resent point (same timestamp) once."""
+    logger = MLflowLogger(tracking_uri=sqlite_uri, flush_timeout=0.3, backoff=(0.01, 0.05))
+    logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "log_config", "finish"))
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"), pytest.raises(RuntimeError):
+        start = time.monotonic()
+        train(tmp_path, [logger], 12, fail_at=9)
+    assert time.monotonic() - start < 5.0
+    wal = tmp_path / ".mlflow_wal" / f"{logger.run_key}.jsonl"
+    (warning,) = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
+    assert "8 record(s)" in warning and "unreachable" in warning
+    assert f"hf-callbacks-plus replay {wal}" in warning
+    client = MlflowClient(sqlite_uri)
+    assert client.get_run(logger.run_id).info.status == "RUNNING"
+    backup = {path: path.read_bytes() for path in (wal, wal.with_suffix(".json"))}
+
+    assert cli(["replay", str(wal.parent), "--dry-run"]) == 0 and wal.exists()
+    assert cli(["replay", str(wal.parent)]) == 0
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FAILED" and run.data.params["max_steps"] == "12"
+    assert loss_steps(client, logger.run_id) == list(range(1, 9))
+    assert not wal.exists() and not wal.with_suffix(".json").exists()  # sent to its end: removed
+    for path, data in backup.items():
+        path.write_bytes(data)
+    assert cli(["replay", str(wal)]) == 0
+    assert loss_steps(client, logger.run_id) == list(range(1, 9))
+    assert max(points(client, logger.run_id).values()) == 1
+
+
+def test_the_next_training_sends_what_an_earlier_one_left_to_its_run(tmp_path, sqlite_uri, caplog):
+    first = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.2, backoff=(0.01, 0.05))
+    first.backend = FaultInjectingBackend(first.backend, failing=("log", "finish"))
+    train(tmp_path, [first], 6)
+    second = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train(tmp_path, [second], 3)
+    client = MlflowClient(sqlite_uri)
+    assert first.run_id != second.run_id
+    assert loss_steps(client, first.run_id) == list(range(1, 7))
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+    assert loss_steps(client, second.run_id) == [1, 2, 3]
+    assert any("an earlier training left" in r.getMessage() for r in caplog.records)
+    assert list((tmp_path / ".mlflow_wal").iterdir()) == []
+
+
+def test_replay_leaves_alone_a_log_a_training_holds(tmp_path, sqlite_uri, capsys):
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    logger.backend = FaultInjectingBackend(logger.backend, gated=("log",))
+    held = {}
+
+    def try_replay():
+        held["code"] = cli(["replay", str(tmp_path / ".mlflow_wal")])
+        logger.backend.gate.set()
+
+    train(tmp_path, [AtStep(3, try_replay), logger], 5)
+    assert held["code"] == 1
+    assert "in use by a running training" in capsys.readouterr().err
+    assert loss_steps(MlflowClient(sqlite_uri), logger.run_id) == [1, 2, 3, 4, 5]
+    assert list((tmp_path / ".mlflow_wal").iterdir()) == []  # no lock file left either
+
+
+def test_a_caught_up_log_is_emptied_and_nothing_is_lost(tmp_path, sqlite_uri, monkeypatch):
+    monkeypatch.setattr(wal_module, "COMPACT_BYTES", 2_000)
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    sizes = []
+
+    def catch_up():
+        assert logger.flush(20)
+        end = time.monotonic() + 20
+        while logger.wal_path.stat().st_size and time.monotonic() < end:
+            time.sleep(0.02)
+        sizes.append(logger.wal_path.stat().st_size)
+
+    train(tmp_path, [AtStep(60, catch_up), logger], 80, metrics=5)
+    assert sizes == [0]
+    client = MlflowClient(sqlite_uri)
+    assert loss_steps(client, logger.run_id) == list(range(1, 81))
+    assert max(points(client, logger.run_id).values()) == 1
+
+
+def test_a_half_written_line_is_dropped_when_the_log_is_reopened(tmp_path):
+    wal = WriteAheadLog(tmp_path / "key.jsonl")
+    wal.open({"logger": "MLflowLogger", "run_key": "key"}, wait=0)
+    wal.append({"kind": "log", "step": 1, "time": 0, "metrics": {"a": 1.0}, "summary": {}})
+    wal.close()
+    whole = wal.path.stat().st_size
+    with open(wal.path, "ab") as handle:  # what a SIGKILL in the middle of a write leaves
+        handle.write(b'{"kind": "log", "step": 2, "ti')
+    reopened = WriteAheadLog(wal.path)
+    reopened.open({}, wait=0)
+    reopened.append({"kind": "log", "step": 3, "time": 0, "metrics": {"a": 3.0}, "summary": {}})
+    reopened.close()
+    entries, _ = reopened.read(0, 1000, 100)
+    assert [entry["step"] for entry, _ in entries] == [1, 3]
+    assert entries[0][1] == whole
+
+
+def test_small_records_go_about_once_a_second_a_full_batch_at_once(tmp_path, sqlite_uri):
+    """One ``log_batch`` a second for small records (a sqlite store commits per call); a full batch
+    (MLflow's 1000 points) is sent at once, whatever the interval."""
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    counting = logger.backend = FaultInjectingBackend(logger.backend)
+    train(tmp_path / "small", [AtStep(1, lambda: None), logger], 60)
+    assert counting.calls["log"] <= 6, counting.calls  # 60 records in well under 6 s
+    assert loss_steps(MlflowClient(sqlite_uri), logger.run_id) == list(range(1, 61))
+
+    heavy = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    heavy.backend.send_interval = 60.0
+    counting = heavy.backend = FaultInjectingBackend(heavy.backend)
+    sent_during_training = []
+
+    def full_batches_went():
+        end = time.monotonic() + 20
+        while counting.calls.get("log", 0) < 3 and time.monotonic() < end:
+            time.sleep(0.02)
+        sent_during_training.append(counting.calls.get("log", 0))
+
+    start = time.monotonic()
+    train(tmp_path / "heavy", [AtStep(8, full_batches_went), heavy], 10, metrics=600)
+    assert sent_during_training[0] >= 3 and time.monotonic() - start < 30
+    assert loss_steps(MlflowClient(sqlite_uri), heavy.run_id) == list(range(1, 11))
+
+
+def test_a_record_the_store_refuses_is_dropped_alone_with_one_warning(tmp_path, sqlite_uri, caplog):
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    real_log = logger.backend.log
+
+    def refusing_log(records, run_id):  # fault injection: MLflow refusing the record of step 3
+        if any(record.step == 3 for record in records):
+            raise MlflowException("Got invalid value for metric 'train/loss'", error_code=INVALID_PARAMETER_VALUE)
+        real_log(records, run_id)
+
+    logger.backend.log = refusing_log
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train(tmp_path, [logger], 6)
+    assert loss_steps(MlflowClient(sqlite_uri), logger.run_id) == [1, 2, 4, 5, 6]
+    (refused,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert "step 3" in refused and "train/loss" in refused
+
+
+def test_replay_refuses_a_file_that_is_not_a_write_ahead_log(tmp_path, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"event": "log", "step": 1}) + "\n")
+    assert cli(["replay", str(metrics)]) == 1
+    assert "not an MLflowLogger write-ahead log" in capsys.readouterr().err
+    assert cli(["replay", str(tmp_path / "missing")]) == 1
+
+
+def test_replay_names_the_record_counts_and_the_status(tmp_path, sqlite_uri):
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.2, backoff=(0.01, 0.05))
+    logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "finish"))
+    train(tmp_path, [logger], 4)
+    path = tmp_path / ".mlflow_wal" / f"{logger.run_key}.jsonl"
+    listed = replay(path, dry_run=True)
+    assert (listed.log_records, listed.steps, listed.status) == (5, (1, 4), "FINISHED")
+    assert "would send" in listed.describe(dry_run=True) and path.exists()
+    shutil.copy(path, tmp_path / "copy.jsonl")  # a copy without its sidecar is not a log
+    assert os.path.exists(path)
+    assert replay(path).error is None and not Path(path).exists()
