@@ -9,6 +9,7 @@ and git SHAs are kept. `SecretMaskingFilter` masks the ``hf_callbacks_plus`` log
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -79,6 +80,7 @@ _MIN_ENV_SECRET = 8
 _NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
 
 
+@functools.lru_cache(maxsize=8192)
 def is_secret_key(key: str) -> bool:
     """Tell whether a config key names a credential (token, secret, password, api key...).
 
@@ -136,10 +138,20 @@ def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str
         Values (at least 8 characters) of variables whose name names a secret
         (`is_secret_key`): ``WANDB_API_KEY``, ``HF_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``...
     """
-    environ = os.environ if environ is None else environ
-    values = {value for name, value in environ.items()
+    values = {value for name, value in _items(os.environ if environ is None else environ)
               if len(value) >= _MIN_ENV_SECRET and name not in _NOT_SECRET_ENV and is_secret_key(name)}
     return sorted(values, key=len, reverse=True)
+
+
+def _items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``environ.items()``, read again when another thread changed it meanwhile (``os.environ``
+    raises ``KeyError`` for a variable removed during the iteration; mlflow's threads do that)."""
+    for _ in range(10):
+        try:
+            return list(environ.items())
+        except (KeyError, RuntimeError):
+            continue
+    return []
 
 
 def url_has_credentials(url: Any) -> bool:

@@ -1,95 +1,108 @@
-"""The worker's memory bound holds while a backend call hangs (issue 16, finding 8).
+"""MLflowLogger's memory is bounded in every phase: while a call to the store hangs, after it
+returns (catching up) and when a log is read back (replay).
 
-The worker thread is stuck inside the backend call, so it takes nothing out of the queue: the
-training thread itself must keep the queue under ``max_memory_points`` by spilling its oldest
-items. The backend is the real MLflow backend on a sqlite store (read back with
-``MlflowClient``); ``HangingBackend`` (fault injection, around it) makes every ``log`` call hang
-until the test releases it, which the real one cannot do on demand.
+What the logger holds is measured with ``tracemalloc`` (traced from step 5 on): the Python
+memory still alive that was allocated with ``hf_callbacks_plus/loggers`` in the stack, not by
+mlflow or sqlalchemy themselves (the store's own caches), and not the trainer's ``log_history``
+(which holds every record too). 6,000 metric points are logged while the store hangs; the
+logger may hold one batch of MLflow's (1000 points) and nothing more. Real MLflow sqlite store;
+``FaultInjectingBackend`` makes ``log`` hang on a gate.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-from collections import Counter
+import tracemalloc
 
-from hf_callbacks_plus.loggers.ledger import StepLedger
-from hf_callbacks_plus.loggers.records import RawLog, RecordRenderer, WarnOnce
-from hf_callbacks_plus.loggers.replay import replay_spill
-from hf_callbacks_plus.loggers.spill import read_records
-from hf_callbacks_plus.loggers.worker import HUNG_CALL_SECONDS, BackgroundWorker
-from hf_callbacks_plus.metrics.keys import KeyGrammar
-from tests.loggers.faults import FaultInjectingBackend
+import pytest
 
-BOUND = 4_000
-RECORDS, METRICS = 100, 200
+mlflow = pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
 
+from hf_callbacks_plus.cli import main as cli  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
+from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
+from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
+from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
 
-class HangingBackend(FaultInjectingBackend):
-    """Fault injection: every ``log`` call of the wrapped real backend blocks until ``release``."""
+pytestmark = pytest.mark.mlflow
 
-    def __init__(self, backend, release: threading.Event) -> None:
-        super().__init__(backend)
-        self.release = release
-        self.log_calls = 0
-
-    def log(self, records, run_id):
-        self.log_calls += 1
-        self.release.wait(60)
-        return self.wrapped.log(records, run_id)
+STEPS, METRICS = 30, 500
+BOUND = 400_000  # bytes: one batch (1000 points) is about 130 kB; the 15,000 points logged, over 1 MB
+NOT_OURS = ("*/mlflow/*", "*/sqlalchemy/*", "*/importlib/*", "<frozen *>", "*/logging/*", "*/threading.py",
+            "*/tracemalloc.py", "*/json/*")
 
 
-def logged_points(client, run_id):
-    """``[(key, step)]`` of every metric point of an MLflow run."""
-    return [(key, metric.step) for key in client.get_run(run_id).data.metrics
-            for metric in client.get_metric_history(run_id, key)]
+def held_by_the_logger() -> int:
+    """Bytes alive, allocated with ``hf_callbacks_plus/loggers`` in the stack but not by the store's libraries."""
+    filters = [tracemalloc.Filter(True, "*hf_callbacks_plus/loggers/*", all_frames=True)]
+    filters += [tracemalloc.Filter(False, pattern) for pattern in NOT_OURS]
+    snapshot = tracemalloc.take_snapshot().filter_traces(filters)
+    return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
-def test_the_memory_bound_holds_while_a_backend_call_hangs_and_nothing_is_lost(tmp_path, caplog, sqlite_uri):
-    import mlflow
-    from mlflow.tracking import MlflowClient
+class Metrics(TrainerCallback):
+    """Listed first: ``METRICS`` keys in every training record; from step 5 on, Python allocations are
+    traced; at step ``measure_at``, what the logger holds is measured, then ``then()`` runs."""
 
-    from hf_callbacks_plus.loggers.mlflow import MLflowBackend
+    def __init__(self, measure_at: int = -1, then=None) -> None:
+        self.measure_at, self.then, self.seen = measure_at, then, None
 
-    release = threading.Event()
-    backend = HangingBackend(MLflowBackend(mlflow, sqlite_uri, "memory-bound", None, {}, None), release)
-    ledger = StepLedger()
-    ledger.begin_run(lambda: None)
-    worker = BackgroundWorker(backend, ledger, tmp_path / "spill.jsonl", name="MLflowLogger",
-                              renderer=RecordRenderer(KeyGrammar(), "keep", WarnOnce(), "MLflowLogger"),
-                              max_memory_points=BOUND, backoff_initial=0.01, backoff_max=0.05,
-                              target=backend.target())
-    assert worker.wait_started(10)
-    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        worker.submit(RawLog({"loss": 0.5}, 0, 0))
-        end = time.monotonic() + 10
-        while backend.log_calls == 0 and time.monotonic() < end:  # the worker is now stuck in `log`
-            time.sleep(0.01)
-        assert backend.log_calls == 1
-        time.sleep(HUNG_CALL_SECONDS + 0.1)  # a call that hangs, not one that is merely slow
-        live_peak = 0
-        for step in range(1, RECORDS + 1):
-            worker.submit(RawLog({f"m{k}": float(step * 1000 + k) for k in range(METRICS)}, step, 0))
-            live_peak = max(live_peak, worker.queued_points + worker.held_points)
-        # documented: max_memory_points in the backlog, as many again in the queue
-        assert live_peak <= 2 * BOUND, live_peak
-        assert worker.queued_points <= BOUND
-        assert worker.spilled_by_submit > 0
-        slow = [r for r in caplog.records if "slow or unreachable" in r.getMessage()]
-        assert len(slow) == 1 and str(worker.spill_path) in slow[0].getMessage()
-        release.set()
-        assert not worker.close(0.0)  # closed at once: what is not sent stays in the spill file
-    assert worker.peak_queued_points <= BOUND and worker.peak_points <= BOUND, (
-        worker.peak_queued_points, worker.peak_points)
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if "loss" in logs:
+            logs.update({f"m{k}": float(state.global_step * 1000 + k) for k in range(METRICS)})
 
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 5 and self.measure_at > 0:
+            tracemalloc.start(6)
+        if state.global_step == self.measure_at:
+            self.seen = held_by_the_logger()
+            self.then()
+
+
+def train(out, callbacks, steps):
+    args = LoopArguments(output_dir=str(out), max_steps=steps, logging_steps=1, disable_tqdm=True,
+                         save_strategy="no")
+    LightweightTrainer(args, train_step=lambda batch: 0.5, train_data=[[1.0]] * steps, callbacks=callbacks,
+                       learning_rate_fn=lambda: 0.1).train()
+
+
+@pytest.fixture
+def in_a_call(monkeypatch):
+    """What the logger holds in the first ``MlflowClient.log_batch`` call while tracing (its batch is
+    alive then); tracing stops there."""
+    seen = []
+    original = MlflowClient.log_batch
+
+    def measured(self, *args, **kwargs):
+        if tracemalloc.is_tracing():
+            seen.append(held_by_the_logger())
+            tracemalloc.stop()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", measured)
+    yield seen
+    tracemalloc.stop()
+
+
+def test_memory_is_bounded_while_a_call_hangs_after_it_returns_and_on_reload(tmp_path, sqlite_uri, in_a_call):
     client = MlflowClient(sqlite_uri)
-    delivered = logged_points(client, ledger.run_id)
-    kept = read_records(tmp_path / "spill.jsonl")
-    kept_points = sum(len(record.metrics) for record in kept if record.kind == "log")
-    assert len(delivered) + kept_points == 1 + RECORDS * METRICS  # every point sent or kept
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    hanging = logger.backend = FaultInjectingBackend(logger.backend, gated=("log",))
+    hang = Metrics(measure_at=STEPS, then=hanging.gate.set)
+    train(tmp_path / "a", [hang, logger], STEPS + 5)
+    assert hanging.entered.is_set() and hang.seen < BOUND, hang.seen  # while the call hangs
+    assert len(in_a_call) == 1 and in_a_call[0] < BOUND, in_a_call  # once it returned: catching up
+    assert [m.step for m in client.get_metric_history(logger.run_id, "train/m7")] == list(range(1, STEPS + 6))
 
-    replay_spill(tmp_path / "spill.jsonl", report=lambda line: None)
-    assert not (tmp_path / "spill.jsonl").exists()
-    counts = Counter(logged_points(client, ledger.run_id))
-    assert len(counts) == 1 + RECORDS * METRICS and max(counts.values()) == 1  # each point exactly once
+    # the store never answers within the close deadline; the next training in this output_dir reads
+    # the backlog back and sends it to its run
+    stuck = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.5)
+    stuck.backend = FaultInjectingBackend(stuck.backend, gated=("log",))
+    train(tmp_path / "b", [Metrics(), stuck], STEPS)
+    stuck.backend.gate.set()
+    in_a_call.clear()
+    tracemalloc.start(6)
+    train(tmp_path / "b", [MLflowLogger(tracking_uri=sqlite_uri, log_params=False)], 2)
+    assert in_a_call and in_a_call[0] < BOUND, in_a_call
+    assert [m.step for m in client.get_metric_history(stuck.run_id, "train/m7")] == list(range(1, STEPS + 1))
