@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
-from .base import Backend, LogRecord, TrackerLogger, WarnOnce
+from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
 from .wal import Sender, WriteAheadLog, replay_hint
 
@@ -578,7 +578,11 @@ class MLflowLogger(TrackerLogger):
     # -- writing: through the write-ahead log ---------------------------------------------------------
     def _open_run(self, resume: bool, boundary: bool) -> None:
         wal = WriteAheadLog(self.local_location())
-        wal.open(self.backend.target(self.run_key), wait=self.flush_timeout)
+        try:
+            wal.open(self.backend.target(self.run_key), wait=self.flush_timeout)
+        except OSError as error:
+            raise OSError(error.errno, f"MLflowLogger: cannot write the run to {wal.path}: "
+                          f"{error.strerror or error}. Pass a writable wal_dir.") from error
         if boundary:
             wal.append({"kind": "boundary"})
         self._wal = wal
@@ -627,7 +631,7 @@ class MLflowLogger(TrackerLogger):
     def _close_run(self, status: str, timeout: float) -> bool:
         wal, sender = self._wal, self._sender
         self._append({"kind": "finish", "status": status})
-        delivered = sender.close(timeout, grace=5.0 if timeout > 0 else 1.0)
+        delivered = sender.close(timeout, grace=5.0 if status == FINISHED else 1.0)
         if not delivered and sender.can_finish_now():
             try:  # the run gets its status now; the log keeps the rest (and the status) for later
                 self.backend.finish(status, self.run_id)
@@ -642,6 +646,13 @@ class MLflowLogger(TrackerLogger):
         wal.close(delete=delivered)
         self._wal = self._sender = None
         return delivered and self._lost == 0 and not sender.dropped
+
+    def close_after_exception(self) -> bool:
+        """Close the run FAILED: at most ``min(flush_timeout, 5)`` seconds for the run to open and the
+        backlog to go while the store answers, none while it is unreachable (the log keeps the rest)."""
+        sender = self._sender
+        down = sender is not None and (sender.start_error is not None or sender.down)
+        return self.close(FAILED, timeout=0.0 if down else min(self.flush_timeout, 5.0))
 
     def _log_config(self, args: Any, model: Any) -> None:
         if self.max_log_params != 0:

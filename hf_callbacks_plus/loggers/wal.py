@@ -288,12 +288,20 @@ class Sender:
         self._closing, self._deadline = True, time.monotonic() + timeout
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive() and self._call_started is not None:
-                self._thread.join(grace)
+            end = self._deadline
+            while self._thread.is_alive() and time.monotonic() < end:
+                self._thread.join(min(0.5, max(0.0, end - time.monotonic())))
+                self.check_silence()
+                if time.monotonic() >= self._deadline and self._call_started is not None:
+                    end = self._deadline + grace  # a call in flight at the deadline gets ``grace`` more
             if self._thread.is_alive():
                 self._abandoned = True  # stuck in a call: it writes nothing more
         return self.caught_up()
+
+    @property
+    def down(self) -> bool:
+        """The store is unreachable (told), or a call to it is silent for long (told)."""
+        return self._down_since is not None
 
     def caught_up(self) -> bool:
         """Everything in the file is acknowledged."""

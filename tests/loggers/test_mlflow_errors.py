@@ -27,7 +27,7 @@ from hf_callbacks_plus.loggers.mlflow import (  # noqa: E402
     UnusableRunError,
     is_transient_mlflow_error,
 )
-from hf_callbacks_plus.loggers.records import LogRecord  # noqa: E402
+from hf_callbacks_plus.loggers.base import LogRecord  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
 from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
 from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
@@ -145,9 +145,8 @@ def test_real_errors_of_a_dead_server_and_of_a_missing_run(sqlite_uri, monkeypat
 
 def test_a_bug_in_log_is_not_retried_training_ends_quickly_with_a_warning_naming_it(tmp_path, sqlite_uri,
                                                                                      caplog):
-    """Issue 16 finding 9: any exception without an MLflow error code counted as transient, so a bug
-    of ours (a TypeError on every record) was an "outage": retried until the close deadline, then
-    spilled. Now it is the backend rejecting the records: dropped, with a warning naming TypeError."""
+    """A bug (a TypeError on every record) is no outage: each record is refused alone, a few are
+    listed, then one error says it looks like a fault of ours; nothing is kept for a replay."""
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=10.0)
     logger.backend = FaultInjectingBackend(logger.backend, failing=("log",),
                                            error=lambda name: TypeError(f"injected bug in {name}"))
@@ -160,10 +159,10 @@ def test_a_bug_in_log_is_not_retried_training_ends_quickly_with_a_warning_naming
     assert not [m for m in messages if "unreachable" in m], messages
     rejected = [m for m in messages if "TypeError" in m and "injected bug in log" in m]
     assert rejected, messages
-    # a few keys listed, then one error saying it looks like a fault of ours, not of the keys
+    # a few records listed, then one error saying it looks like a fault of ours, not of the records
     assert len(rejected) <= 6, len(rejected)
     assert len([m for m in rejected if "looks like a fault" in m]) == 1, rejected
-    assert not logger.spill_path.exists()
+    assert not list((tmp_path / ".mlflow_wal").iterdir())
     assert MlflowClient(sqlite_uri).get_run(logger.run_id).info.status == "FINISHED"
 
 
@@ -201,13 +200,11 @@ def test_a_run_id_the_server_does_not_know_is_an_error_at_its_first_start(tmp_pa
 def test_limits_are_mlflows_own():
     from mlflow.utils import validation
 
-    backend = MLflowLogger(tracking_uri="sqlite:///unused.db").backend
-    assert backend.max_param_length == validation.MAX_PARAM_VAL_LENGTH
-    assert backend.max_params_per_batch == validation.MAX_PARAMS_TAGS_PER_BATCH
-    assert backend.max_tags_per_batch == validation.MAX_PARAMS_TAGS_PER_BATCH
-    assert backend.max_name_length == validation.MAX_ENTITY_KEY_LENGTH
-    assert backend.max_tag_length == validation.MAX_TAG_VAL_LENGTH
-    assert backend.max_metrics_per_batch == validation.MAX_METRICS_PER_BATCH
+    logger = MLflowLogger(tracking_uri="sqlite:///unused.db")
+    assert logger.max_param_length == validation.MAX_PARAM_VAL_LENGTH
+    assert logger.max_name_length == validation.MAX_ENTITY_KEY_LENGTH
+    assert logger.backend.max_tag_length == validation.MAX_TAG_VAL_LENGTH
+    assert logger.backend.max_metrics_per_batch == validation.MAX_METRICS_PER_BATCH
 
 
 def test_a_limit_missing_from_mlflow_falls_back(monkeypatch):
@@ -225,7 +222,7 @@ def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri):
     """1500 metrics and 150 text values in one record: one ``log_batch`` call of ours, which
     MlflowClient splits into requests within MLflow's limits (the backend no longer cuts them)."""
     backend = MLflowLogger(tracking_uri=sqlite_uri).backend
-    run_id = backend.start(None, False, run_key="ab" * 16)
+    run_id = backend.start(None, "ab" * 16, False)
     calls = []
     original = backend.client.log_batch
     backend.client.log_batch = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
@@ -239,18 +236,10 @@ def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri):
     assert {key: value for key, value in run.data.tags.items() if key.startswith("t/")} == texts
 
 
-def test_http_options_are_no_longer_set_process_wide(monkeypatch):
-    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
-    with pytest.warns(FutureWarning, match="http_timeout=5.*MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        MLflowLogger(tracking_uri="http://127.0.0.1:1", http_timeout=5)
-    assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ
-
-
 @pytest.mark.slow
 @pytest.mark.transformers
 def test_a_run_against_the_server_leaves_the_environment_as_it_was(tmp_path, mlflow_server, monkeypatch):
-    """Issue 16 finding 10: the client set MLFLOW_HTTP_REQUEST_MAX_RETRIES/TIMEOUT for the whole
-    process (``os.environ.setdefault``), changing the user's own mlflow calls."""
+    """MLflow's HTTP settings are the user's: nothing of the logger changes them for the process."""
     from tests.tiny_models import make_trainer
 
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):  # as a new process

@@ -1,14 +1,14 @@
-"""Issue 16 finding 1: the checkpoint names the run however slow the store is.
+"""The checkpoint names the run however slow the store is.
 
 The run's identity is fixed on the training thread when the run is opened: a client-made run
 key for every logger (MLflow tags the run with it and finds it again by it), and the run id
-itself for the backends whose ids the client chooses (W&B, TensorBoard, JSONL). A checkpoint
-never waits for the backend. Real stores (MLflow sqlite, W&B offline read back with W&B's own
-reader, TensorBoard folders, JSONL files) and a real ``transformers.Trainer``.
+itself for the trackers whose ids the client chooses (W&B, TensorBoard, JSONL). A checkpoint
+never waits for the store. Real stores (MLflow sqlite and the session's server, W&B offline read
+back with the test kit's reader, TensorBoard folders, JSONL files) and a real ``transformers.Trainer``.
 
-Fault injection, named as such: ``FaultInjectingBackend(slow=("start",))`` makes the run's
-creation slow (a loaded store), and ``SlowInitWandb`` makes ``wandb.init`` slow; everything
-else is the real thing.
+Fault injection, named as such: ``FaultInjectingBackend(gated=("start",))`` holds the run's
+creation until the test releases it (a loaded store), ``SlowInitWandb`` holds ``wandb.init``;
+everything else is the real thing.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from hf_callbacks_plus.core.callback import TrainerCallback
 from tests.loggers.faults import FaultInjectingBackend, SlowInitWandb
 from tests.tiny_models import make_trainer
 
@@ -44,8 +45,6 @@ def saved_state(checkpoint: Path, name: str) -> dict[str, Any]:
 
 
 def crash_at(step: int):
-    from transformers import TrainerCallback
-
     class FakeCrash(TrainerCallback):
         """Raises in the training loop at ``step`` (the stock Trainer has no exception event)."""
 
@@ -56,26 +55,33 @@ def crash_at(step: int):
     return FakeCrash()
 
 
+class ReleaseAtSave(TrainerCallback):
+    """Listed after the logger: once the checkpoint of ``step`` is written (its state taken before
+    ``on_save``), the store may answer: ``gate`` is released."""
+
+    def __init__(self, step: int, gate) -> None:
+        self.step, self.gate = step, gate
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.gate.set()
+
+
 @pytest.mark.mlflow
 def test_a_slow_mlflow_store_keeps_one_run_across_a_crash_and_resume(tmp_path, sqlite_uri, caplog):
-    """The store creates the run later than the first checkpoint: that checkpoint holds no run id,
-    only the run key; after a crash the resumed training finds the run by the key's tag and
-    continues it. Before: the save waited 5 s, saved ``run_id: null``, and the resume opened a
-    second run holding the crashed process's late steps a second time."""
+    """The store creates the run after the first checkpoint: that checkpoint holds no run id, only
+    the run key; after a crash the resumed training finds the run by the key's tag and continues it."""
     from mlflow.tracking import MlflowClient
 
     from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG, MLflowLogger
 
     args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
     first = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity")
-    first.backend = FaultInjectingBackend(first.backend, slow=("start",), delay=7.0)
-    begin = time.monotonic()
+    slow = first.backend = FaultInjectingBackend(first.backend, gated=("start",))
     with pytest.raises(RuntimeError, match="injected crash"):
-        make_trainer(tmp_path, callbacks=[first, crash_at(6)], **args).train()
-    assert time.monotonic() - begin < 5.0, "a checkpoint save waited for the store"
+        make_trainer(tmp_path, callbacks=[first, ReleaseAtSave(4, slow.gate), crash_at(6)], **args).train()
     state = saved_state(tmp_path / "checkpoint-4", "MLflowLogger")
     assert state["run_id"] is None and state["run_key"], state  # the store had not answered yet
-    assert state["pending"] > 0, state
 
     resumed = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="identity")
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
@@ -94,8 +100,6 @@ def test_a_slow_mlflow_store_keeps_one_run_across_a_crash_and_resume(tmp_path, s
                      for m in client.get_metric_history(run.info.run_id, key))
     assert not {point: n for point, n in points.items() if n > 1}, "a (key, step) twice"
     assert sorted(step for key, step in points if key == "train/loss") == list(range(1, 9))
-    told = [r.getMessage() for r in caplog.records if "not yet delivered" in r.getMessage()]
-    assert len(told) == 1 and "step 4" in told[0] and f"key {state['run_key']}" in told[0], told
 
 
 @pytest.mark.mlflow
@@ -108,11 +112,11 @@ def test_a_resume_creates_the_run_with_its_key_when_the_first_process_never_did(
 
     backend = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="never-created").backend
     key = "0f" * 16
-    created = backend.start(None, True, run_key=key)
+    created = backend.start(None, key, True)
     backend.finish("FAILED", created)
-    again = backend.start(None, True, run_key=key)
+    again = backend.start(None, key, True)
     backend.finish("FINISHED", again)
-    other = backend.start(None, False, run_key="1e" * 16)  # a new run: created at once, with its key
+    other = backend.start(None, "1e" * 16, False)  # a new run: created at once, with its key
     backend.finish("FINISHED", other)
     client = MlflowClient(sqlite_uri)
     assert again == created != other
@@ -142,7 +146,8 @@ def _wandb(tmp_path, monkeypatch):
     (tmp_path / "wandb_root").mkdir()
     offline_env(monkeypatch, tmp_path / "wandb_root")
     logger = fast_logger()
-    logger.backend._wandb = SlowInitWandb(logger.backend._wandb, delay=3.5)
+    logger.backend._wandb = SlowInitWandb(logger.backend._wandb)
+    logger.gate = logger.backend._wandb.gate
     return logger
 
 
@@ -151,42 +156,40 @@ def _mlflow(tmp_path, monkeypatch):
     from hf_callbacks_plus.loggers.mlflow import MLflowLogger
 
     logger = MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    logger.backend = FaultInjectingBackend(logger.backend, slow=("start",), delay=3.5)
+    logger.backend = FaultInjectingBackend(logger.backend, gated=("start",))
+    logger.gate = logger.backend.gate
     return logger
 
 
 @pytest.mark.parametrize("make", [_jsonl, _tensorboard, _wandb, _mlflow], ids=["jsonl", "tensorboard",
                                                                              "wandb_offline", "mlflow"])
 def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_path, monkeypatch, make, caplog):
-    """A remote run (W&B, MLflow) opens 3.5 s after train begin; the saves at steps 1 and 2 come
-    before. Each checkpoint names the run at once: its run key, and the run id where the client
+    """A remote run (W&B, MLflow) opens only after the saves of steps 1 and 2 (the store is held until
+    then). Each checkpoint names the run at once: its run key, and the run id where the client
     chooses it (W&B's ``wandb.init(id=...)``, TensorBoard's folder, JSONL); that is the id the run
-    gets. (JSONL and TensorBoard open their local file at train begin.)
-    Before: each save waited up to 5 s, then saved ``run_id: null`` (TensorBoard, JSONL, MLflow)."""
+    gets. (JSONL and TensorBoard open their local file at train begin.)"""
     logger = make(tmp_path, monkeypatch)
     if make is _mlflow:
         from mlflow.tracking import MlflowClient
 
         MlflowClient(logger.backend.tracking_uri).search_experiments()  # the schema, before timing
     name = type(logger).__name__
-    begin = time.monotonic()
     seen = []
 
-    from transformers import TrainerCallback
-
     class TimeSaves(TrainerCallback):
-        """Listed after the logger: when each save happens, and how long the logger's state takes."""
+        """Listed after the logger: how long the logger's state takes; the store answers after step 2."""
 
         def on_save(self, args, state, control, **kwargs):
             start = time.monotonic()
-            seen.append((logger.state_attributes(), time.monotonic() - start, start - begin))
+            seen.append((logger.state_attributes(), time.monotonic() - start))
+            if state.global_step == 2 and hasattr(logger, "gate"):
+                logger.gate.set()
 
     trainer = make_trainer(tmp_path, callbacks=[logger, TimeSaves()], max_steps=2, logging_steps=1,
                            save_strategy="steps", save_steps=1, n_train=16)
     trainer.train()
     assert len(seen) == 2
-    assert seen[0][2] < 3.5, seen  # the first save came before the run opened
-    for attributes, seconds, _ in seen:
+    for attributes, seconds in seen:
         assert seconds < 0.5, seconds  # the logger's state never waits for the run to open
         assert attributes["run_key"] == logger.run_key
     states = [saved_state(tmp_path / f"checkpoint-{step}", name) for step in (1, 2)]
@@ -205,17 +208,15 @@ def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_pat
         from tests.loggers.wandb_helpers import fast_logger, runs
 
         (run,) = runs(tmp_path / "wandb_root")
-        assert run.run_id == logger.run_id
-        # the first save counted the records waiting for wandb.init: a resume from it says what
-        # they were (no spill file for W&B) and where they are
-        assert states[0]["pending"] > 0, states
+        assert run.run_id == logger.run_id and run.steps("train/loss") == [1, 2]
+        # every record reached W&B: a resume from the first checkpoint (saved while they waited for
+        # wandb.init) says nothing is missing (it used to warn that they might be)
         with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
             resumed = make_trainer(tmp_path, callbacks=[fast_logger()], max_steps=2, logging_steps=1,
                                    save_strategy="no", n_train=16)
             resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
-        told = [r.getMessage() for r in caplog.records if "not yet delivered" in r.getMessage()]
-        assert len(told) == 1 and "waiting for the run to open" in told[0] and "log_history" in told[0], told
-        assert ".tracker_spill" not in told[0]
+        assert not [r.getMessage() for r in caplog.records if "missing" in r.getMessage()
+                    or "not yet delivered" in r.getMessage()]
     elif make is _tensorboard:
         assert Path(logger.backend.directory).name == logger.run_id
     else:
@@ -223,44 +224,14 @@ def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_pat
         assert [line["run_id"] for line in lines if line["event"] == "start"] == [logger.run_id]
 
 
-def test_a_resume_says_what_the_checkpoint_counted_as_pending(tmp_path, caplog, sqlite_uri):
-    """Issue 16 finding 7: a checkpoint saved with records still queued (``pending``), then the
-    process was killed (SIGKILL: no close, no spill): the resumed training says that those records
-    may be missing, from which run, and that nothing waits in the spill file. Before: nothing."""
-    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
-
-    args = dict(max_steps=4, logging_steps=1, save_strategy="steps", save_steps=2, n_train=16)
-    first = MLflowLogger(tracking_uri=sqlite_uri)
-    make_trainer(tmp_path, callbacks=[first], **args).train()
-    path = tmp_path / "checkpoint-2" / "trainer_state.json"
-    data = json.loads(path.read_text())  # what a process killed with 3 records queued leaves
-    entries = data["stateful_callbacks"]["MLflowLogger"]
-    (entries[-1] if isinstance(entries, list) else entries)["attributes"]["pending"] = 3
-    path.write_text(json.dumps(data))
-    resumed = MLflowLogger(tracking_uri=sqlite_uri)
-    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        make_trainer(tmp_path, callbacks=[resumed], **args).train(resume_from_checkpoint=str(path.parent))
-    told = [r.getMessage() for r in caplog.records if "not yet delivered" in r.getMessage()]
-    assert len(told) == 1, [r.getMessage() for r in caplog.records]
-    message = told[0]
-    assert message.startswith("MLflowLogger:") and "step 2" in message and "3 record(s)" in message
-    assert (f"run {first.run_id}" in message or f"the run with key {first.run_key}" in message), message
-    assert "missing" in message
-    assert str(resumed.spill_path) in message and "does not exist" in message
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):  # nothing pending: nothing said
-        make_trainer(tmp_path / "again", callbacks=[MLflowLogger(tracking_uri=sqlite_uri)], **args).train()
-    assert not [r for r in caplog.records if "not yet delivered" in r.getMessage()]
-
-
 @pytest.mark.mlflow
-@pytest.mark.parametrize("store", ["sqlite", "server"])
-@pytest.mark.parametrize("how", ["resumed_training", "replay_command"])
-def test_records_spilled_before_the_run_opened_go_to_the_run_of_their_key(tmp_path, request, how, store):
-    """The store was down for the whole first process: its records are spilled with no run id. They
-    carry the run key, so the resumed training (or ``hf-callbacks-plus replay``, then the resumed
-    training) puts them into the one run of that key, in a sqlite store and through a real
-    ``mlflow server`` (the tag search goes over its REST API). Before: a second, 'recovered' run."""
+@pytest.mark.parametrize(("store", "how"), [("sqlite", "resumed_training"), ("sqlite", "replay_command"),
+                                            ("server", "replay_command")])
+def test_records_logged_before_the_run_opened_go_to_the_run_of_their_key(tmp_path, request, how, store):
+    """The store was down for the whole first process: its log holds no run id, only the run key, so
+    the resumed training (or ``hf-callbacks-plus replay``, then the resumed training) puts everything
+    into the one run of that key, in a sqlite store and through a real ``mlflow server`` (the tag
+    search goes over its REST API)."""
     import uuid
 
     from mlflow.tracking import MlflowClient
@@ -269,8 +240,8 @@ def test_records_spilled_before_the_run_opened_go_to_the_run_of_their_key(tmp_pa
                   else request.getfixturevalue("mlflow_server").uri)
     experiment_name = f"identity-{uuid.uuid4().hex[:8]}"  # the server is shared by the session
 
+    from hf_callbacks_plus.cli import main as cli
     from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG, MLflowLogger
-    from hf_callbacks_plus.loggers.replay import replay_spill
 
     args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
     first = MLflowLogger(tracking_uri=sqlite_uri, experiment_name=experiment_name, flush_timeout=1.0,
@@ -280,9 +251,9 @@ def test_records_spilled_before_the_run_opened_go_to_the_run_of_their_key(tmp_pa
         make_trainer(tmp_path, callbacks=[first, crash_at(6)], **args).train()
     first.close_after_exception()
     key = saved_state(tmp_path / "checkpoint-4", "MLflowLogger")["run_key"]
-    assert key and first.spill_path.is_file()
+    assert key and first.wal_path.is_file()
     if how == "replay_command":
-        replay_spill(first.spill_path.parent)
+        assert cli(["replay", str(first.wal_path.parent)]) == 0
     resumed = MLflowLogger(tracking_uri=sqlite_uri, experiment_name=experiment_name)
     make_trainer(tmp_path, callbacks=[resumed], **args).train(
         resume_from_checkpoint=str(tmp_path / "checkpoint-4"))

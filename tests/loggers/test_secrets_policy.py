@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Optional
 
 import pytest
 
-from hf_callbacks_plus.loggers.records import collect_config
+from hf_callbacks_plus.loggers.config import collect_config
 from hf_callbacks_plus.loggers.secrets import (
     MASK,
     REDACTED,
@@ -182,14 +183,14 @@ def test_console_lines_are_masked(caplog):
 
 
 @pytest.mark.mlflow
-def test_mlflow_logger_keeps_the_uri_password_out_of_state_and_spill_names(tmp_path):
+def test_mlflow_logger_keeps_the_uri_password_out_of_its_state_and_log(tmp_path):
     pytest.importorskip("mlflow")
     from hf_callbacks_plus.loggers.mlflow import MLflowLogger
 
     real = "http://henry:StatePW@127.0.0.1:9/"
-    logger = MLflowLogger(tracking_uri=real, spill_dir=str(tmp_path))
+    logger = MLflowLogger(tracking_uri=real, wal_dir=str(tmp_path))
     assert logger.tracking_uri == real
-    assert "StatePW" not in logger.state_key and "StatePW" not in str(logger.spill_path)
+    assert "StatePW" not in logger.state_key and "StatePW" not in json.dumps(logger.backend.target("k"))
     assert "StatePW" not in repr(logger.state())
     rebuilt = MLflowLogger(**logger.state()["args"])  # what restore_callback_states_from_checkpoint does
     assert rebuilt.tracking_uri == real and rebuilt.state_key == logger.state_key

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from hf_callbacks_plus.loggers.records import collect_config
+from hf_callbacks_plus.loggers.config import collect_config
 from tests.tiny_models import make_trainer, training_args
 
 pytestmark = pytest.mark.transformers

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.bench_tensorboard_logger import old_log
-from hf_callbacks_plus.loggers.records import LogRecord
+from hf_callbacks_plus.loggers.base import LogRecord
 from hf_callbacks_plus.loggers.tensorboard import TensorBoardBackend, TensorBoardLogger, summary_writer_class
 from tests.tiny_models import make_trainer
 
@@ -49,7 +49,7 @@ def accumulated_points(directory: Path) -> Counter:
 def test_one_record_with_many_metrics_is_one_event(tmp_path):
     """Issue 16 finding 6: ``add_scalar`` per metric wrote 500 events per step at 500 metrics."""
     backend = TensorBoardBackend(summary_writer_class(), lambda run_id: str(tmp_path / run_id))
-    run_id = backend.start(None, resume=False)
+    run_id = backend.start(None, "key", resume=False)
     metrics = {f"train/metric_{index}": index / 7 for index in range(50)}
     backend.log([LogRecord(3, 1_700_000_000_000, metrics, {"train_summary/loss": 0.5})], run_id)
     backend.finish("FINISHED", run_id)
@@ -74,7 +74,7 @@ def test_event_file_reads_back_as_add_scalar_wrote_it(tmp_path):
     ]
     writer_class = summary_writer_class()
     backend = TensorBoardBackend(writer_class, lambda run_id: str(tmp_path / "new"))
-    run_id = backend.start(None, resume=False)
+    run_id = backend.start(None, "key", resume=False)
     backend.log(records, run_id)
     backend.finish("FINISHED", run_id)
     reference = writer_class(log_dir=str(tmp_path / "old"))

@@ -1,4 +1,5 @@
-"""Value normalization, secret redaction, name sanitizing (pure functions, no backend)."""
+"""Rendering a record: values, secrets, names the tracker accepts, repeats and the resume boundary
+(no backend: the renderer of a logger)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from hf_callbacks_plus.loggers.mlflow import MLflowLogger
-from hf_callbacks_plus.loggers.records import NameSanitizer, collect_config, flatten_config, normalize_value
+from hf_callbacks_plus.loggers.base import Renderer, normalize_value
+from hf_callbacks_plus.loggers.config import collect_config, flatten_config
+from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+from hf_callbacks_plus.loggers.mlflow import MLflowLogger, clean_mlflow_name
 from hf_callbacks_plus.loggers.secrets import REDACTED, is_secret_key, redact_config
 from tests.tiny_models import training_args
 
@@ -79,15 +82,46 @@ def test_flatten_config():
     assert flatten_config({"a": {"b": {"c": 1}}, "d": [1]}) == {"a.b.c": 1, "d": [1]}
 
 
-def test_sanitizer_collision_gets_a_suffix_and_one_warning(caplog):
-    sanitize = NameSanitizer(MLflowLogger.clean_name)
+def test_a_name_collision_gets_a_suffix_and_one_warning(caplog):
+    pytest.importorskip("mlflow")
+    renderer = Renderer(MLflowLogger(tracking_uri="sqlite:///unused.db"))
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        assert sanitize("eval/f1@k") == "eval/f1_k"
-        assert sanitize("eval/f1#k") == "eval/f1_k_2"
-        assert sanitize("eval/f1#k") == "eval/f1_k_2"
+        assert renderer.name("eval/f1@k") == "eval/f1_k"
+        assert renderer.name("eval/f1#k") == "eval/f1_k_2"
+        assert renderer.name("eval/f1#k") == "eval/f1_k_2"
     assert len([r for r in caplog.records if "both become" in r.message]) == 1
 
 
 def test_mlflow_clean_name_removes_empty_and_dot_parts():
-    assert MLflowLogger.clean_name("train/<empty>") == "train/_empty_"
-    assert MLflowLogger.clean_name("/a//./b/") == "a/_/b"
+    assert clean_mlflow_name("train/<empty>") == "train/_empty_"
+    assert clean_mlflow_name("/a//./b/") == "a/_/b"
+
+
+def test_a_token_shaped_metric_name_is_masked(monkeypatch):
+    """The secrets policy applies to names too: a key holding a token (or a secret environment
+    value) reaches no tracker. (Before, only values were masked.)"""
+    monkeypatch.setenv("MY_API_KEY", "k" * 20)
+    record = Renderer(JsonlLogger()).render({f"loss_{'hf_' + 'N' * 34}": 1.0, f"x_{'k' * 20}": 2.0}, 3, 0)
+    assert record.metrics == {"train/loss_***": 1.0, "train/x_***": 2.0}
+
+
+def test_repeats_and_the_resume_boundary_are_left_out_and_a_second_value_at_one_step_is_kept():
+    renderer = Renderer(JsonlLogger())
+    renderer.held = {"train/loss": 4}
+    assert renderer.render({"loss": 1.0}, 4, 0) is None  # the run held step 4 before this session
+    assert renderer.render({"loss": 1.0, "epoch": 1.0}, 5, 0).metrics == {"train/loss": 1.0, "train/epoch": 1.0}
+    assert renderer.render({"epoch": 1.0}, 5, 0) is None  # an exact repeat (the end-of-training epoch)
+    assert renderer.render({"loss": 0.5}, 5, 0).metrics == {"train/loss": 0.5}  # a second value: kept
+    assert renderer.last_steps == {"train/loss": 5, "train/epoch": 5}
+
+
+def test_texts_go_to_the_summary_secret_ones_redacted_and_odd_values_are_dropped_once(caplog):
+    renderer = Renderer(JsonlLogger())
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        for step in (1, 2):
+            record = renderer.render({"loss": 1.0, "note": "at https://u:pw@host", "hub_token": "abc",
+                                      "vector": [1, 2], "huge": 10**400}, step, 0)
+    assert record.summary == {"train/note": "at https://u:***@host", "train/hub_token": REDACTED}
+    assert record.metrics == {"train/loss": 1.0}
+    assert len([r for r in caplog.records if "'train/vector'" in r.message]) == 1
+    assert len([r for r in caplog.records if "too large" in r.message]) == 1
