@@ -1,7 +1,9 @@
-"""Misconfigurations are refused at construction with a clear error, never retried as an
-outage (issue 16 finding 9)."""
+"""Misconfigurations are refused at construction (or at train begin) with a clear error naming the
+argument, never retried as an outage."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -31,8 +33,31 @@ def test_mlflow_file_store_the_installed_mlflow_refuses(uri, monkeypatch):
     assert MLflowLogger(tracking_uri=uri).tracking_uri == uri
 
 
+@pytest.mark.parametrize("problem", ["missing folder", "a directory", "read-only folder"])
+def test_an_unusable_sqlite_path_is_refused_at_construction(tmp_path, problem, monkeypatch):
+    """It was told after training, as a run that could not start."""
+    pytest.importorskip("mlflow")
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    path = {"missing folder": tmp_path / "no" / "such" / "mlflow.db", "a directory": tmp_path,
+            "read-only folder": tmp_path / "ro" / "mlflow.db"}[problem]
+    if problem == "read-only folder":
+        path.parent.mkdir()
+        path.parent.chmod(0o500)
+        if os.access(path.parent, os.W_OK):  # root ignores the mode
+            pytest.skip("this user can write to a read-only folder")
+    with pytest.raises(ValueError, match=r"tracking_uri .*the sqlite database .*(does not exist|is a directory|"
+                                         r"is not writable)"):
+        MLflowLogger(tracking_uri=f"sqlite:///{path}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{path}")
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI"):
+        MLflowLogger()
+    assert MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'fine.db'}").tracking_uri
+
+
 def test_two_loggers_of_one_class_are_refused_at_train_begin(tmp_path):
-    """Issue 16 finding 3: they shared one checkpoint entry and one spill file."""
+    """They would share one checkpoint entry and one run."""
     pytest.importorskip("transformers")
     from hf_callbacks_plus.loggers.jsonl import JsonlLogger
     from tests.tiny_models import make_trainer
@@ -44,9 +69,33 @@ def test_two_loggers_of_one_class_are_refused_at_train_begin(tmp_path):
     assert trainer.state.global_step == 0
 
 
+@pytest.mark.wandb
+@pytest.mark.parametrize("runner", ["Trainer", "TrainerPlus"])
+def test_refusing_two_wandb_loggers_leaves_no_open_run(tmp_path, monkeypatch, runner):
+    """The first logger had opened its W&B run when the second was refused: the run stayed open
+    (``wandb.run``) with no exit. A bound trainer (TrainerPlus) refuses before any run opens; in a
+    stock Trainer the first logger's run is closed before the error."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("transformers")
+    import wandb
+
+    from hf_callbacks_plus import TrainerPlus
+    from tests.loggers.wandb_helpers import fast_logger, offline_env, runs
+    from tests.tiny_models import make_trainer
+
+    root = offline_env(monkeypatch, tmp_path / "wb")
+    trainer = make_trainer(tmp_path / "out", callbacks=[fast_logger(project="two"), fast_logger(project="two")],
+                           max_steps=2, trainer_class=TrainerPlus if runner == "TrainerPlus" else None)
+    with pytest.raises(ValueError, match="WandbLogger: 2 instances share state_key"):
+        trainer.train()
+    assert wandb.run is None
+    opened = runs(root)
+    assert opened == [] if runner == "TrainerPlus" else [run.exit_code for run in opened] == [1]
+
+
 def test_the_stock_callback_for_the_same_tracker_is_named_at_train_begin(tmp_path, caplog):
-    """Issue 16 finding 9: report_to='tensorboard' + TensorBoardLogger wrote two values per step
-    into one directory (report_to='mlflow' + MLflowLogger: two runs) without a word."""
+    """report_to='tensorboard' + TensorBoardLogger wrote two values per step into one directory
+    (report_to='mlflow' + MLflowLogger: two runs) without a word."""
     import logging
 
     pytest.importorskip("transformers")

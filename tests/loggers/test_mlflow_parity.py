@@ -81,15 +81,28 @@ def test_system_metrics_through_mlflows_monitor(tmp_path, sqlite_uri, experiment
     assert not [thread for thread in threading.enumerate() if "SystemMetricsMonitor" in thread.name]
 
 
-def test_uploaded_checkpoints_never_hold_the_hub_token(tmp_path, sqlite_uri, experiment, monkeypatch):
-    """Issue 16 finding 5: ``training_args.bin`` (the pickled TrainingArguments, ``hub_token``
-    in clear) was uploaded with every checkpoint; the artifact store must not receive it."""
-    token = "hf_" + "Z" * 34
+def test_uploaded_checkpoints_hold_no_secret(tmp_path, sqlite_uri, experiment, monkeypatch):
+    """``training_args.bin`` (the pickled TrainingArguments, ``hub_token`` in clear) is not uploaded,
+    and the uploaded ``trainer_state.json`` is a redacted copy: its ``log_history`` held the raw texts
+    logged (a token, a field naming a credential) that the loggers redact everywhere else."""
+    token, logged = "hf_" + "Z" * 34, "hf_" + "L" * 34
+
+    class LogSecrets(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                trainer.log({"note": f"pushed with {logged}", "db_password": "Plain-Passw0rd"})
+
     monkeypatch.setenv("HF_MLFLOW_LOG_ARTIFACTS", "true")
     logger = MLflowLogger(tracking_uri=sqlite_uri, experiment_name=experiment)
-    make_trainer(tmp_path / "out", callbacks=[logger], max_steps=2, logging_steps=1, save_strategy="steps",
-                 save_steps=2, hub_token=token).train()
-    assert (tmp_path / "out" / "checkpoint-2" / "training_args.bin").is_file()  # the trainer's own copy
+    trainer = make_trainer(tmp_path / "out", callbacks=[LogSecrets(), logger], max_steps=2, logging_steps=1,
+                           save_strategy="steps", save_steps=2, hub_token=token)
+    trainer.train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert (checkpoint / "training_args.bin").is_file()  # the trainer's own copies keep what they hold
+    assert logged.encode() in (checkpoint / "trainer_state.json").read_bytes()
     stored = [path for path in (tmp_path / "artifacts").rglob("*") if path.is_file()]
     assert stored and not any(path.name == "training_args.bin" for path in stored)
-    assert not any(token.encode() in path.read_bytes() for path in stored)
+    (state,) = [path for path in stored if path.name == "trainer_state.json"]
+    assert '"db_password": "<redacted>"' in state.read_text() and "pushed with ***" in state.read_text()
+    assert not [path for path in stored for secret in (token, logged, "Plain-Passw0rd")
+                if secret.encode() in path.read_bytes()]

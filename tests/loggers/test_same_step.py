@@ -57,21 +57,33 @@ def test_jsonl_writes_every_record(tmp_path):
 
 
 @pytest.mark.wandb
-def test_wandb_later_value_goes_to_the_summary_with_one_warning(tmp_path, monkeypatch, caplog):
+def test_wandb_later_value_goes_to_the_summary_under_its_step_with_one_warning(tmp_path, monkeypatch, caplog):
+    """W&B keeps one value per key and step: the later value goes to the run summary as
+    ``eval/loss@<step>``, where a later row cannot overwrite it (it used to go to ``eval/loss`` in the
+    summary, which the next row of ``eval/loss`` replaced: the value was gone)."""
     pytest.importorskip("wandb")
+    from transformers import TrainerCallback
+
     from tests.loggers.wandb_helpers import fast_logger, offline_env, runs
 
     root = offline_env(monkeypatch, tmp_path / "wb")
     logger = fast_logger(project="same-step")
+    seen = {}
+
+    class EvaluateOtherDataAt4(TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            if state.global_step == 4 and "other" not in seen:
+                seen["other"] = None
+                seen["other"] = trainer.evaluate(RegressionDataset(16, seed=9))["eval_loss"]
+
+    trainer = make_trainer(tmp_path / "out", callbacks=[logger, EvaluateOtherDataAt4()], logging_steps=4,
+                           eval_strategy="steps", eval_steps=4, max_steps=8)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        in_training, other = train_then_evaluate_other_data(tmp_path / "out", logger)
-    trained, reopened = runs(root)
-    assert trained.run_id == reopened.run_id == logger.run_id
-    assert [(row["_step"], row["eval/loss"]) for row in trained.history if "eval/loss" in row][1:] == [
-        (8, in_training)]
-    assert trained.steps("eval/loss") == [4, 8]
-    # W&B keeps one value per key and step: the later value is in the summary, not dropped
-    assert reopened.summary["eval/loss"] == pytest.approx(other)
-    assert not any("eval/loss" in row for row in reopened.history)
+        trainer.train()
+    (run,) = runs(root)
+    assert run.steps("eval/loss") == [4, 8]  # the history keeps the first value at step 4
+    last = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry][-1]
+    assert run.summary["eval/loss"] == pytest.approx(last)  # the later row's value
+    assert run.summary["eval/loss@4"] == pytest.approx(seen["other"])  # still there
     warnings = [r.getMessage() for r in caplog.records if "'eval/loss' already has a value" in r.getMessage()]
-    assert len(warnings) == 1, warnings
+    assert len(warnings) == 1 and "eval/loss@4" in warnings[0], warnings
