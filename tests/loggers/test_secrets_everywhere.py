@@ -1,14 +1,15 @@
 """Plant secrets everywhere a user can put one, train with every logger, search every file.
 
 Planted: a password in the MLflow tracking URI (of a live sqlite-backed logger's run name and
-of a logger whose server is down, so its state goes into checkpoints and its records into a
-spill file), tokens in secret environment variables (``HF_TOKEN``, a 40-hex ``WANDB_API_KEY``,
+of a logger whose server is down, so its state goes into checkpoints and its records stay in its
+write-ahead log), a token inside a metric name, tokens in secret environment variables (``HF_TOKEN``, a 40-hex ``WANDB_API_KEY``,
 ``MLFLOW_TRACKING_PASSWORD``), in ``TrainingArguments`` (``hub_token``, URL passwords in
 ``run_name`` and ``hub_model_id``), on the command line (``--hub_token``, a tracking URI with a
 password). Searched: every file under the run's temp dir (output_dir with its checkpoints,
 ``metrics.jsonl`` and the TensorBoard event files, the MLflow sqlite store, the W&B folder,
-the spill files) and everything printed or logged. A token logged as a text value is searched in the
-trackers' files (the Trainer's own ``log_history`` and printer keep what the user logs).
+the write-ahead logs) and everything printed or logged. A token logged as a text value or inside a
+metric name is searched in the trackers' files (the Trainer's own ``log_history`` and printer keep
+what the user logs).
 
 Not searched: ``training_args.bin``, transformers' own pickle of the ``TrainingArguments``,
 which the Trainer writes into every checkpoint to resume from it; it holds the arguments as
@@ -36,6 +37,7 @@ MLFLOW_ENV_PASSWORD = "mlflow-env-password-7"
 HF_ARG = "hf_" + "R" * 34
 HF_CLI = "hf_" + "C" * 34
 HF_LOGGED = "hf_" + "L" * 34
+HF_NAME = "hf_" + "M" * 34
 SECRETS = [HF_ENV, WANDB_KEY, MLFLOW_ENV_PASSWORD, HF_ARG, HF_CLI,
            "UriPassw0rd", "RunNamePassw0rd", "HubIdPassw0rd", "CliPassw0rd"]
 
@@ -46,7 +48,7 @@ class LogText(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step == 1:
-            self.trainer.log({"note": f"pushed with {HF_LOGGED}"})
+            self.trainer.log({"note": f"pushed with {HF_LOGGED}", f"score_{HF_NAME}": 1.0})
 
 
 def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypatch, caplog, capfd,
@@ -73,8 +75,8 @@ def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypat
     wandb_root = offline_env(monkeypatch, tmp_path / "wandb")
     out = tmp_path / "out"
     live = MLflowLogger(tracking_uri=sqlite_uri, experiment_name="secrets")
-    dead = MLflowLogger(tracking_uri=dead_uri, experiment_name="secrets", flush_timeout=1.0,
-                        backoff=(0.05, 0.1), spill_dir=str(tmp_path / "spill"))
+    dead = MLflowLogger(tracking_uri=dead_uri, experiment_name="secrets-dead", flush_timeout=1.0,
+                        backoff=(0.05, 0.1), wal_dir=str(tmp_path / "wal"))
     wandb_logger = fast_logger(project="secrets")
     text = LogText()
     tensorboard = TensorBoardLogger()
@@ -97,8 +99,9 @@ def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypat
     assert run.info.run_name == "exp http://ru:***@host/x"
     (wandb_run,) = runs(wandb_root)
     assert wandb_run.config["run_name"] == "exp http://ru:***@host/x"
-    spills = [path for path in (tmp_path / "spill").rglob("*") if path.is_file()]
-    assert spills and all("mluser" in path.name for path in spills)
+    assert [key for key in run.data.metrics if key.startswith("train/score_")] == ["train/score____"]
+    (kept,) = (tmp_path / "wal").glob("*.json")  # the dead store's records wait in its log
+    assert "mluser:***@127.0.0.1" in kept.read_text()
     assert list((out / "runs" / tensorboard.run_id).glob("events.out.tfevents.*"))
     checkpoints = sorted(out.glob("checkpoint-*/trainer_state.json"))
     assert len(checkpoints) == 2 and all("mluser:***@127.0.0.1" in p.read_text() for p in checkpoints)
@@ -113,5 +116,6 @@ def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypat
     # a token the user logs as text: masked in every tracker (the Trainer's own log_history and
     # printer keep what the user logged)
     tracker_files = [path for path in files if "checkpoint-" not in str(path)]
-    assert not [str(path) for path in tracker_files if HF_LOGGED.encode() in path.read_bytes()]
+    assert not [(str(path), secret) for path in tracker_files for secret in (HF_LOGGED, HF_NAME)
+                if secret.encode() in path.read_bytes()]
     assert "mluser:***@127.0.0.1" in caplog.text  # the outage warning names the server, masked
