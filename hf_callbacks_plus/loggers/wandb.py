@@ -170,6 +170,7 @@ class WandbBackend(Backend):
         self._waiting: list[tuple[Callable[..., None], tuple]] = []
         self._waiting_points = 0
         self._min_step = 0
+        self._held_keys: set[str] = set()
         self.new_session()
 
     def new_session(self) -> None:
@@ -177,6 +178,7 @@ class WandbBackend(Backend):
         self._row_step = -1  # step of the last history row written in this session
         self._row_keys: set[str] = set()
         self._row_open = False  # the row at _row_step was written by the open run
+        self._history_keys: set[str] = set()  # keys with a history row in this session
 
     def new_run_id(self) -> str:
         """A W&B run id made on the training thread (``wandb.init(id=...)`` takes it), so the first
@@ -229,7 +231,8 @@ class WandbBackend(Backend):
         run = self.run
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
-        self._min_step = int(getattr(run, "starting_step", 0) or 0)
+        self._min_step = int(getattr(run, "starting_step", 0) or 0)  # online resume: W&B's next step
+        self._held_keys = {key for key in run.summary.keys() if not key.startswith("_")} if self._min_step else set()
         self._row_step, self._row_keys, self._row_open = max(self._row_step, self._min_step - 1), set(), False
         if self.watch != "false" and self.model is not None:
             watch = getattr(run, "watch", None) or self._wandb.watch  # Run.watch since wandb 0.18
@@ -268,9 +271,9 @@ class WandbBackend(Backend):
             self._do(self._log_record, record, points=len(record.metrics) + len(record.summary))
 
     def _log_record(self, record: LogRecord) -> None:
-        metrics, step, run = record.metrics, record.step, self.run
-        if step < self._min_step:  # the resumed run holds this step already
-            metrics = {}
+        step, run = record.step, self.run
+        metrics = {key: value for key, value in record.metrics.items()
+                   if step >= self._min_step or key not in self._held_keys}  # held by the resumed run
         if self._row_open and step == self._row_step:  # more values for the current row
             fresh = {key: value for key, value in metrics.items() if key not in self._row_keys}
         elif step > self._row_step:  # a new row
@@ -281,13 +284,17 @@ class WandbBackend(Backend):
         if fresh:
             run.log({**fresh, STEP_KEY: step}, step=step)
             self._row_keys.update(fresh)
-        late = {f"{key}@{step}": value for key, value in metrics.items() if key not in fresh}
+            self._history_keys.update(fresh)
+        # a later value of a key with a history goes under its step (a later row would replace it)
+        late = {(f"{key}@{step}" if key in self._history_keys else key): value
+                for key, value in metrics.items() if key not in fresh}
         if late or record.summary:
             run.summary.update({**record.summary, **late})
-        for key in late:
-            self._warn(("late", key.rpartition("@")[0]), "WandbLogger: %r already has a value at step %d (or the "
-                       "run is past that step); W&B keeps one value per key and step, so its history keeps the "
-                       "first value and this one is in the run summary as %r.", key.rpartition("@")[0], step, key)
+        for name in late:
+            key = name.rpartition("@")[0] or name
+            self._warn(("late", key), "WandbLogger: %r has a value at step %d already (or the run is past that "
+                       "step); W&B keeps one value per key and step, so this one is in the run summary as %r.",
+                       key, step, name)
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         self._do(lambda: self.run.config.update({key: typed(value) for key, value in params.items()},

