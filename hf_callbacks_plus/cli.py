@@ -51,6 +51,7 @@ def add_replay_command(commands: Any) -> None:
 
 def run_replay(args: argparse.Namespace) -> int:
     """Run ``replay``; 0 when everything was sent (or listed), 1 otherwise."""
+    from .loggers.mlflow import MLflowBackend
     from .loggers.wal import find_logs, replay
 
     try:
@@ -63,7 +64,8 @@ def run_replay(args: argparse.Namespace) -> int:
     failed = 0
     for path in paths:
         try:
-            result = replay(path, dry_run=args.dry_run, tracking_uri=args.tracking_uri)
+            result = replay(path, lambda target: MLflowBackend.for_target(target, args.tracking_uri),
+                            dry_run=args.dry_run)
         except (OSError, RuntimeError, ValueError, ModuleNotFoundError) as error:
             print(f"hf-callbacks-plus replay: {error}", file=sys.stderr)
             failed += 1

@@ -587,7 +587,8 @@ class MLflowLogger(TrackerLogger):
             wal.append({"kind": "boundary"})
         self._wal = wal
         self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume, name=self.logger_name,
-                              backoff=self.backoff, on_run_id=self._set_run_id)
+                              backoff=self.backoff, on_run_id=self._set_run_id,
+                              for_target=lambda target: MLflowBackend.for_target(target, self.tracking_uri))
         self.run_id = self._sender.run_id
         self._sender.start()
 

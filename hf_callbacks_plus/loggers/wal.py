@@ -211,11 +211,14 @@ class Sender:
         name: Shown in messages. Defaults to the backend's name.
         backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30).
         on_run_id: Called with the run's id once it is open. Defaults to None.
+        for_target: Builds the backend of another log's sidecar: once the run is open, the logs
+            other runs left in the same folder for the same store are sent too. Defaults to None.
     """
 
     def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str], run_id: Optional[str] = None,
                  resume: bool = True, name: Optional[str] = None, backoff: tuple[float, float] = (0.5, 30.0),
-                 on_run_id: Optional[Callable[[str], None]] = None) -> None:
+                 on_run_id: Optional[Callable[[str], None]] = None,
+                 for_target: Optional[Callable[[dict], Backend]] = None) -> None:
         state = wal.state()
         self.wal, self.backend, self.name = wal, backend, name or backend.name
         self.run_key = run_key or state.get("run_key")
@@ -225,6 +228,7 @@ class Sender:
         self.held: Optional[dict[str, int]] = state.get("held")
         self.backoff = backoff
         self.on_run_id = on_run_id
+        self.for_target = for_target
         #: Entries sent and entries the store refused (dropped), in this process.
         self.sent = self.dropped = 0
         #: The run's final status was set (a ``finish`` entry, or `close` out of order).
@@ -486,7 +490,7 @@ class Sender:
     def _replay_siblings(self) -> None:
         """Send the logs other runs left in this folder for the same store (a training that ended
         while the store was down), each to its own run."""
-        if not self._live:
+        if not self._live or self.for_target is None:
             return
         mine = self.wal.state()
         for path in find_logs(self.wal.path.parent):
@@ -496,7 +500,7 @@ class Sender:
                     or any(theirs.get(key) != mine.get(key) for key in ("logger", "tracking_uri", "experiment_name"))):
                 continue
             try:
-                result = replay(path, tracking_uri=getattr(self.backend, "tracking_uri", None))
+                result = replay(path, self.for_target)
                 logger.warning("%s: sent %d entries %s left in %s to run %s.", self.name, result.sent,
                                "an earlier training", path, result.run_id)
             except Exception as error:  # kept for a later run or a replay
@@ -568,16 +572,14 @@ def _summary(wal: WriteAheadLog, state: dict[str, Any]) -> Replayed:
     return result
 
 
-def replay(path: Union[str, Path], backend: Optional[Backend] = None, dry_run: bool = False,
-           tracking_uri: Optional[str] = None) -> Replayed:
+def replay(path: Union[str, Path], for_target: Callable[[dict], Backend], dry_run: bool = False) -> Replayed:
     """Send what a write-ahead log holds past its acknowledged offset to its run; remove it when all
     is sent. A file a training holds is left alone.
 
     Args:
         path: The log (``<run key>.jsonl``).
-        backend: Where to send. Defaults to the backend its sidecar names (`for_target`).
+        for_target: Builds the backend its sidecar names (``MLflowBackend.for_target``).
         dry_run: Only count what would be sent. Defaults to False.
-        tracking_uri: MLflow tracking URI to use instead of the recorded one. Defaults to None.
 
     Raises:
         RuntimeError: A training (or another replay) holds the file.
@@ -595,11 +597,7 @@ def replay(path: Union[str, Path], backend: Optional[Backend] = None, dry_run: b
         if wal.size() <= int(state.get("acked") or 0):
             wal.close(delete=True)  # everything was sent already
             return result
-        if backend is None:
-            from .mlflow import MLflowBackend
-
-            backend = MLflowBackend.for_target(state, tracking_uri)
-        sender = Sender(wal, backend, state.get("run_key"), state.get("run_id"))
+        sender = Sender(wal, for_target(state), state.get("run_key"), state.get("run_id"))
         try:
             sender.send_to_end()
         except Exception as error:

@@ -18,7 +18,6 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402

@@ -22,12 +22,12 @@ import urllib3  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from hf_callbacks_plus.loggers.base import LogRecord  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import (  # noqa: E402
     MLflowLogger,
     UnusableRunError,
     is_transient_mlflow_error,
 )
-from hf_callbacks_plus.loggers.base import LogRecord  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
 from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
 from tests.loggers.faults import FaultInjectingBackend  # noqa: E402

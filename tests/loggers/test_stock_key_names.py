@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hf_callbacks_plus.loggers.jsonl import JsonlLogger
 from hf_callbacks_plus.loggers.base import stock_names
+from hf_callbacks_plus.loggers.jsonl import JsonlLogger
 from tests.tiny_models import make_trainer
 
 pytestmark = pytest.mark.transformers

@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers import wal as wal_module  # noqa: E402
-from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
+from hf_callbacks_plus.loggers.mlflow import MLflowBackend, MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loggers.wal import WriteAheadLog, replay  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
 from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
@@ -279,9 +279,9 @@ def test_replay_names_the_record_counts_and_the_status(tmp_path, sqlite_uri):
     logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "finish"))
     train(tmp_path, [logger], 4)
     path = tmp_path / ".mlflow_wal" / f"{logger.run_key}.jsonl"
-    listed = replay(path, dry_run=True)
+    listed = replay(path, MLflowBackend.for_target, dry_run=True)
     assert (listed.log_records, listed.steps, listed.status) == (5, (1, 4), "FINISHED")
     assert "would send" in listed.describe(dry_run=True) and path.exists()
     shutil.copy(path, tmp_path / "copy.jsonl")  # a copy without its sidecar is not a log
     assert os.path.exists(path)
-    assert replay(path).error is None and not Path(path).exists()
+    assert replay(path, MLflowBackend.for_target).error is None and not Path(path).exists()
