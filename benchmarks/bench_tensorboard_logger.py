@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hf_callbacks_plus.loggers.records import LogRecord
+from hf_callbacks_plus.loggers.base import LogRecord
 from hf_callbacks_plus.loggers.tensorboard import TensorBoardBackend, summary_writer_class
 
 
 def old_log(writer: Any, records: list[LogRecord]) -> None:
     """The former ``TensorBoardBackend.log``: ``add_scalar`` per value, a flush per call."""
     for record in records:
-        walltime = record.timestamp / 1000.0
+        walltime = record.time / 1000.0
         for key, value in record.metrics.items():
             writer.add_scalar(key, value, record.step, walltime=walltime)
         for key, value in record.summary.items():
@@ -59,7 +59,7 @@ def time_old(directory: Path, records: list[LogRecord]) -> tuple[float, float]:
 def time_new(directory: Path, records: list[LogRecord]) -> tuple[float, float]:
     """Seconds in the ``log`` calls, and with the close (all on disk)."""
     backend = TensorBoardBackend(summary_writer_class(), lambda run_id: str(directory))
-    run_id = backend.start(None, resume=False)
+    run_id = backend.start(None, "key", resume=False)
     begin = time.perf_counter()
     for record in records:
         backend.log([record], run_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 __all__ = ["build_parser", "main"]
@@ -49,29 +50,56 @@ def add_replay_command(commands: Any) -> None:
                         "default: the recorded one, or MLFLOW_TRACKING_URI when it matches)")
 
 
+def describe_log(path: Path) -> str:
+    """One line listing what a write-ahead log holds past its acknowledged offset."""
+    from .loggers.wal import WriteAheadLog
+
+    wal = WriteAheadLog(path)
+    state = wal.state()
+    offset, records, points, steps, status = int(state.get("acked") or 0), 0, 0, [], None
+    while entries := wal.read(offset, 10**9, 10**9)[0]:
+        for entry, _ in entries:
+            if entry.get("kind") == "log":
+                records += 1
+                points += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
+                steps.append(int(entry["step"]))
+            status = entry.get("status") if entry.get("kind") == "finish" else None
+        offset = entries[-1][1]
+    run = state.get("run_id") or f"(key {state.get('run_key')})"
+    span = f", steps {min(steps)}-{max(steps)}" if steps else ""
+    return (f"{path}: run {run}, {records} log record(s), {points} point(s){span}, "
+            + (f"final status {status}" if status else "no final status"))
+
+
 def run_replay(args: argparse.Namespace) -> int:
     """Run ``replay``; 0 when everything was sent (or listed), 1 otherwise."""
     from .loggers.mlflow import MLflowBackend
     from .loggers.wal import find_logs, replay
 
-    try:
-        paths = find_logs(args.path)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"hf-callbacks-plus replay: {error}", file=sys.stderr)
+    root = Path(args.path)
+    paths = find_logs(root) if root.is_dir() else [root]
+    sidecar = root.with_suffix(".json").name
+    problem = (f"{str(root)!r} does not exist" if not root.exists() else
+               f"{str(root)!r} is not an MLflowLogger write-ahead log (no {sidecar} beside it; a metrics "
+               "JSONL log is read with `hf-callbacks-plus plot`). They are in <output_dir>/.mlflow_wal/; pass "
+               "that folder." if root.is_file() and not root.with_suffix(".json").is_file() else None)
+    if problem:
+        print(f"hf-callbacks-plus replay: {problem}", file=sys.stderr)
         return 1
     if not paths:
         print(f"nothing to replay in {args.path}")
     failed = 0
     for path in paths:
+        line = describe_log(path)
         try:
-            result = replay(path, lambda target: MLflowBackend.for_target(target, args.tracking_uri),
-                            dry_run=args.dry_run)
-        except (OSError, RuntimeError, ValueError, ModuleNotFoundError) as error:
-            print(f"hf-callbacks-plus replay: {error}", file=sys.stderr)
+            if not args.dry_run:
+                sender = replay(path, lambda target: MLflowBackend.for_target(target, args.tracking_uri))
+                refused = f", {sender.dropped} refused" if sender.dropped else ""
+                line += f", sent to run {sender.run_id}{refused}"
+        except Exception as error:  # the store's own errors too: the log is kept, the next one is tried
+            line += f", NOT sent: {type(error).__name__}: {str(error)[:300]}"
             failed += 1
-            continue
-        print(result.describe(args.dry_run))
-        failed += result.error is not None
+        print(("would send " if args.dry_run else "") + line)
     if not args.dry_run:
         print(f"replayed {len(paths) - failed} log(s)" + (f", {failed} not sent (kept)" if failed else ""))
     return 1 if failed else 0

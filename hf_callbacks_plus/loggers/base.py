@@ -71,31 +71,22 @@ class LogRecord:
 
 class Backend:
     """One tracker's client, called on one thread in order: `start`, writes, `finish`.
-
-    Subclasses implement `start`, `log`, `log_config` and `finish`; the rest is optional.
-    """
+    Subclasses implement `start`, `log`, `log_config` and `finish`; the rest is optional."""
 
     #: Shown in messages.
     name = "backend"
 
     def new_run_id(self) -> Optional[str]:
-        """The id of a new run when the client chooses it (W&B, TensorBoard, JSONL); None when the
-        store assigns it (MLflow). Defaults to None."""
+        """A new run's id when the client chooses it (W&B, TensorBoard, JSONL). Defaults to None."""
         return None
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
-        """Open the run (reattach to it when ``resume``) and return its id.
-
-        Args:
-            run_id: The run's id when known.
-            run_key: The client-made key of the run (a store that assigns ids tags the run with
-                it and finds it by it when ``run_id`` is None).
-            resume: The run may exist already.
-        """
+        """Open the run (reattach to it when ``resume``) and return its id; a store that assigns ids
+        tags the run with ``run_key`` and finds it by it when ``run_id`` is None."""
         raise NotImplementedError
 
     def logged_steps(self, run_id: str) -> dict[str, int]:
-        """Last step per metric the run holds (asked when a session attaches to it). Defaults to {}."""
+        """Last step per metric the run holds (a session attaches to it). Defaults to {}."""
         return {}
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
@@ -107,8 +98,7 @@ class Backend:
         raise NotImplementedError
 
     def log_file(self, folder: str, name: str, kind: str, run_id: str) -> None:
-        """Upload a staged folder as ``name`` (``kind``: ``"model"``, ``"predictions"``...) and remove
-        the folder. Defaults to nothing (a tracker that keeps no files)."""
+        """Upload a staged folder as ``name`` (``kind``: ``"model"``...), then remove it. Defaults to nothing."""
 
     def finish(self, status: str, run_id: str) -> None:
         """Close the run with ``"FINISHED"`` or ``"FAILED"``."""
@@ -182,18 +172,13 @@ def normalize_value(value: Any) -> tuple[str, Any]:
 
 
 class Renderer:
-    """Turns ``on_log`` data into a `LogRecord` for one tracker (training thread).
+    """Turns ``on_log`` data into a `LogRecord` for the logger ``owner`` (its policy and naming).
 
-    Keys get their section from the key grammar (or the stock callback's names), values become
-    floats (``bool``, ints, numpy scalars, one-element tensors) or texts (run summary; secret ones
-    redacted), other values are dropped with one warning per key. Names are masked by the
-    secrets policy, cleaned and cut for the tracker (two names that end up equal get ``_2``...).
-    A point equal to the last one of its metric (same step and value) and a point at or below
-    ``held`` (the resume boundary) are left out.
-
-    Args:
-        owner: The logger, which sets the policy (``nonfinite``, ``key_names``, its class's
-            naming attributes and ``clean_name``) and warns once per key.
+    Keys get their section from the key grammar (or the stock callback's names); values become
+    floats or texts (run summary; secret ones redacted), others are dropped with one warning per
+    key. Names are masked by the secrets policy, cleaned and cut for the tracker (``_2`` on a
+    collision). A repeat of a metric's last point and a point at or below ``held`` (the resume
+    boundary) are left out.
     """
 
     def __init__(self, owner: TrackerLogger) -> None:
@@ -289,10 +274,9 @@ def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
 class TrackerLogger(SelfRestoringState):
     """Base callback for experiment trackers; never crashes training.
 
-    A subclass sets ``self.backend`` in its ``__init__``, and its class attributes say how
-    names are rendered for its tracker. Writing goes to the backend on the training thread; a
-    tracker without a durable buffer of its own (MLflow) overrides the ``_open_run`` /
-    ``_write*`` / ``_sync`` / ``_close_run`` hooks to go through a write-ahead log.
+    A subclass sets ``self.backend`` in ``__init__``; its class attributes say how names are
+    rendered. Writes go to the backend on the training thread; MLflow overrides the ``_open_run``
+    / ``_write*`` / ``_sync`` / ``_close_run`` hooks to go through its write-ahead log.
 
     Args:
         log_config: Log the ``TrainingArguments`` and the model config once, as params.
@@ -310,16 +294,14 @@ class TrackerLogger(SelfRestoringState):
         ValueError: An argument is out of range.
     """
 
-    #: Capability: sends logs out of the process (`run_before_integrations` puts the callbacks
-    #: that fix logs ahead of it).
+    #: Capability: sends logs out (`run_before_integrations` puts the callbacks fixing logs ahead).
     sends_logs_out = True
-    #: The tracking service; set by the subclass's ``__init__`` (None: the logger does nothing).
+    #: The tracking service, set by the subclass (None: the logger does nothing).
     backend: Optional[Backend] = None
     #: Class name of transformers' ``report_to`` callback for the same tracker.
     stock_callback: Optional[str] = None
-    #: Naming for this tracker: longest metric name and param value (None: no limit); numeric
-    #: run totals sent as points at their step (a tracker without a run summary); the stock
-    #: callback's naming (``"raw"`` or ``"rewrite_logs"``) and the keys it puts in the summary.
+    #: Naming: longest metric name and param value; numeric totals as points (no run summary); the
+    #: stock callback's naming (``"raw"``, ``"rewrite_logs"``) and the keys it puts in the summary.
     max_name_length: Optional[int] = None
     max_param_length: Optional[int] = None
     summary_as_curves = False
@@ -390,17 +372,11 @@ class TrackerLogger(SelfRestoringState):
                 self.grammar.declare_dataset(str(name))
 
     def log_file(self, path: Union[str, os.PathLike], name: str, artifact_type: str = "predictions") -> bool:
-        """Upload a file to the open run (MLflow: under ``name/``; W&B: an artifact of type
-        ``artifact_type``). `StreamingMetrics` uses it for its predictions files.
-
-        Args:
-            path: The file (copied at once: it may change afterwards).
-            name: Where it goes in the run.
-            artifact_type: The W&B artifact type. Defaults to ``"predictions"``.
+        """Upload a copy of the file ``path`` to the open run as ``name`` (MLflow: a folder; W&B: an
+        artifact of type ``artifact_type``), as `StreamingMetrics` does with its predictions.
 
         Returns:
-            True when handed on; False when this tracker keeps no files (JSONL, TensorBoard) or
-            no run is open.
+            False when this tracker keeps no files (JSONL, TensorBoard) or no run is open.
         """
         if not self._is_open or type(self.backend).log_file is Backend.log_file:
             return False
@@ -424,11 +400,8 @@ class TrackerLogger(SelfRestoringState):
         return self._sync(self.flush_timeout if timeout is None else timeout)
 
     def close(self, status: str = FINISHED, timeout: Optional[float] = None) -> bool:
-        """Close the run with ``status`` within ``timeout`` seconds (default ``flush_timeout``).
-
-        Returns:
-            True when everything was delivered and the run was closed.
-        """
+        """Close the run with ``status`` within ``timeout`` seconds (default ``flush_timeout``); True
+        when everything was delivered and the run was closed."""
         if status not in (FINISHED, FAILED):
             raise ValueError(f"status must be 'FINISHED' or 'FAILED', got {status!r}")
         with self._lifecycle_lock:

@@ -34,13 +34,9 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str =
 
 
 def args_to_dict(args: Any) -> dict[str, Any]:
-    """``args.to_dict()``, the dataclass fields, or the public attributes of ``args``.
-
-    ``TrainingArguments.to_dict()`` replaces every ``*_token`` field by a placeholder
-    (``<HUB_TOKEN>``); unset fields (None) and fields holding vocabulary tokens (trl's
-    ``pad_token``/``eos_token``) get their real value back, the others keep the placeholder
-    (then redacted).
-    """
+    """``args.to_dict()``, the dataclass fields, or the public attributes of ``args``. The placeholder
+    ``to_dict()`` puts in ``*_token`` fields (``<HUB_TOKEN>``) is undone for unset fields and
+    vocabulary tokens (trl's ``pad_token``); the others are redacted later."""
     if args is None:
         return {}
     to_dict = getattr(args, "to_dict", None)
@@ -97,16 +93,8 @@ def model_facts(model: Any) -> dict[str, Any]:
 
 
 def collect_config(args: Any, model: Any = None) -> dict[str, str]:
-    """Flatten ``args`` (bare keys), the model config (``model.<key>``), the parameter count and
-    the peft config (`model_facts`), and redact secrets.
-
-    Args:
-        args: ``TrainingArguments``, ``LoopArguments``, a dataclass or a dict.
-        model: A model with a ``config``, or None. Defaults to None.
-
-    Returns:
-        Flat ``{name: str(value)}`` where every secret value is ``"<redacted>"``.
-    """
+    """``args`` (``TrainingArguments``, ``LoopArguments``, a dataclass or a dict: bare keys), the model
+    config (``model.<key>``), its parameter count and peft config, flat, as redacted strings."""
     config = flatten_config(args_to_dict(args))
     model_config = model_config_to_dict(model)
     if model_config:

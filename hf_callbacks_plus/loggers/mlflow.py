@@ -25,7 +25,7 @@ from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
 from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
-from .wal import Sender, WriteAheadLog, replay_hint
+from .wal import Sender, WriteAheadLog
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
            "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
@@ -632,18 +632,7 @@ class MLflowLogger(TrackerLogger):
     def _close_run(self, status: str, timeout: float) -> bool:
         wal, sender = self._wal, self._sender
         self._append({"kind": "finish", "status": status})
-        delivered = sender.close(timeout, grace=5.0 if status == FINISHED else 1.0)
-        if not delivered and sender.can_finish_now():
-            try:  # the run gets its status now; the log keeps the rest (and the status) for later
-                self.backend.finish(status, self.run_id)
-                sender.status_set = True
-            except Exception as error:
-                logger.warning("%s: could not set the run's final status %s (%s: %s).", self.logger_name,
-                               status, type(error).__name__, str(error)[:300])
-        if not delivered:
-            logger.warning("%s: %d record(s) were not delivered (%s); they are kept in %s. Resuming this run sends "
-                           "them, or %s.", self.logger_name, _entries_after(wal, sender.acked),
-                           sender.why_not_delivered(), wal.path, replay_hint(wal.path))
+        delivered = sender.close(status, timeout, grace=5.0 if status == FINISHED else 1.0)
         wal.close(delete=delivered)
         self._wal = self._sender = None
         return delivered and self._lost == 0 and not sender.dropped
@@ -658,13 +647,3 @@ class MLflowLogger(TrackerLogger):
     def _log_config(self, args: Any, model: Any) -> None:
         if self.max_log_params != 0:
             super()._log_config(args, model)
-
-
-def _entries_after(wal: WriteAheadLog, offset: int) -> int:
-    """Log records past ``offset`` (for messages)."""
-    try:
-        with open(wal.path, "rb") as handle:
-            handle.seek(offset)
-            return sum(1 for line in handle if line.startswith(b'{"kind": "log"') and line.endswith(b"\n"))
-    except OSError:
-        return 0

@@ -16,24 +16,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, Optional
 
-__all__ = [
-    "MASK",
-    "REDACTED",
-    "SecretMaskingFilter",
-    "command_line_has_secret",
-    "install_log_filter",
-    "is_secret_key",
-    "is_vocabulary_token",
-    "known_secret_values",
-    "looks_like_secret",
-    "mask_secrets",
-    "mask_url_credentials",
-    "redact_config",
-    "redact_value",
-    "remember_credentials",
-    "unmask_url",
-    "url_has_credentials",
-]
+__all__ = ["MASK", "REDACTED", "SecretMaskingFilter", "command_line_has_secret", "install_log_filter",
+           "is_secret_key", "is_vocabulary_token", "known_secret_values", "looks_like_secret", "mask_secrets",
+           "mask_url_credentials", "redact_config", "redact_value", "remember_credentials", "unmask_url"]
 
 #: What a whole secret value is replaced with before it reaches a backend.
 REDACTED = "<redacted>"
@@ -82,15 +67,8 @@ _NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
 
 @functools.lru_cache(maxsize=8192)
 def is_secret_key(key: str) -> bool:
-    """Tell whether a config key names a credential (token, secret, password, api key...).
-
-    Args:
-        key: A config key, possibly dotted (``"args.hub_token"``); only the last part counts.
-
-    Returns:
-        True for ``hub_token``, ``api_key``, ``WANDB_API_KEY``, ``db_password``...; False for
-        ``pad_token_id``, ``include_num_input_tokens_seen``, and for the vocabulary-token
-        fields ``pad_token``, ``eos_token``, ``bos_token``... (see `is_vocabulary_token`).
+    """Tell whether a key (its last dotted part) names a credential: ``hub_token``, ``WANDB_API_KEY``,
+    ``db_password``; not ``pad_token_id``, ``num_tokens`` or vocabulary fields (``eos_token``).
 
     Example:
         >>> is_secret_key("hub_token"), is_secret_key("eos_token"), is_secret_key("pad_token_id")
@@ -108,16 +86,9 @@ def _last_word(key: Any) -> str:
 
 
 def is_vocabulary_token(key: str, value: Any) -> bool:
-    """True when ``key``/``value`` is a tokenizer's vocabulary token, not a credential.
-
-    A ``<role>_token`` field (``pad_token``, ``eos_token``, ``image_token``...) always is, unless
-    its value has the shape of an access token; any other ``*_token`` field is when its value
-    has the shape of a vocabulary token (``<pad>``, ``[PAD]``, ``<|im_end|>``).
-
-    Example:
-        >>> is_vocabulary_token("eos_token", "<|im_end|>"), is_vocabulary_token("hub_token", "hf_x")
-        (True, False)
-    """
+    """True when ``key``/``value`` is a tokenizer's vocabulary token (``eos_token``: ``<|im_end|>``), not
+    a credential: a ``<role>_token`` field unless its value is shaped like an access token, any other
+    ``*_token`` field when its value is shaped like a vocabulary token (``<pad>``, ``[PAD]``)."""
     if not isinstance(value, str):
         return False
     last = _last_word(key)
@@ -129,15 +100,8 @@ def is_vocabulary_token(key: str, value: Any) -> bool:
 
 
 def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:
-    """The values of this process's secret environment variables, longest first.
-
-    Args:
-        environ: The environment to read. Defaults to ``os.environ`` (read at each call).
-
-    Returns:
-        Values (at least 8 characters) of variables whose name names a secret
-        (`is_secret_key`): ``WANDB_API_KEY``, ``HF_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``...
-    """
+    """The values (8 characters or more) of the environment variables naming a secret
+    (``WANDB_API_KEY``, ``HF_TOKEN``...), longest first. ``environ`` defaults to ``os.environ``."""
     values = {value for name, value in _items(os.environ if environ is None else environ)
               if len(value) >= _MIN_ENV_SECRET and name not in _NOT_SECRET_ENV and is_secret_key(name)}
     return sorted(values, key=len, reverse=True)
@@ -152,12 +116,6 @@ def _items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
         except (KeyError, RuntimeError):
             continue
     return []
-
-
-def url_has_credentials(url: Any) -> bool:
-    """True when ``url`` carries a password (``user:password@``), a token as the user, or a
-    query parameter naming a secret."""
-    return isinstance(url, str) and mask_url_credentials(url) != url
 
 
 def _mask_userinfo(match: re.Match) -> str:
@@ -181,14 +139,8 @@ def _mask_query(match: re.Match) -> str:
 
 
 def mask_url_credentials(text: Any) -> Any:
-    """Mask the credentials of every URL inside ``text``; other values are returned unchanged.
-
-    ``http://user:PASSWORD@host:5000`` -> ``http://user:***@host:5000``; a lone long user name
-    or token (``https://hf_xxx@host``) -> ``https://***@host``; secret query parameters
-    (``?token=abc``) -> ``?token=***``. The result is stable: masking twice changes nothing.
-
-    Args:
-        text: Any text (a URI, a message, a file name); non-strings are returned as they are.
+    """Mask the credentials of every URL inside ``text`` (a password, a token as the user, a query
+    parameter naming a secret); masking twice changes nothing; non-strings are returned as they are.
 
     Example:
         >>> mask_url_credentials("http://alice:s3cret@mlflow.example:5000")
@@ -203,13 +155,8 @@ def mask_url_credentials(text: Any) -> Any:
 
 
 def mask_secrets(text: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
-    """Mask every secret inside ``text``: URL credentials, access tokens, secret env values.
-
-    Unlike `redact_value`, the rest of the text is kept (a run name, a message).
-
-    Args:
-        text: Any text; non-strings are returned as they are.
-        environ: The environment whose secret values are masked. Defaults to ``os.environ``.
+    """Mask every secret inside ``text`` (URL credentials, access tokens, values of secret environment
+    variables of ``environ``, default ``os.environ``), keeping the rest of the text.
 
     Example:
         >>> mask_secrets("push to https://u:pw@hub.example with hf_" + "a" * 34, environ={})
@@ -226,14 +173,8 @@ def mask_secrets(text: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
 
 
 def looks_like_secret(key: str, value: Any) -> bool:
-    """True when a string ``value`` logged under ``key`` must be replaced as a whole: the key
-    names a credential (and the value is not a vocabulary token), or the value *is* an access
-    token (``hf_...``) or the value of a secret environment variable.
-
-    Example:
-        >>> looks_like_secret("train/hub_token", "x"), looks_like_secret("train/note", "hello")
-        (True, False)
-    """
+    """True when a string ``value`` logged under ``key`` must be replaced as a whole: the key names a
+    credential (not a vocabulary token), or the value is an access token or a secret env value."""
     if not isinstance(value, str) or value.strip() in _NOT_SET:
         return False
     if is_secret_key(key) and not is_vocabulary_token(key, value):
@@ -243,11 +184,8 @@ def looks_like_secret(key: str, value: Any) -> bool:
 
 
 def redact_value(key: str, value: Any) -> str:
-    """The text a backend receives for the config value ``value`` of ``key``.
-
-    ``<redacted>`` for a credential field holding something (anything but None, "", booleans
-    and their text) or a value that is a secret; otherwise ``str(value)`` with the secrets inside it
-    masked (`mask_secrets`).
+    """The text a tracker receives for the config value ``value`` of ``key``: ``<redacted>`` for a
+    set credential field or a secret value, else ``str(value)`` with secrets masked.
 
     Example:
         >>> redact_value("hub_token", "abc"), redact_value("eos_token", "</s>")
@@ -271,13 +209,8 @@ def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
 
 
 def command_line_has_secret(argv: list[str]) -> bool:
-    """True when a command line passes a secret: ``--hub_token X``, ``--api-key=X``, a URL with
-    a password, an access token, or the value of a secret environment variable.
-
-    Example:
-        >>> command_line_has_secret(["--hub_token", "hf_x"]), command_line_has_secret(["--lr", "0.1"])
-        (True, False)
-    """
+    """True when a command line passes a secret: ``--hub_token X``, ``--api-key=X``, a URL with a
+    password, an access token, or the value of a secret environment variable."""
     known = known_secret_values()
     for index, arg in enumerate(argv):
         if mask_secrets(arg) != arg or arg.strip() in known:
@@ -297,12 +230,8 @@ _UNMASKED: dict[str, str] = {}
 
 
 def remember_credentials(url: Any) -> Any:
-    """Return ``url`` with its credentials masked, remembering the real one for `unmask_url`.
-
-    Loggers save their tracking URI masked (checkpoint state, spill file names); a logger
-    rebuilt from a checkpoint (transformers' ``restore_callback_states_from_checkpoint``) gets the
-    masked URI back and `unmask_url` returns the real one given in this process.
-    """
+    """``url`` with its credentials masked (what checkpoints hold); `unmask_url` gives the real one back
+    in this process (a logger rebuilt from a checkpoint by transformers)."""
     masked = mask_url_credentials(url)
     if masked != url:
         _UNMASKED[masked] = url
@@ -310,14 +239,8 @@ def remember_credentials(url: Any) -> Any:
 
 
 def unmask_url(url: Any, env_var: Optional[str] = None) -> Any:
-    """The real URL behind a masked one: given earlier in this process, or ``env_var``'s value.
-
-    Args:
-        url: A URL, possibly masked by `mask_url_credentials`.
-        env_var: An environment variable that may hold the real URL. Defaults to None.
-
-    Returns:
-        ``url`` itself when it holds no masked credentials.
+    """The real URL behind a masked one (given earlier in this process, or ``env_var``'s value);
+    ``url`` itself when nothing in it is masked.
 
     Raises:
         ValueError: ``url`` has masked credentials and the real URL is unknown.

@@ -39,16 +39,11 @@ def replace_report_to_callbacks(
     trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True,
     tensorboard: LoggerChoice = True,
 ) -> list[tuple[Any, TrackerLogger]]:
-    """Replace a Trainer's stock MLflow/W&B/TensorBoard callbacks with our loggers, in place.
+    """Replace the stock MLflow/W&B/TensorBoard callbacks ``report_to`` added with our loggers, in place.
 
-    ``TrainingArguments(report_to=["mlflow", "wandb", "tensorboard"])`` makes the Trainer add
-    transformers' ``MLflowCallback``/``WandbCallback``/``TensorBoardCallback``. This swaps each
-    for `MLflowLogger` / `WandbLogger` / `TensorBoardLogger` (built from the same environment
-    variables; the TensorBoard one writes to the stock callback's ``TENSORBOARD_LOGGING_DIR``),
-    keeping its place in the callback list, and attaches the trainer to the new logger (eval
-    dataset names, model). The stock callbacks put every key that does not start with
-    ``eval_``/``test_`` under ``train/`` (W&B, TensorBoard) or keep the raw keys (MLflow); ours
-    put every metric in its section.
+    Each is swapped for `MLflowLogger` / `WandbLogger` / `TensorBoardLogger` (built from the same
+    environment variables; TensorBoard's keeps the stock ``logging_dir``) at the same position in
+    the callback list, and the new logger is attached to the trainer.
 
     Args:
         trainer: A ``transformers.Trainer`` (or ``TrainerPlus``) after ``__init__``.

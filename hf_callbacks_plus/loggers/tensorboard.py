@@ -24,12 +24,10 @@ __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
-def summary_writer_class() -> Any:
-    """``torch.utils.tensorboard.SummaryWriter`` when tensorboard is installed, else tensorboardX's.
 
-    Raises:
-        ModuleNotFoundError: Neither is installed; the message names the extra to install.
-    """
+def summary_writer_class() -> Any:
+    """``torch.utils.tensorboard.SummaryWriter`` when tensorboard is installed, else tensorboardX's
+    (neither: ``ModuleNotFoundError`` naming the extra)."""
     if is_available("tensorboard") and is_available("torch"):
         from torch.utils.tensorboard import SummaryWriter
 
@@ -41,12 +39,8 @@ def summary_writer_class() -> Any:
 
 
 def scalar_summary_function(writer_class: Any) -> Callable[..., Any]:
-    """The ``scalar(tag, value) -> Summary`` function the writer class's own ``add_scalar`` uses.
-
-    ``torch.utils.tensorboard.summary.scalar`` (tensorboard's protobufs) or
-    ``tensorboardX.summary.scalar`` (tensorboardX's own copies, which also clean the tag): an
-    event must be built from the protobuf classes of the writer that serializes it.
-    """
+    """The ``scalar(tag, value) -> Summary`` the writer class's own ``add_scalar`` uses (an event is
+    built from the protobuf classes of the writer that serializes it; tensorboardX cleans tags)."""
     if str(getattr(writer_class, "__module__", "")).partition(".")[0] == "tensorboardX":
         from tensorboardX.summary import scalar
     else:
@@ -79,8 +73,7 @@ class TensorBoardBackend(Backend):
         self.purge_step: Optional[int] = None
 
     def new_run_id(self) -> str:
-        """A new run's id, its folder's name (``uuid4().hex[:12]``), made when the run is opened:
-        checkpoints name it at once."""
+        """The run's folder name (``uuid4().hex[:12]``)."""
         return uuid.uuid4().hex[:12]
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
@@ -96,11 +89,7 @@ class TensorBoardBackend(Backend):
         return run_id
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
-        """Write each record as one event with all its scalar values; text values with ``add_text``.
-
-        The event goes to the writer's file writer, whose queue thread writes it; nothing is
-        flushed here (see `sync`).
-        """
+        """One event per record with all its scalars (to the writer's queue thread); texts with ``add_text``."""
         writer = self._writer
         file_writer = writer._get_file_writer()
         for record in records:

@@ -1,11 +1,10 @@
 """The write-ahead log of a remote store without a durable buffer of its own (MLflow).
 
 `WriteAheadLog` is one run's append-only file, ``<run key>.jsonl`` (one JSON entry per line:
-``log``, ``params``, ``file``, ``boundary``, ``finish``), and its sidecar ``<run key>.json``
-(the target, the run, the acknowledged byte offset ``acked`` and the resume boundary ``held``).
-The training thread only appends. `Sender` sends from ``acked`` and moves it after the store
-answered; a resumed training continues the same file, and `replay` sends it to its end for
-``hf-callbacks-plus replay``. Why this shape, and why it is exactly once: docs/architecture.md.
+``log``, ``params``, ``file``, ``boundary``, ``finish``), and its sidecar ``<run key>.json`` (the
+target, the run, the acknowledged byte offset ``acked``, the resume boundary ``held``). The
+training thread only appends. `Sender` sends from ``acked`` and moves it once the store answered;
+a resumed training continues the same file, `replay` sends it to its end. Why: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -37,7 +35,7 @@ COMPACT_BYTES = 16 * 2**20
 #: A call to the store silent for this long is told as an outage (mlflow retries inside a call).
 SILENT_CALL_SECONDS = 30.0
 #: Refused records told one by one per error type, before one error saying so.
-_REFUSALS_TOLD = 5
+REFUSALS_TOLD = 5
 #: How often an idle sender looks for new entries.
 POLL_SECONDS = 0.1
 
@@ -45,6 +43,20 @@ POLL_SECONDS = 0.1
 def replay_hint(path: Union[str, Path]) -> str:
     """The sentence telling how to send a write-ahead log by hand."""
     return f"`hf-callbacks-plus replay {path}` sends them (add --dry-run to list them first)"
+
+
+def _lock(fd: int, wait: float) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` within ``wait`` seconds (always True without fcntl)."""
+    end = time.monotonic() + wait
+    while fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+    return True
 
 
 class WriteAheadLog:
@@ -61,7 +73,6 @@ class WriteAheadLog:
         self._append_lock = threading.Lock()
         self._state: Optional[dict[str, Any]] = None
 
-    # -- the sidecar ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The sidecar's content ({} when there is none)."""
         if self._state is None:
@@ -79,10 +90,9 @@ class WriteAheadLog:
         os.replace(temporary, self.sidecar)
         self._state = state
 
-    # -- the writer (the training thread, holding the lock) ---------------------------------------
     def open(self, target: dict[str, Any], wait: float) -> None:
-        """Open for appending and take the lock (waiting at most ``wait`` seconds for another
-        process to let go); drop a line a killed writer left half-written.
+        """Open for appending and take the lock (waiting at most ``wait`` seconds for another process
+        to let go); drop a line a killed writer left half-written.
 
         Raises:
             RuntimeError: Another process (a training or a replay) holds the file.
@@ -92,8 +102,8 @@ class WriteAheadLog:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         if not _lock(fd, wait):
             os.close(fd)
-            raise RuntimeError(f"{self.path} is in use by another process (a training or "
-                               "`hf-callbacks-plus replay` of the same run); wait for it to end.")
+            raise RuntimeError(f"{self.path} is in use by another process (a training or `hf-callbacks-plus "
+                               "replay` of the same run); wait for it to end.")
         self._fd = fd
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -115,8 +125,8 @@ class WriteAheadLog:
             os.fsync(self._fd)
 
     def compact(self, acked: int) -> bool:
-        """Empty the file when ``acked`` is its size (the sidecar says 0 first, so a kill in between
-        only sends acknowledged entries again, which the store keeps once). True when emptied."""
+        """Empty the file when ``acked`` is its size (the sidecar says 0 first: a kill in between only
+        sends acknowledged entries again, which the store keeps once). True when emptied."""
         with self._append_lock:
             if self._fd is None or os.fstat(self._fd).st_size != acked:
                 return False
@@ -125,7 +135,7 @@ class WriteAheadLog:
             return True
 
     def close(self, delete: bool = False) -> None:
-        """Let go of the file (and the lock); with ``delete``, remove it and its sidecar first."""
+        """Let go of the file and the lock; with ``delete``, remove it and its sidecar first."""
         if delete:
             self.path.unlink(missing_ok=True)
             self.sidecar.unlink(missing_ok=True)
@@ -133,7 +143,6 @@ class WriteAheadLog:
             os.close(self._fd)
             self._fd = None
 
-    # -- readers -----------------------------------------------------------------------------
     def size(self) -> int:
         """The file's size in bytes (0 when it does not exist)."""
         try:
@@ -142,9 +151,8 @@ class WriteAheadLog:
             return 0
 
     def read(self, offset: int, max_points: int, max_entries: int) -> tuple[list[tuple[dict, int]], bool]:
-        """Complete entries from ``offset``: a run of log entries (at most ``max_points`` points,
-        one at least) or one other entry, each with the offset after it; and whether more follow.
-        A corrupt line is skipped with a warning."""
+        """Complete entries from ``offset``: a run of log entries (at most ``max_points`` points, one
+        at least) or one other entry, each with the offset after it; and whether more follow."""
         found: list[tuple[dict, int]] = []
         points = 0
         try:
@@ -155,64 +163,53 @@ class WriteAheadLog:
             handle.seek(offset)
             for line in handle:
                 if not line.endswith(b"\n"):
-                    return found, False  # being written
+                    break  # being written
                 try:
                     entry = json.loads(line)
                 except ValueError:
                     logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset, self.path)
-                    offset += len(line)
-                    found.append(({"kind": "corrupt"}, offset))
-                    continue
+                    entry = {"kind": "corrupt"}
                 size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
-                alone = entry.get("kind") != "log"
-                if found and (alone or found[0][0].get("kind") != "log" or points + size > max_points
-                              or len(found) >= max_entries):
+                if found and (entry.get("kind") != "log" or found[0][0].get("kind") != "log"
+                              or points + size > max_points or len(found) >= max_entries):
                     return found, True
                 offset += len(line)
                 found.append((entry, offset))
                 points += size
         return found, False
 
-
-def _lock(fd: int, wait: float) -> bool:
-    """Take an exclusive ``flock`` on ``fd`` within ``wait`` seconds (always True without fcntl)."""
-    if fcntl is None:
-        return True
-    end = time.monotonic() + wait
-    while True:
+    def count_logs(self, offset: int) -> int:
+        """Log entries past ``offset`` (for messages)."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.05)
+            with open(self.path, "rb") as handle:
+                handle.seek(offset)
+                return sum(1 for line in handle if line.startswith(b'{"kind": "log"') and line.endswith(b"\n"))
+        except OSError:
+            return 0
 
 
 class Sender:
     """Sends a `WriteAheadLog` to its run from the acknowledged offset, in order.
 
-    Log entries go in batches within the store's limits (``backend.max_metrics_per_batch``), at
-    most one call per ``backend.send_interval`` seconds unless a full batch is waiting; after each
-    answer the sidecar gets the new offset. A transient error (``backend.is_transient``) is told
-    once and retried with backoff; an entry the store refuses is dropped alone with a warning; a
-    run that cannot start is told once and its entries stay in the file. A ``boundary`` entry
-    makes the sender ask the store which steps the run holds then, and drop points at or below
-    them until the next boundary. A ``finish`` entry sets the run's status when it is the last
-    entry of the file.
+    Log entries go in batches within the store's limits, at most one call per
+    ``backend.send_interval`` seconds unless a full batch waits; after each answer the sidecar
+    gets the new offset. A transient error (``backend.is_transient``) is told once and retried with
+    backoff; an entry the store refuses is dropped alone with a warning; a run that cannot start is
+    told once and its entries stay in the file. A ``boundary`` entry makes the sender ask the store
+    which steps the run holds then, and drop points at or below them until the next boundary. A
+    ``finish`` entry sets the run's status when it is the last entry of the file.
 
     Args:
         wal: The log.
-        backend: The store (MLflow's backend: ``is_transient``, ``send_interval``,
-            ``max_metrics_per_batch``).
+        backend: The store (MLflow's: ``is_transient``, ``send_interval``, ``max_metrics_per_batch``).
         run_key: The run's key (finds the run when its id is not known).
         run_id: The run's id, when known (else the sidecar's). Defaults to None.
         resume: The run may exist already. Defaults to True.
         name: Shown in messages. Defaults to the backend's name.
         backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30).
         on_run_id: Called with the run's id once it is open. Defaults to None.
-        for_target: Builds the backend of another log's sidecar: once the run is open, the logs
-            other runs left in the same folder for the same store are sent too. Defaults to None.
+        for_target: Builds the backend another log's sidecar names; with it, the logs other runs left
+            in the same folder for the same store are sent once the run is open. Defaults to None.
     """
 
     def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str], run_id: Optional[str] = None,
@@ -226,36 +223,30 @@ class Sender:
         self.resume = resume or self.run_id is not None
         self.acked = int(state.get("acked") or 0)
         self.held: Optional[dict[str, int]] = state.get("held")
-        self.backoff = backoff
-        self.on_run_id = on_run_id
-        self.for_target = for_target
-        #: Entries sent and entries the store refused (dropped), in this process.
+        self.backoff, self.on_run_id, self.for_target = backoff, on_run_id, for_target
+        #: Entries sent and records the store refused (dropped), in this process.
         self.sent = self.dropped = 0
-        #: The run's final status was set (a ``finish`` entry, or `close` out of order).
-        self.status_set = False
         #: Why the run could not start (told once; nothing is sent then).
         self.start_error: Optional[BaseException] = None
-        self._started = False
+        self._started = self._closing = self._abandoned = False
         self._down_since: Optional[float] = None
         self._call_started: Optional[float] = None
-        self._isolate_until = 0
+        self._deadline = float("inf")
+        self._isolate_until = self._flushing = self._compactions = 0
         self._last_send = 0.0
-        self._closing = False
-        self._abandoned = False
-        self._flushing = 0
-        self._deadline: Optional[float] = None
-        self._compactions = 0
+        self._refused: dict[str, int] = {}
         self._wake = threading.Event()
         self._progress = threading.Condition()
         self._thread: Optional[threading.Thread] = None
-        self._live = False
-        self._last_error: Optional[BaseException] = None
-        self._refused: dict[str, int] = {}
 
-    # -- the training thread ---------------------------------------------------------------------
+    @property
+    def down(self) -> bool:
+        """The store was told unreachable (an error, or a call silent for long) and has not answered since."""
+        return self._down_since is not None
+
+    # -- the training thread -----------------------------------------------------------------------
     def start(self) -> None:
         """Send on a daemon thread of its own (a live training)."""
-        self._live = True
         self._thread = threading.Thread(target=self._run, name=f"hf-callbacks-plus-{self.name}", daemon=True)
         self._thread.start()
 
@@ -276,48 +267,46 @@ class Sender:
         self._wake.set()
         try:
             with self._progress:
-                while (self.acked < target and compactions == self._compactions and self._thread is not None
-                       and self._thread.is_alive()):
-                    left = end - time.monotonic()
-                    if left <= 0:
+                while self.acked < target and compactions == self._compactions and self._thread.is_alive():
+                    if time.monotonic() >= end:
                         return False
-                    self._progress.wait(min(left, 0.2))
+                    self._progress.wait(min(end - time.monotonic(), 0.2))
         finally:
             self._flushing -= 1
         return self.acked >= target or compactions != self._compactions
 
-    def close(self, timeout: float, grace: float = 5.0) -> bool:
-        """Send what is left for at most ``timeout`` seconds (plus ``grace`` for a call in flight),
-        then stop. Returns True when everything was acknowledged."""
+    def close(self, status: str, timeout: float, grace: float) -> bool:
+        """Send what is left (the last entry: ``finish``) for at most ``timeout`` seconds, ``grace`` more
+        for a call in flight; then stop. When entries are left, the run still gets ``status`` if the
+        store answers, and one warning says why, where they are and how to send them.
+
+        Returns:
+            True when everything was acknowledged.
+        """
         self._closing, self._deadline = True, time.monotonic() + timeout
         self._wake.set()
-        if self._thread is not None:
-            end = self._deadline
-            while self._thread.is_alive() and time.monotonic() < end:
-                self._thread.join(min(0.5, max(0.0, end - time.monotonic())))
-                self.check_silence()
-                if time.monotonic() >= self._deadline and self._call_started is not None:
-                    end = self._deadline + grace  # a call in flight at the deadline gets ``grace`` more
-            if self._thread.is_alive():
-                self._abandoned = True  # stuck in a call: it writes nothing more
-        return self.caught_up()
+        end = self._deadline
+        while self._thread.is_alive() and time.monotonic() < end:
+            self._thread.join(min(0.5, max(0.0, end - time.monotonic())))
+            self.check_silence()
+            if time.monotonic() >= self._deadline and self._call_started is not None:
+                end = self._deadline + grace
+        if self._thread.is_alive():
+            self._abandoned = True  # stuck in a call: it writes nothing more
+        if self.acked >= self.wal.size():
+            return True
+        reason = self._why_not_delivered()
+        if self._started and self._down_since is None and not self._thread.is_alive():
+            try:  # the run gets its status now; the log keeps the rest (and the status) for later
+                self.backend.finish(status, self.run_id)
+            except Exception as error:
+                reason += f"; its status {status} could not be set either ({type(error).__name__}: {error})"
+        logger.warning("%s: %d record(s) were not delivered (%s); they are kept in %s. Resuming this run "
+                       "sends them, or %s.", self.name, self.wal.count_logs(self.acked), reason, self.wal.path,
+                       replay_hint(self.wal.path))
+        return False
 
-    @property
-    def down(self) -> bool:
-        """The store is unreachable (told), or a call to it is silent for long (told)."""
-        return self._down_since is not None
-
-    def caught_up(self) -> bool:
-        """Everything in the file is acknowledged."""
-        return self.acked >= self.wal.size()
-
-    def can_finish_now(self) -> bool:
-        """After `close`: the run is open, the store answered last and the thread has stopped."""
-        alive = self._thread is not None and self._thread.is_alive()
-        return self._started and self._down_since is None and self.start_error is None and not alive
-
-    def why_not_delivered(self) -> str:
-        """Why entries are left at close, for the one warning that says so."""
+    def _why_not_delivered(self) -> str:
         if self.start_error is not None:
             return f"the run could not start: {type(self.start_error).__name__}: {str(self.start_error)[:200]}"
         if self._call_started is not None:
@@ -328,19 +317,18 @@ class Sender:
             return "the run did not open within the close deadline"
         return "the store was too slow to take them within the close deadline"
 
-    # -- sending ------------------------------------------------------------------------------
+    # -- sending -------------------------------------------------------------------------------
     def send_to_end(self) -> None:
-        """Send everything on the caller's thread (``replay``); raise on the first error that is
-        not a refused entry."""
+        """Send everything on the caller's thread (``replay``); raise on a failure that is not a
+        refused record."""
         self._closing = True
-        while not self._started:
+        if not self._started:
             self._start_run()
         while True:
             entries, _ = self._next_batch()
             if not entries:
                 return
-            outcome = self._attempt(self._send, entries)
-            if outcome == "transient":
+            if self._attempt(self._send, entries) == "transient":
                 raise self._last_error
 
     def _run(self) -> None:
@@ -352,9 +340,7 @@ class Sender:
 
     def _loop(self) -> None:
         backoff = self.backoff[0]
-        while not self._abandoned:
-            if self._closing and time.monotonic() >= self._deadline:
-                return
+        while not self._abandoned and time.monotonic() < self._deadline:
             if not self._started:
                 outcome = self._attempt(self._start_run)
                 if outcome == "fatal":
@@ -367,13 +353,13 @@ class Sender:
                 if not entries:
                     if self._closing:
                         return
-                    if self.acked >= COMPACT_BYTES and self._live and self.wal.compact(self.acked):
+                    if self.acked >= COMPACT_BYTES and self.wal.compact(self.acked):
                         self._compactions += 1
                         self._ack(0)
                     self._wait(POLL_SECONDS)
                     continue
                 left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
-                if left > 0 and not (more or self._closing or self._flushing or entries[0][0].get("kind") != "log"):
+                if left > 0 and not (more or self._closing or self._flushing or entries[0][0]["kind"] != "log"):
                     self._wait(min(left, POLL_SECONDS))
                     continue
                 outcome = self._attempt(self._send, entries)
@@ -381,7 +367,7 @@ class Sender:
                 if outcome != "transient":
                     backoff = self.backoff[0]
                     continue
-            self._wait(backoff if self._deadline is None else max(0.0, min(backoff, self._deadline - time.monotonic())))
+            self._wait(max(0.0, min(backoff, self._deadline - time.monotonic())))
             backoff = min(backoff * 2, self.backoff[1])
 
     def _wait(self, seconds: float) -> None:
@@ -391,9 +377,8 @@ class Sender:
     def _next_batch(self) -> tuple[list[tuple[dict, int]], bool]:
         if self.wal.size() <= self.acked:
             return [], False
-        isolating = self.acked < self._isolate_until
         limit = getattr(self.backend, "max_metrics_per_batch", None) or 1000
-        return self.wal.read(self.acked, limit, 1 if isolating else BATCH_ENTRIES)
+        return self.wal.read(self.acked, limit, 1 if self.acked < self._isolate_until else BATCH_ENTRIES)
 
     def _start_run(self) -> None:
         self.run_id = self.backend.start(self.run_id, self.run_key, self.resume)
@@ -405,8 +390,7 @@ class Sender:
 
     def _send(self, entries: list[tuple[dict, int]]) -> None:
         """Send one batch; acknowledge it once the store answered."""
-        backend, run_id = self.backend, self.run_id
-        first = entries[0][0]
+        backend, run_id, first = self.backend, self.run_id, entries[0][0]
         kind = first.get("kind")
         if kind == "log":
             records = [record for record in map(self._unheld, (entry for entry, _ in entries)) if record]
@@ -418,9 +402,8 @@ class Sender:
             backend.log_file(first["folder"], first["name"], first.get("type", "model"), run_id)
         elif kind == "boundary":
             self.held = backend.logged_steps(run_id)
-        elif kind == "finish" and entries[-1][1] >= self.wal.size():
+        elif kind == "finish" and entries[-1][1] >= self.wal.size():  # the last entry: the session ended
             backend.finish(first["status"], run_id)
-            self.status_set = True
         self.sent += len(entries)
         self._ack(entries[-1][1])
 
@@ -441,7 +424,7 @@ class Sender:
             self._progress.notify_all()
 
     def _attempt(self, function: Callable[..., None], *args: Any) -> str:
-        """Run ``function``: "ok", "transient" (retry), "dropped" (refused entry) or "fatal" (no run)."""
+        """Run ``function``: "ok", "transient" (retry), "dropped" (a refused entry) or "fatal" (no run)."""
         self._call_started = time.monotonic()
         try:
             function(*args)
@@ -461,8 +444,8 @@ class Sender:
             if self._down_since is None:
                 self._down_since = self._call_started or time.monotonic()
                 logger.warning("%s: the store is unreachable (%s: %s); records wait in %s and are sent in "
-                               "order when it answers.", self.name, type(error).__name__,
-                               str(error)[:300], self.wal.path)
+                               "order when it answers.", self.name, type(error).__name__, str(error)[:300],
+                               self.wal.path)
             return "transient"
         if entries is None:
             self.start_error = error
@@ -476,10 +459,10 @@ class Sender:
         what = (f"the record of step {entry.get('step')} ({', '.join(list(entry.get('metrics', {}))[:5])})"
                 if entry.get("kind") == "log" else f"a {entry.get('kind')} entry")
         told = self._refused[kind] = self._refused.get(kind, 0) + 1
-        if told <= _REFUSALS_TOLD:
+        if told <= REFUSALS_TOLD:
             logger.warning("%s: the store refused %s, which is dropped; the other records are sent (%s: %s).",
                            self.name, what, kind, str(error)[:300])
-        if told == _REFUSALS_TOLD:
+        if told == REFUSALS_TOLD:
             logger.error("%s: the store has refused %d records with %s; further ones are dropped without being "
                          "listed. If the records look right, this looks like a fault of the logger or the store: "
                          "please report it with this message (%s).", self.name, told, kind, str(error)[:300])
@@ -490,121 +473,51 @@ class Sender:
     def _replay_siblings(self) -> None:
         """Send the logs other runs left in this folder for the same store (a training that ended
         while the store was down), each to its own run."""
-        if not self._live or self.for_target is None:
+        if self._thread is None or self.for_target is None:
             return
         mine = self.wal.state()
         for path in find_logs(self.wal.path.parent):
-            other = WriteAheadLog(path)
-            theirs = other.state()
-            if (path == self.wal.path or other.size() <= int(theirs.get("acked") or 0)
-                    or any(theirs.get(key) != mine.get(key) for key in ("logger", "tracking_uri", "experiment_name"))):
+            theirs = WriteAheadLog(path)
+            state = theirs.state()
+            if (path == self.wal.path or theirs.size() <= int(state.get("acked") or 0)
+                    or any(state.get(key) != mine.get(key) for key in ("logger", "tracking_uri", "experiment_name"))):
                 continue
             try:
-                result = replay(path, self.for_target)
-                logger.warning("%s: sent %d entries %s left in %s to run %s.", self.name, result.sent,
-                               "an earlier training", path, result.run_id)
+                sent = replay(path, self.for_target)
+                logger.warning("%s: sent %d entries an earlier training left in %s to run %s.", self.name,
+                               sent.sent, path, sent.run_id)
             except Exception as error:  # kept for a later run or a replay
                 logger.warning("%s: could not send what %s holds (%s: %s); %s.", self.name, path,
                                type(error).__name__, str(error)[:300], replay_hint(path))
 
 
-@dataclass
-class Replayed:
-    """What a replay sent (or would send, with ``dry_run``) from one log."""
-
-    path: Path
-    run_id: Optional[str]
-    run_key: Optional[str]
-    log_records: int = 0
-    points: int = 0
-    steps: tuple[int, int] = (0, 0)
-    status: Optional[str] = None
-    sent: int = 0
-    dropped: int = 0
-    error: Optional[str] = None
-
-    def describe(self, dry_run: bool = False) -> str:
-        """One line for the console."""
-        run = self.run_id or f"(key {self.run_key})"
-        parts = [f"{self.path}: run {run}, {self.log_records} log record(s), {self.points} point(s)"]
-        if self.log_records:
-            parts.append(f"steps {self.steps[0]}-{self.steps[1]}")
-        parts.append(f"final status {self.status}" if self.status else "no final status")
-        if self.error:
-            parts.append(f"NOT sent: {self.error}")
-        return ("would send " if dry_run else "") + ", ".join(parts)
+def find_logs(folder: Union[str, Path]) -> list[Path]:
+    """The write-ahead logs under ``folder``: every ``*.jsonl`` with a sidecar."""
+    return sorted(file for file in Path(folder).rglob("*.jsonl") if file.with_suffix(".json").is_file())
 
 
-def find_logs(path: Union[str, Path]) -> list[Path]:
-    """The write-ahead logs at ``path``: the file itself, or every ``*.jsonl`` with a sidecar under a folder.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is a file without a sidecar (not a write-ahead log).
-    """
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"replay: {str(root)!r} does not exist")
-    if root.is_file():
-        if not root.with_suffix(".json").is_file():
-            raise ValueError(f"replay: {str(root)!r} is not an MLflowLogger write-ahead log (no "
-                             f"{root.with_suffix('.json').name} beside it; a metrics JSONL log is read with "
-                             "`hf-callbacks-plus plot`). They are in <output_dir>/.mlflow_wal/; pass that folder.")
-        return [root]
-    return sorted(file for file in root.rglob("*.jsonl") if file.with_suffix(".json").is_file())
-
-
-def _summary(wal: WriteAheadLog, state: dict[str, Any]) -> Replayed:
-    result = Replayed(wal.path, state.get("run_id"), state.get("run_key"))
-    offset, steps = int(state.get("acked") or 0), []
-    while True:
-        entries, _ = wal.read(offset, 10**9, 10**9)
-        if not entries:
-            break
-        for entry, end in entries:
-            if entry.get("kind") == "log":
-                result.log_records += 1
-                result.points += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
-                steps.append(int(entry["step"]))
-            result.status = entry.get("status") if entry.get("kind") == "finish" else None
-            offset = end
-    result.steps = (min(steps), max(steps)) if steps else (0, 0)
-    return result
-
-
-def replay(path: Union[str, Path], for_target: Callable[[dict], Backend], dry_run: bool = False) -> Replayed:
-    """Send what a write-ahead log holds past its acknowledged offset to its run; remove it when all
-    is sent. A file a training holds is left alone.
+def replay(path: Union[str, Path], for_target: Callable[[dict], Backend]) -> Sender:
+    """Send what a write-ahead log holds past its acknowledged offset to its run, and remove the log
+    (everything was sent); return the `Sender` (``run_id``, ``sent``, ``dropped``).
 
     Args:
         path: The log (``<run key>.jsonl``).
         for_target: Builds the backend its sidecar names (``MLflowBackend.for_target``).
-        dry_run: Only count what would be sent. Defaults to False.
 
     Raises:
-        RuntimeError: A training (or another replay) holds the file.
+        RuntimeError: A training (or another replay) holds the log.
+        Exception: What the store raised (the log is kept).
     """
     wal = WriteAheadLog(path)
     fd = os.open(wal.path, os.O_RDONLY)
     try:
         if not _lock(fd, 0.0):
-            raise RuntimeError(f"{wal.path} is in use by a running training (or another replay); it sends "
-                               "it itself")
+            raise RuntimeError(f"{wal.path} is in use by a running training (or another replay), which sends it")
         state = wal.state()
-        result = _summary(wal, state)
-        if dry_run:
-            return result
-        if wal.size() <= int(state.get("acked") or 0):
-            wal.close(delete=True)  # everything was sent already
-            return result
         sender = Sender(wal, for_target(state), state.get("run_key"), state.get("run_id"))
-        try:
+        if wal.size() > sender.acked:
             sender.send_to_end()
-        except Exception as error:
-            result.error = f"{type(error).__name__}: {str(error)[:300]}"
-        result.run_id, result.sent, result.dropped = sender.run_id, sender.sent, sender.dropped
-        if result.error is None and sender.caught_up():
-            wal.close(delete=True)
+        wal.close(delete=True)
     finally:
         os.close(fd)
-    return result
+    return sender

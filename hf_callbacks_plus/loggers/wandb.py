@@ -50,14 +50,8 @@ MAX_TAG_LENGTH = 64
 
 
 def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
-    """Why W&B logging is switched off, or None when it is on.
-
-    Args:
-        mode: The ``mode`` argument given to the logger. Defaults to None (environment only).
-
-    Returns:
-        A sentence naming the setting that disables W&B, or None.
-    """
+    """A sentence naming what switches W&B logging off (``WANDB_DISABLED``, ``mode``, ``WANDB_MODE``),
+    or None when it is on."""
     if env_flag("WANDB_DISABLED"):
         return f"WANDB_DISABLED={os.environ['WANDB_DISABLED']!r} is set"
     if mode == "disabled":
@@ -102,21 +96,8 @@ def typed(value: str) -> Any:
 
 
 def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:
-    """``settings`` plus ``x_disable_meta=True`` when ``argv`` passes a secret.
-
-    W&B writes the command line (``sys.argv``) into the run metadata, which lands in the run
-    files; ``x_disable_meta`` is the wandb setting that stops collecting it (with the rest of the
-    system metadata). A value you set for ``x_disable_meta`` yourself is kept.
-
-    Args:
-        settings: The user's ``wandb.Settings``, a dict of settings, or None.
-        wandb: The ``wandb`` module.
-        argv: The command-line arguments (``sys.argv[1:]``).
-        warn: A `WarnOnce`.
-
-    Returns:
-        The settings to give ``wandb.init`` (None when there is nothing to set).
-    """
+    """``settings`` (``wandb.Settings``, a dict or None) plus ``x_disable_meta=True`` when ``argv``
+    passes a secret: W&B records the command line in the run's metadata. A value the user set is kept."""
     if not command_line_has_secret(argv):
         return settings
     if isinstance(settings, dict):
