@@ -46,24 +46,17 @@ _TRANSIENT_MESSAGE = re.compile(
     r"max retries exceeded|too many \d{3} error responses|error code (5\d\d|429)\b|"
     r"\b(5\d\d|429) (server error|too many requests)|database is locked", re.IGNORECASE)
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
-#: ``mlflow.utils.validation`` limits, with the value used when an installed mlflow lacks one.
-logger = logging.getLogger("hf_callbacks_plus")
 
-_LIMIT_FALLBACKS = {"MAX_PARAM_VAL_LENGTH": 6000, "MAX_PARAMS_TAGS_PER_BATCH": 100,
-                    "MAX_ENTITY_KEY_LENGTH": 250, "MAX_TAG_VAL_LENGTH": 8000, "MAX_METRICS_PER_BATCH": 1000}
+logger = logging.getLogger("hf_callbacks_plus")
 
 
 def mlflow_limits() -> dict[str, int]:
-    """MLflow's value and batch limits, from ``mlflow.utils.validation`` (a fallback per missing name)."""
-    try:
-        from mlflow.utils import validation
-    except ImportError:
-        validation = None
-    limits = {}
-    for name, fallback in _LIMIT_FALLBACKS.items():
-        value = getattr(validation, name, None)
-        limits[name] = value if isinstance(value, int) and value > 0 else fallback
-    return limits
+    """MLflow's own value and batch limits (``mlflow.utils.validation``)."""
+    from mlflow.utils import validation
+
+    names = ("MAX_PARAM_VAL_LENGTH", "MAX_PARAMS_TAGS_PER_BATCH", "MAX_ENTITY_KEY_LENGTH", "MAX_TAG_VAL_LENGTH",
+             "MAX_METRICS_PER_BATCH")
+    return {name: getattr(validation, name) for name in names}
 
 
 class UnusableRunError(ValueError):
@@ -71,21 +64,12 @@ class UnusableRunError(ValueError):
 
 
 def _network_error_types() -> tuple[type, ...]:
-    found: list[type] = []
-    try:
-        import requests
+    import requests  # both installed with mlflow
+    import urllib3
 
-        found += [requests.exceptions.ConnectionError, requests.exceptions.Timeout]
-    except ImportError:
-        pass
-    try:
-        import urllib3
-
-        errors = urllib3.exceptions
-        found += [errors.MaxRetryError, errors.NewConnectionError, errors.ProtocolError, errors.TimeoutError]
-    except ImportError:
-        pass
-    return tuple(found)
+    errors = urllib3.exceptions
+    return (requests.exceptions.ConnectionError, requests.exceptions.Timeout, errors.MaxRetryError,
+            errors.NewConnectionError, errors.ProtocolError, errors.TimeoutError)
 
 
 def is_transient_mlflow_error(error: BaseException) -> bool:
@@ -180,22 +164,15 @@ def _refuse_file_store_if_disabled(uri: str) -> None:
 
 
 def parse_tags_env() -> dict[str, str]:
-    """``MLFLOW_TAGS`` as a dict (secrets masked).
-
-    Raises:
-        ValueError: ``MLFLOW_TAGS`` is not a JSON object.
-    """
+    """``MLFLOW_TAGS`` as a dict, secrets masked (``ValueError`` when it is not a JSON object)."""
     raw = os.environ.get("MLFLOW_TAGS")
-    if not raw:
-        return {}
     try:
-        tags = json.loads(raw)
+        tags = json.loads(raw) if raw else {}
     except json.JSONDecodeError as error:
-        raise ValueError(
-            f"MLFLOW_TAGS must be a JSON object such as '{{\"team\": \"nlp\"}}', got {raw!r} ({error})."
-        ) from error
+        tags = error
     if not isinstance(tags, dict):
-        raise ValueError(f"MLFLOW_TAGS must be a JSON object (a dict), got {type(tags).__name__}: {raw!r}")
+        raise ValueError(f"MLFLOW_TAGS must be a JSON object such as '{{\"team\": \"nlp\"}}', got {raw!r} "
+                         f"({tags if isinstance(tags, Exception) else type(tags).__name__}).")
     return {str(key): mask_secrets(str(value)) for key, value in tags.items()}
 
 

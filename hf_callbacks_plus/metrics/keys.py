@@ -26,9 +26,9 @@ or declared)
 end-of-training record: ``train_loss``,  train_summary / -         ``train_summary/loss``,
 ``train_runtime``, ``total_flos``,                                 ``train_summary/runtime``,
 ``epoch``                                                          ``train_summary/total_flos`` ...
-``train_accuracy`` elsewhere (0.1.0's  train_subset / -            ``train_subset/accuracy``
-train-subset name, or the stock
-``evaluate(train_ds, metric_key_prefix="train")`` workaround)
+``train_accuracy`` elsewhere (the      train_subset / -            ``train_subset/accuracy``
+stock ``evaluate(train_ds,
+metric_key_prefix="train")`` workaround)
 ``eval/loss`` (pre-rendered: a known   eval / -                    unchanged
 section, then ``/``)
 =====================================  ==========================  ============================
@@ -387,7 +387,7 @@ class KeyGrammar:
             head = f"{section}_"
             if key.startswith(head) and len(key) > len(head):
                 name = key[len(head):]
-                if section == "train":  # 0.1.0's train-subset name / evaluate(..., "train")
+                if section == "train":  # the stock workaround: evaluate(train_ds, metric_key_prefix="train")
                     section = TRAIN_SUBSET_PREFIX
                 return MetricKey(key, section, None, name, f"{section}/{name}")
         return None
@@ -535,25 +535,6 @@ class KeyGrammar:
         for key in keys:
             if self.render(key) == monitor:
                 return key
-        return None
-
-    @staticmethod
-    def current_name(monitor: str) -> Optional[str]:
-        """The current name of a 0.1.0 train-subset metric name, or None.
-
-        ``TrainSubsetEvaluation`` logged ``train_<name>`` (rendered ``train/<name>``, the loss
-        ``train/subset_loss``) before 0.2.0; it logs ``train_subset_<name>`` now.
-
-        Example:
-            >>> KeyGrammar.current_name("train_loss"), KeyGrammar.current_name("eval_loss")
-            ('train_subset_loss', None)
-        """
-        old = "train/subset_"
-        if monitor.startswith(old) and len(monitor) > len(old):
-            return f"{TRAIN_SUBSET_PREFIX}/{monitor[len(old):]}"
-        if (monitor.startswith("train_") and not monitor.startswith(f"{TRAIN_SUBSET_PREFIX}_")
-                and len(monitor) > len("train_")):
-            return f"{TRAIN_SUBSET_PREFIX}_{monitor[len('train_'):]}"
         return None
 
     def explain_missing(self, monitor: str, available: Iterable[str]) -> str:

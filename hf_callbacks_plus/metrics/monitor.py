@@ -295,7 +295,6 @@ class Monitor:
         self.min_delta_mode = min_delta_mode
         self.grammar = grammar if grammar is not None else KeyGrammar()
         self.owner = owner
-        self._warned_rename = False
 
     def __repr__(self) -> str:
         return (
@@ -309,26 +308,9 @@ class Monitor:
         return self.grammar.resolve(self.monitor, metrics)
 
     def lookup(self, metrics: Mapping[str, Any]) -> tuple[Optional[str], Any]:
-        """Return ``(key, raw value)`` of the monitored metric, or ``(None, None)``.
-
-        A 0.1.0 train-subset name (``train_loss``) that is not in ``metrics`` finds the current
-        one (``train_subset_loss``), with one warning saying the new name.
-        """
+        """Return ``(key, raw value)`` of the monitored metric, or ``(None, None)``."""
         key = self.resolve(metrics.keys())
-        if key is None:
-            key = self._renamed(metrics)
         return (key, metrics[key]) if key is not None else (None, None)
-
-    def _renamed(self, metrics: Mapping[str, Any]) -> Optional[str]:
-        current = KeyGrammar.current_name(self.monitor)
-        key = None if current is None else self.grammar.resolve(current, metrics.keys())
-        if key is not None and not self._warned_rename:
-            self._warned_rename = True
-            logger.warning(
-                "%s: monitor=%r is the train-subset name of hf_callbacks_plus 0.1.0; TrainSubsetEvaluation "
-                "now logs %r. Monitoring %r: pass monitor=%r to silence this warning.",
-                self.owner, self.monitor, key, key, current)
-        return key
 
     def explain_missing(self, metrics: Iterable[str]) -> str:
         """Message for a missing metric: the keys available and a "did you mean"."""

@@ -192,10 +192,9 @@ def test_several_eval_datasets_in_a_real_trainer(tmp_path):
     assert (stopper.best_step, stopper.stopped_step) == (2, 4)
 
 
-def test_the_0_1_train_subset_name_still_works_and_says_the_new_one(tmp_path, caplog):
-    """``train_score`` was the train-subset name before 0.2; the subset now logs ``train_subset_score``."""
-    import logging
-
+def test_the_0_1_train_subset_name_is_missing_and_the_error_names_the_current_one(tmp_path):
+    """``train_score`` was the train-subset name of 0.1.0 (never on an index); the subset logs
+    ``train_subset_score``: the old name is a missing metric, and the error suggests the new one."""
     from hf_callbacks_plus import TrainerCallback
 
     class EvaluateTheSubset(TrainerCallback):
@@ -206,11 +205,8 @@ def test_the_0_1_train_subset_name_still_works_and_says_the_new_one(tmp_path, ca
     old_name = EarlyStopping("train_score", mode="min", patience=2)
     loop = scripted_loop(tmp_path, lambda step: 10 - min(step, 6), callbacks=[old_name, EvaluateTheSubset()],
                          eval_strategy="no")
-    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+    with pytest.raises(Exception, match="train_subset_score"):
         loop.train()
-    assert (old_name.best_step, old_name.stopped_step) == (6, 12)
-    warnings = [r.getMessage() for r in caplog.records if "0.1.0" in r.getMessage()]
-    assert len(warnings) == 1 and "pass monitor='train_subset_score'" in warnings[0], warnings
 
 
 @pytest.mark.transformers

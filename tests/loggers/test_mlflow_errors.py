@@ -207,17 +207,6 @@ def test_limits_are_mlflows_own():
     assert logger.backend.max_metrics_per_batch == validation.MAX_METRICS_PER_BATCH
 
 
-def test_a_limit_missing_from_mlflow_falls_back(monkeypatch):
-    from mlflow.utils import validation
-
-    from hf_callbacks_plus.loggers.mlflow import mlflow_limits
-
-    monkeypatch.delattr(validation, "MAX_TAG_VAL_LENGTH")
-    limits = mlflow_limits()
-    assert limits["MAX_TAG_VAL_LENGTH"] == 8000
-    assert limits["MAX_METRICS_PER_BATCH"] == validation.MAX_METRICS_PER_BATCH
-
-
 def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri):
     """1500 metrics and 150 text values in one record: one ``log_batch`` call of ours, which
     MlflowClient splits into requests within MLflow's limits (the backend no longer cuts them)."""

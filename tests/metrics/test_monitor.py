@@ -178,19 +178,11 @@ def test_thresholds_in_the_right_order_pass_and_unknown_mode_checks_types_only()
     Monitor("eval_loss").check_thresholds(baseline=1.0, stopping_threshold=0.5)
 
 
-def test_old_train_subset_names_find_the_new_keys_with_one_warning(caplog):
-    import logging
-
-    monitor = Monitor("train_loss", owner="EarlyStopping")
-    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        assert monitor.lookup({"train_subset_loss": 0.5, "loss": 1.0}) == ("train_subset_loss", 0.5)
-        assert monitor.lookup({"train_subset_loss": 0.4}) == ("train_subset_loss", 0.4)
-    assert caplog.text.count("now logs 'train_subset_loss'") == 1
-    # a real train_loss (an evaluation under the prefix "train") is used as it is, silently
+def test_a_real_train_loss_is_used_as_it_is():
+    """``train_loss`` (an evaluation under the prefix "train") is that key; the train-subset metric is
+    ``train_subset_loss`` (0.1.0's names are not mapped: nobody installed 0.1.0 from an index)."""
     assert Monitor("train_loss").lookup({"train_loss": 0.3, "train_subset_loss": 0.4}) == ("train_loss", 0.3)
-    rendered_old_name = Monitor("train/subset_loss", mode="min")
-    assert rendered_old_name.lookup({"train_subset_loss": 0.2}) == ("train_subset_loss", 0.2)
-    assert KeyGrammar.current_name("eval_loss") is None
+    assert Monitor("train_loss").lookup({"train_subset_loss": 0.4}) == (None, None)
 
 
 # -- mode="auto" knows the metrics trl logs (read from trl 1.x's trainers) --------------------------
