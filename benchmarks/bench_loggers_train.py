@@ -30,8 +30,8 @@ load of other jobs than the wall clock does.
 After each run the points are read back with each tracker's own reader and compared with the
 points produced (``M`` per training record): MLflow ``MlflowClient().get_metric_history`` of the
 extra metrics, TensorBoard ``EventAccumulator`` scalars, W&B offline history rows
-(``hf_callbacks_plus.testing.wandb_reader``), JSONL lines; points our loggers spilled (backlog
-not delivered within ``flush_timeout``) are counted from the spill file.
+(``hf_callbacks_plus.testing.wandb_reader``), JSONL lines; points MLflowLogger kept in its
+write-ahead log (not acknowledged within ``flush_timeout``) are counted from the log.
 
 Models: ``tiny`` (a 2-layer BERT classifier, hidden 64, 8 x 16 tokens a step, a few ms a step)
 and ``100ms`` (a 2-layer BERT, hidden 256, 8 x 64 tokens a step: 70-130 ms a step with torch on
@@ -156,15 +156,16 @@ def _logger(variant: str) -> Any:
 
 
 def _spilled_points(output_dir: Path) -> int:
+    """Extra-metric points left in MLflowLogger's write-ahead logs past their acknowledged offset."""
     total = 0
-    for file in (output_dir / ".tracker_spill").rglob("*.jsonl"):
-        for line in file.read_text().splitlines():
-            try:
+    for file in (output_dir / ".mlflow_wal").rglob("*.jsonl"):
+        acked = json.loads(file.with_suffix(".json").read_text()).get("acked", 0)
+        with open(file, "rb") as handle:
+            handle.seek(acked)
+            for line in handle:
                 record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("kind") == "log":
-                total += sum(1 for key in record.get("metrics", {}) if "extra_" in key)
+                if record.get("kind") == "log":
+                    total += sum(1 for key in record.get("metrics", {}) if "extra_" in key)
     return total
 
 
