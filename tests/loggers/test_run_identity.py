@@ -264,3 +264,31 @@ def test_records_logged_before_the_run_opened_go_to_the_run_of_their_key(tmp_pat
     assert [run.data.tags.get(RUN_KEY_TAG) for run in runs] == [key], "a second run was opened"
     steps = Counter(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss"))
     assert sorted(steps) == list(range(1, 9)) and set(steps.values()) == {1}, steps
+
+
+@pytest.mark.mlflow
+def test_the_same_store_spelled_differently_on_resume_continues_the_one_run(tmp_path, monkeypatch, _template_db):
+    """A relative sqlite path in the first process, the absolute one in the resumed process: one run,
+    every step once, FINISHED (the checkpoint entry was keyed by the URI: two runs, one FAILED)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+    shutil.copy(_template_db, tmp_path / "mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
+    first = MLflowLogger(tracking_uri="sqlite:///mlflow.db", experiment_name="spelling")
+    with pytest.raises(RuntimeError, match="injected crash"):
+        make_trainer(tmp_path / "out", callbacks=[first, crash_at(6)], **args).train()
+    first.close_after_exception()
+    resumed = MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="spelling")
+    make_trainer(tmp_path / "out", callbacks=[resumed], **args).train(
+        resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("spelling").experiment_id])
+    assert [run.info.run_id for run in runs] == [first.run_id] == [resumed.run_id]
+    assert runs[0].info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(first.run_id, "train/loss")]
+    assert sorted(steps) == list(range(1, 9)), steps
