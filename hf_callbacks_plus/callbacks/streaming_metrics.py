@@ -229,9 +229,7 @@ class StreamingMetrics(TrainerCallback):
         self.user_compute_metrics = user
         if user is None:
             args.batch_eval_metrics = True
-        elif args.batch_eval_metrics:
-            pass
-        elif "compute_result" in _parameters(user):
+        elif not args.batch_eval_metrics and "compute_result" in _parameters(user):
             logger.warning(
                 "StreamingMetrics: your %s takes compute_result but batch_eval_metrics is False, so the "
                 "trainer calls it once, after the last batch, with every prediction and without "
@@ -239,7 +237,7 @@ class StreamingMetrics(TrainerCallback):
                 "batch.",
                 name,
             )
-        else:
+        elif not args.batch_eval_metrics:
             logger.info(
                 "StreamingMetrics: your %s takes no compute_result, so the trainer holds every logit for it "
                 "(batch_eval_metrics=False); the streaming metrics are computed from them.",
