@@ -249,9 +249,7 @@ def log_normalizers(scores: Any) -> Any:
     import torch
 
     rows = max(1, CHUNK_ELEMENTS // max(1, scores.shape[-1]))
-    if len(scores) <= rows:
-        return torch.logsumexp(scores.double(), dim=-1)
-    starts = range(0, len(scores), rows)
+    starts = range(0, max(len(scores), 1), rows)  # one (empty) block for no rows
     return torch.cat([torch.logsumexp(scores[start : start + rows].double(), dim=-1) for start in starts])
 
 
