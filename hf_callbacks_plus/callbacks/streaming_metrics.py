@@ -170,58 +170,47 @@ class StreamingMetrics(TrainerCallback):
             self.
         """
         self.trainer = trainer
-        if hasattr(trainer, "metrics_fn") and hasattr(trainer, "train_step"):  # LightweightTrainer
-            self._bind_loop(trainer)
-        elif hasattr(trainer, "compute_metrics"):
-            self._bind_transformers(trainer)
-        else:
+        in_loop = hasattr(trainer, "metrics_fn") and hasattr(trainer, "train_step")  # LightweightTrainer
+        if not in_loop and not hasattr(trainer, "compute_metrics"):
             raise TypeError(
                 f"StreamingMetrics: cannot bind to {type(trainer).__name__}: it has neither "
                 "compute_metrics (transformers.Trainer) nor metrics_fn (LightweightTrainer)."
             )
+        name = "metrics_fn" if in_loop else "compute_metrics"
+        compute = self._loop_metrics if in_loop else self._compute_metrics
+        if getattr(getattr(trainer, name), _INSTALLED_BY, None) is self:
+            return self
+        self._adopt(getattr(trainer, name), trainer.args, name)
+
+        def installed(predictions: Any, compute_result: Optional[bool] = None) -> dict[str, Any]:
+            return compute(predictions, compute_result)
+
+        setattr(installed, _INSTALLED_BY, self)
+        setattr(trainer, name, installed)
+        self._reset_at_evaluation_start(trainer)
+        if in_loop and self.train_metrics is not None and trainer.train_step is not None:
+            self._count_train_steps(trainer)
         return self
 
-    def _bind_transformers(self, trainer: Any) -> None:
-        if getattr(trainer.compute_metrics, _INSTALLED_BY, None) is self:
-            return
-        self._adopt(trainer.compute_metrics, trainer.args, "compute_metrics")
+    def _count_train_steps(self, trainer: Any) -> None:
+        """Wrap the loop's ``train_step``: its returned logits and labels update the training metrics."""
+        user_step = trainer.train_step
 
-        def compute_metrics(eval_pred: Any, compute_result: Optional[bool] = None) -> dict[str, Any]:
-            return self._compute_metrics(eval_pred, compute_result)
+        def train_step(batch: Any) -> Any:
+            output = user_step(batch)
+            if isinstance(output, Mapping) and "logits" in output and "labels" in output:
+                self._update_train(output["logits"], output["labels"])
+                output = {k: v for k, v in output.items() if k not in ("logits", "labels")}
+            else:
+                self._warn_once(
+                    "loop-train",
+                    "StreamingMetrics: train_step returns no 'logits' and 'labels', "
+                    "so there are no training metrics; return them in its dict.",
+                )
+            return output
 
-        setattr(compute_metrics, _INSTALLED_BY, self)
-        trainer.compute_metrics = compute_metrics
-        self._reset_at_evaluation_start(trainer)
-
-    def _bind_loop(self, trainer: Any) -> None:
-        if getattr(trainer.metrics_fn, _INSTALLED_BY, None) is self:
-            return
-        self._adopt(trainer.metrics_fn, trainer.args, "metrics_fn")
-
-        def metrics_fn(outputs: list, compute_result: Optional[bool] = None) -> dict[str, Any]:
-            return self._loop_metrics(outputs, compute_result)
-
-        setattr(metrics_fn, _INSTALLED_BY, self)
-        trainer.metrics_fn = metrics_fn
-        self._reset_at_evaluation_start(trainer)
-        if self.train_metrics is not None and trainer.train_step is not None:
-            user_step = trainer.train_step
-
-            def train_step(batch: Any) -> Any:
-                output = user_step(batch)
-                if isinstance(output, Mapping) and "logits" in output and "labels" in output:
-                    self._update_train(output["logits"], output["labels"])
-                    output = {k: v for k, v in output.items() if k not in ("logits", "labels")}
-                else:
-                    self._warn_once(
-                        "loop-train",
-                        "StreamingMetrics: train_step returns no 'logits' and 'labels', "
-                        "so there are no training metrics; return them in its dict.",
-                    )
-                return output
-
-            setattr(train_step, _INSTALLED_BY, self)
-            trainer.train_step = train_step
+        setattr(train_step, _INSTALLED_BY, self)
+        trainer.train_step = train_step
 
     def _adopt(self, user: Optional[Callable[..., Any]], args: Any, name: str) -> None:
         """Keep the user's metrics function (called as the trainer would call it) and settle
