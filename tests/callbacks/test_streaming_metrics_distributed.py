@@ -1,5 +1,5 @@
-"""StreamingMetrics under ``torchrun --nproc_per_node 2`` (CPU, gloo), one launch for two scenarios
-(tests/callbacks/streaming_ddp_script.py): evaluation metrics equal the single-process reference
+"""StreamingMetrics under ``torchrun --nproc_per_node 2`` (CPU, gloo; two scenarios of the
+suite's one launch, tests/distributed.py): evaluation metrics equal the single-process reference
 over the whole eval set (the uneven last batch counted once), training metrics cover both ranks'
 micro-batches of each window, the same on every rank; predictions written once, by rank 0. With
 the default metrics (sum states) and with the docs' MulticlassAUROC (list states) beside a
@@ -9,51 +9,51 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import roc_auc_score
 
-from tests.callbacks.test_early_stopping_distributed import free_port
 from tests.streaming_reference import assert_same_metrics, reference_values
 from tests.tiny_models import TinyClassifier, classification_rows
 
-pytestmark = [pytest.mark.transformers, pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.transformers]
 pytest.importorskip("torchmetrics")
-REPO = Path(__file__).resolve().parents[2]
+from sklearn.metrics import roc_auc_score  # noqa: E402
+from torchmetrics import Metric  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """The output folder of one torchrun launch of the script (both scenarios)."""
-    tmp_path = tmp_path_factory.mktemp("streaming_ddp")
-    torchrun = Path(sys.executable).with_name("torchrun")
-    script = Path(__file__).with_name("streaming_ddp_script.py")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            str(script),
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return tmp_path
+def train_and_evaluate(out: Path, streaming) -> None:
+    """``streaming`` in a stock Trainer: 40 train rows, 30 eval rows in batches of 4 per rank
+    (uneven shards: the last gathered eval batch holds 6 rows, not 8). Each rank records the
+    logits and labels of its own training forward passes and writes them, its log history and
+    (rank 0) the final model."""
+    from transformers import Trainer
+
+    from hf_callbacks_plus import run_before_integrations
+    from tests.tiny_models import training_args
+
+    rank = int(os.environ["RANK"])
+    model = TinyClassifier()
+    recorded = []
+
+    def record(module, args, kwargs, output):
+        if module.training:
+            recorded.append((output["logits"].detach().tolist(), kwargs["labels"].tolist()))
+
+    model.register_forward_hook(record, with_kwargs=True)
+    args = training_args(out, per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=5,
+                         logging_steps=2, eval_strategy="steps", eval_steps=5, learning_rate=0.05,
+                         ddp_backend="gloo", gradient_accumulation_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=classification_rows(40, seed=1),
+                      eval_dataset=classification_rows(30, seed=2), callbacks=[streaming])
+    run_before_integrations(trainer)
+    trainer.train()
+    if rank == 0:
+        torch.save(model.state_dict(), out / "final.pt")
+    outcome = {"rank": rank, "log_history": trainer.state.log_history, "recorded": recorded}
+    (out / f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
 
 
 def outcomes_of(folder):
@@ -73,6 +73,13 @@ def outcomes_of(folder):
     return outcomes
 
 
+def window(outcomes, index):
+    """The training forward passes of logging window ``index`` (2 steps) on both ranks."""
+    batches = [b for outcome in outcomes for b in outcome["recorded"][2 * index : 2 * index + 2]]
+    logits = np.concatenate([np.array(b[0]) for b in batches])
+    return logits, np.concatenate([np.array(b[1]) for b in batches])
+
+
 def eval_logits(folder):
     """The final model's logits of the 30 eval rows, in the ranks' batches of 4 rows (so bit for
     bit theirs), and the labels."""
@@ -89,15 +96,16 @@ def eval_logits(folder):
     return logits, np.array([int(r["labels"]) for r in rows])
 
 
-def window(outcomes, index):
-    """The training forward passes of logging window ``index`` (2 steps) on both ranks."""
-    batches = [b for outcome in outcomes for b in outcome["recorded"][2 * index : 2 * index + 2]]
-    logits = np.concatenate([np.array(b[0]) for b in batches])
-    return logits, np.concatenate([np.array(b[1]) for b in batches])
+def two_ranks_stream_metrics(out: Path) -> None:
+    """The default metrics (a confusion matrix: sum states) and a predictions file."""
+    from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
+
+    train_and_evaluate(out, StreamingMetrics(task="classification", num_classes=3, save_predictions=True))
 
 
-def test_two_ranks_count_every_example_once(launched):
-    tmp_path = launched
+@pytest.mark.distributed(scenario=two_ranks_stream_metrics)
+def test_two_ranks_count_every_example_once(distributed_outcome):
+    tmp_path = distributed_outcome.dir
     outcomes = outcomes_of(tmp_path)
 
     # training: each logged window holds both ranks' micro-batches (2 steps x 2 ranks x 4 rows)
@@ -123,29 +131,54 @@ def test_two_ranks_count_every_example_once(launched):
     assert [p["prediction"] for p in predictions] == logits.argmax(-1).tolist()
 
 
-def softmax(logits):
-    shifted = np.exp(logits - logits.max(-1, keepdims=True))
-    return shifted / shifted.sum(-1, keepdims=True)
+class ScoreRange(Metric):
+    """The largest and the smallest score seen: states reduced across ranks by max and by min."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("high", default=torch.tensor(float("-inf")), dist_reduce_fx="max")
+        self.add_state("low", default=torch.tensor(float("inf")), dist_reduce_fx="min")
+
+    def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
+        self.high = torch.maximum(self.high, scores.max())
+        self.low = torch.minimum(self.low, scores.min())
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"max_score": self.high, "min_score": self.low}
+
+
+def two_ranks_stream_list_max_min_states(out: Path) -> None:
+    """The docs' MulticlassAUROC (list states) and `ScoreRange` (max and min states)."""
+    from torchmetrics.classification import MulticlassAUROC
+
+    from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
+
+    metrics = {"auroc": MulticlassAUROC(num_classes=3), "range": ScoreRange()}
+    train_and_evaluate(out, StreamingMetrics(metrics, task="classification"))
 
 
 def list_state_reference(logits, labels):
     """scikit-learn's one-vs-rest macro AUROC (MulticlassAUROC's definition) and numpy's max/min."""
-    auroc = roc_auc_score(labels, softmax(logits.astype(np.float64)), multi_class="ovr", average="macro")
+    wide = logits.astype(np.float64)
+    probabilities = np.exp(wide - wide.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    auroc = roc_auc_score(labels, probabilities, multi_class="ovr", average="macro")
     return {"auroc": auroc, "max_score": float(logits.max()), "min_score": float(logits.min())}
 
 
-def test_list_max_and_min_states_under_two_ranks(launched):
-    """The docs' MulticlassAUROC (list states) and a metric with max and min states: evaluation
-    over the 30 rows and each training window over both ranks' micro-batches equal scikit-learn
-    and numpy (before: only rank 0 updated, and the gather of lists of different lengths aborted
-    both ranks)."""
-    folder = launched / "list_states"
+@pytest.mark.distributed(scenario=two_ranks_stream_list_max_min_states)
+def test_list_max_and_min_states_under_two_ranks(distributed_outcome):
+    """Evaluation over the 30 rows and each training window over both ranks' micro-batches equal
+    scikit-learn and numpy (before: only rank 0 updated, and the gather of lists of different
+    lengths aborted both ranks)."""
+    folder = distributed_outcome.dir
     outcomes = outcomes_of(folder)
     records = [r for r in outcomes[0]["log_history"] if "loss" in r]
     assert len(records) == 2
     for index, record in enumerate(records):
-        expected = list_state_reference(*window(outcomes, index))
-        for name, value in expected.items():
+        for name, value in list_state_reference(*window(outcomes, index)).items():
             assert record[name] == pytest.approx(value, rel=1e-6, abs=1e-6), (index, name)
     evaluation = next(r for r in outcomes[0]["log_history"] if "eval_auroc" in r)
     for name, value in list_state_reference(*eval_logits(folder)).items():
