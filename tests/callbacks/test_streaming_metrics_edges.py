@@ -24,10 +24,12 @@ from torch import nn
 pytest.importorskip("transformers")
 pytest.importorskip("torchmetrics")
 
+from torchmetrics.classification import MulticlassAUROC  # noqa: E402
 from transformers import Trainer, TrainerCallback  # noqa: E402
 
 from hf_callbacks_plus import LightweightTrainer, LoopArguments, TrainerPlus  # noqa: E402
 from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics  # noqa: E402
+from hf_callbacks_plus.metrics.streaming import standard_metrics  # noqa: E402
 from tests.callbacks.test_streaming_metrics import TASKS, build, stock_metrics, streaming, without  # noqa: E402
 from tests.loop.test_streaming_in_loop import batches  # noqa: E402
 from tests.streaming_reference import assert_same_metrics, reference_values  # noqa: E402
@@ -142,7 +144,9 @@ def test_an_interrupted_evaluation_leaks_nothing_into_the_next(mode, where, trai
     if where == "compute_metrics":  # after StreamingMetrics counted (the third batch, or the only call)
         user = failing_once(user, 3 if overrides.get("batch_eval_metrics") else 1)
     faults = [FailAtPredictionStep(3)] if where == "batch" else []
-    callback = streaming("classification", train_metrics=None, save_predictions=True)
+    # sum states (the confusion matrix) and list states (AUROC)
+    metrics = {**standard_metrics("classification", 3), "auroc": MulticlassAUROC(num_classes=3)}
+    callback = StreamingMetrics(metrics, train_metrics=None, save_predictions=True)
     trainer = build(
         "classification",
         tmp_path,
@@ -163,6 +167,21 @@ def test_an_interrupted_evaluation_leaks_nothing_into_the_next(mode, where, trai
     rows = prediction_rows(tmp_path / "predictions")
     assert [row["id"] for row in rows] == list(range(30))
     assert callback.prediction_files == [tmp_path / "predictions" / "eval-step-0.jsonl"]
+    output = trainer.predict(trainer.eval_dataset)
+    expected_auroc = sklearn_auroc(output.predictions, output.label_ids)
+    assert metrics["eval_auroc"] == pytest.approx(expected_auroc, abs=1e-6)
+
+
+def sklearn_auroc(logits, labels):
+    """scikit-learn's one-vs-rest macro AUROC of the softmax probabilities (MulticlassAUROC's), of
+    arrays or of lists of per-batch arrays."""
+    from sklearn.metrics import roc_auc_score
+
+    if isinstance(logits, list):
+        logits, labels = np.concatenate(logits), np.concatenate(labels)
+    wide = np.asarray(logits, dtype=np.float64)
+    probabilities = np.exp(wide - wide.max(-1, keepdims=True))
+    return roc_auc_score(labels, probabilities / probabilities.sum(-1, keepdims=True), multi_class="ovr")
 
 
 def loop_eval_step(model):
