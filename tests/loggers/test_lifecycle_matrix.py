@@ -152,7 +152,7 @@ def backend(request, tmp_path, _template_db, monkeypatch):
     yield from _backend(request, tmp_path, _template_db, monkeypatch)
 
 
-@pytest.fixture(params=[*MATRIX_BACKENDS, "mlflow_server"])
+@pytest.fixture(params=[*MATRIX_BACKENDS, pytest.param("mlflow_server", marks=pytest.mark.second_tier)])
 def backend_or_server(request, tmp_path, _template_db, monkeypatch):
     yield from _backend(request, tmp_path, _template_db, monkeypatch)
 

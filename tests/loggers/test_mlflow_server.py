@@ -97,6 +97,7 @@ def test_an_outage_mid_training_is_told_once_each_way_and_every_step_arrives_onc
     assert not [m for m in messages if "not delivered" in m]
 
 
+@pytest.mark.second_tier  # the same messages with a gated call on sqlite: test_wal.py
 def test_with_mlflows_own_retries_a_silent_call_is_told_as_an_outage(tmp_path, mlflow_proxy, caplog,
                                                                       monkeypatch):
     """MLflow's own HTTP retries (the default) keep one call waiting through an outage: no error

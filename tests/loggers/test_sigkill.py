@@ -88,7 +88,7 @@ def test_after_a_sigkill_replay_then_the_resumed_training_log_every_step_once(tm
     assert run.info.status == "FINISHED"
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier  # the sqlite case above is the first tier's; this one adds MLflow's REST API
 def test_after_a_sigkill_the_resumed_training_logs_every_step_once_through_a_server(tmp_path, mlflow_server):
     experiment = f"killed-{uuid.uuid4().hex[:8]}"  # the server is shared by the session
     kill_at_45(tmp_path, mlflow_server.uri, experiment)

@@ -283,3 +283,29 @@ def test_replay_lists_then_sends_a_log_and_removes_it(tmp_path, sqlite_uri, caps
     assert "steps 1-4, final status FINISHED" in listed
     sender = replay(path, MLflowBackend.for_target)
     assert sender.run_id == logger.run_id and sender.sent == 6 and not path.exists()
+
+
+def test_a_call_silent_for_long_is_told_as_an_outage_and_its_end_too(tmp_path, sqlite_uri, caplog, monkeypatch):
+    """MLflow's own HTTP retries keep a call waiting through an outage without an error: a call
+    silent for ``SILENT_CALL_SECONDS`` is told (from ``on_log``, or while closing), and so is its end.
+    (Through a real server and MLflow's real retries: test_mlflow_server.py, second tier.)"""
+    monkeypatch.setattr(wal_module, "SILENT_CALL_SECONDS", 0.2)
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    silent = logger.backend = FaultInjectingBackend(logger.backend, gated=("log",))
+
+    def told_then_answer():
+        assert silent.entered.wait(30)
+        end = time.monotonic() + 30
+        while "has not answered" not in caplog.text and time.monotonic() < end:
+            logger.on_log(None, type("S", (), {"global_step": 3, "is_world_process_zero": True})(), None,
+                          logs={"probe": 1.0})
+            time.sleep(0.05)
+        silent.gate.set()
+
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train(tmp_path, [AtStep(3, told_then_answer), logger], 6)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "has not answered a call" in m]) == 1, messages
+    assert len([m for m in messages if "reachable again" in m]) == 1, messages
+    assert not [m for m in messages if "not delivered" in m]
+    assert loss_steps(MlflowClient(sqlite_uri), logger.run_id) == list(range(1, 7))
