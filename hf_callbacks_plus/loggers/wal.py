@@ -30,6 +30,8 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64
+#: A backlog this large (about MLflow's 1000 points a call) is sent at once, without waiting for the pace.
+FULL_BATCH_BYTES = 32_000
 #: Past this size, a file the sender has caught up with is emptied.
 COMPACT_BYTES = 16 * 2**20
 #: A call to the store silent for this long is told as an outage (mlflow retries inside a call).
@@ -349,7 +351,12 @@ class Sender:
                     self._replay_siblings()
                     continue
             else:
-                entries, more = self._next_batch()
+                backlog = self.wal.size() - self.acked
+                left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
+                if 0 < backlog < FULL_BATCH_BYTES and left > 0 and not (self._closing or self._flushing):
+                    self._wait(min(left, POLL_SECONDS))  # gather about a second's records in one call
+                    continue
+                entries, _ = self._next_batch()
                 if not entries:
                     if self._closing:
                         return
@@ -357,10 +364,6 @@ class Sender:
                         self._compactions += 1
                         self._ack(0)
                     self._wait(POLL_SECONDS)
-                    continue
-                left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
-                if left > 0 and not (more or self._closing or self._flushing or entries[0][0]["kind"] != "log"):
-                    self._wait(min(left, POLL_SECONDS))
                     continue
                 outcome = self._attempt(self._send, entries)
                 self._last_send = time.monotonic()
