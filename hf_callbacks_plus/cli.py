@@ -81,8 +81,8 @@ def run_replay(args: argparse.Namespace) -> int:
     sidecar = root.with_suffix(".json").name
     problem = (f"{str(root)!r} does not exist" if not root.exists() else
                f"{str(root)!r} is not an MLflowLogger write-ahead log (no {sidecar} beside it; a metrics "
-               "JSONL log is read with `hf-callbacks-plus plot`). They are in <output_dir>/.mlflow_wal/; pass "
-               "that folder." if root.is_file() and not root.with_suffix(".json").is_file() else None)
+               "JSONL log is read with `hf-callbacks-plus plot`). They are in <output_dir>/.mlflow_wal/; "
+               "pass that folder." if root.is_file() and not root.with_suffix(".json").is_file() else None)
     if problem:
         print(f"hf-callbacks-plus replay: {problem}", file=sys.stderr)
         return 1

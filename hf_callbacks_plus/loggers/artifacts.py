@@ -58,7 +58,8 @@ def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str) -> 
         if target.exists():
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(source, target, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(*NEVER_UPLOADED))
+        shutil.copytree(source, target, copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns(*NEVER_UPLOADED))
     except (OSError, ValueError) as error:
         logger.warning("Could not stage %s for upload (%s); it is not uploaded.", source, error)
         shutil.rmtree(target, ignore_errors=True)

@@ -98,7 +98,7 @@ class Backend:
         raise NotImplementedError
 
     def log_file(self, folder: str, name: str, kind: str, run_id: str) -> None:
-        """Upload a staged folder as ``name`` (``kind``: ``"model"``...), then remove it. Defaults to nothing."""
+        """Upload a staged folder as ``name`` (``kind``: ``"model"``...), then remove it. Default: no-op."""
 
     def finish(self, status: str, run_id: str) -> None:
         """Close the run with ``"FINISHED"`` or ``"FAILED"``."""
@@ -317,7 +317,7 @@ class TrackerLogger(SelfRestoringState):
             raise ValueError(f"key_names must be one of {KEY_NAMES}, got {key_names!r}")
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
-        if isinstance(flush_timeout, bool) or not isinstance(flush_timeout, (int, float)) or flush_timeout < 0:
+        if type(flush_timeout) not in (int, float) or flush_timeout < 0:
             raise ValueError(f"flush_timeout must be a number >= 0, got {flush_timeout!r}")
         self.log_config = log_config
         self.nonfinite = nonfinite
@@ -551,7 +551,8 @@ class TrackerLogger(SelfRestoringState):
         try:
             self.backend.sync()
         except Exception as error:
-            logger.warning("%s: could not write %s to disk: %s", self.logger_name, self.backend.location(), error)
+            logger.warning("%s: could not write %s to disk: %s", self.logger_name, self.backend.location(),
+                           error)
             return False
         return self._lost == 0
 
@@ -621,7 +622,8 @@ class TrackerLogger(SelfRestoringState):
         twins = [other for other in callbacks if other is not self and isinstance(other, TrackerLogger)
                  and other.state_key == self.state_key]
         if twins:  # before any of them opens a run
-            raise ValueError(f"{self.logger_name}: 2 instances share state_key={self.state_key!r}, {conflict}")
+            raise ValueError(f"{self.logger_name}: 2 instances share state_key={self.state_key!r}, "
+                             f"{conflict}")
         try:
             _CLAIMS.claim(state, self.state_key, self, conflict)
         except ValueError:
@@ -663,8 +665,8 @@ class TrackerLogger(SelfRestoringState):
             return
         if os.path.exists(restored):
             logger.warning("%s: resuming the run kept in %s (named by the checkpoint); it continues there, "
-                           "not in %s. Pass the location explicitly to write elsewhere.", self.logger_name, restored,
-                           default)
+                           "not in %s. Pass the location explicitly to write elsewhere.", self.logger_name,
+                           restored, default)
         else:
             logger.warning("%s: the checkpoint's run is in %s, which does not exist here; this resumed "
                            "training writes to %s, without what was logged before the checkpoint.",

@@ -54,8 +54,8 @@ def mlflow_limits() -> dict[str, int]:
     """MLflow's own value and batch limits (``mlflow.utils.validation``)."""
     from mlflow.utils import validation
 
-    names = ("MAX_PARAM_VAL_LENGTH", "MAX_PARAMS_TAGS_PER_BATCH", "MAX_ENTITY_KEY_LENGTH", "MAX_TAG_VAL_LENGTH",
-             "MAX_METRICS_PER_BATCH")
+    names = ("MAX_PARAM_VAL_LENGTH", "MAX_PARAMS_TAGS_PER_BATCH", "MAX_ENTITY_KEY_LENGTH",
+             "MAX_TAG_VAL_LENGTH", "MAX_METRICS_PER_BATCH")
     return {name: getattr(validation, name) for name in names}
 
 
@@ -86,7 +86,8 @@ def is_transient_mlflow_error(error: BaseException) -> bool:
         if isinstance(error, (ConnectionError, TimeoutError)) or isinstance(error, _network_error_types()):
             return True
         code = getattr(error, "error_code", None)
-        if isinstance(code, str) and (code in _TRANSIENT_ERROR_CODES or _TRANSIENT_MESSAGE.search(str(error))):
+        if isinstance(code, str) and (code in _TRANSIENT_ERROR_CODES
+                                      or _TRANSIENT_MESSAGE.search(str(error))):
             return True
         if (isinstance(error, sqlite3.OperationalError) or type(error).__name__ == "OperationalError") and (
                 "database is locked" in str(error)):
@@ -198,8 +199,9 @@ class MLflowBackend(Backend):
     #: One ``log_batch`` per second at most, unless a full batch waits (a sqlite store commits per call).
     send_interval = 1.0
 
-    def __init__(self, tracking_uri: Optional[str], experiment_name: Optional[str], run_name: Optional[str] = None,
-                 tags: Optional[dict[str, str]] = None, warn: Optional[WarnOnce] = None) -> None:
+    def __init__(self, tracking_uri: Optional[str], experiment_name: Optional[str],
+                 run_name: Optional[str] = None, tags: Optional[dict[str, str]] = None,
+                 warn: Optional[WarnOnce] = None) -> None:
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name = run_name
@@ -306,7 +308,8 @@ class MLflowBackend(Backend):
         if not re.fullmatch(r"[0-9A-Za-z_-]+", run_key):
             raise UnusableRunError(f"MLflowLogger: run_key must be letters, digits, '_' or '-', got "
                                    f"{run_key!r} (from the resumed checkpoint).")
-        runs = self.client.search_runs([self._experiment_id()], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+        runs = self.client.search_runs([self._experiment_id()],
+                                       filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
                                        run_view_type=ViewType.ALL, max_results=1)
         return runs[0].info.run_id if runs else None
 
@@ -321,12 +324,13 @@ class MLflowBackend(Backend):
             if getattr(error, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
                 raise
             raise UnusableRunError(
-                f"MLflowLogger: run {run_id!r} does not exist in {where} (the run id comes from {source}). Give "
-                f"the id of an existing run, or none to create a new run. ({error})") from error
+                f"MLflowLogger: run {run_id!r} does not exist in {where} (the run id comes from {source}). "
+                f"Give the id of an existing run, or none to create a new run. ({error})") from error
         if getattr(run.info, "lifecycle_stage", "active") == "deleted":
             raise UnusableRunError(
-                f"MLflowLogger: run {run_id!r} in {where} is deleted (the run id comes from {source}). Restore "
-                "it (MlflowClient().restore_run) or give another run id, or none to create a new run.")
+                f"MLflowLogger: run {run_id!r} in {where} is deleted (the run id comes from {source}). "
+                "Restore it (MlflowClient().restore_run) or give another run id, or none to create a new "
+                "run.")
 
     def _start_monitor(self, run_id: str, resume: bool) -> None:
         """MLflow's own ``SystemMetricsMonitor`` (``system/...`` metrics from its own thread)."""
@@ -491,8 +495,8 @@ class MLflowLogger(TrackerLogger):
         limits = mlflow_limits()
         self.max_name_length = limits["MAX_ENTITY_KEY_LENGTH"]
         self.max_param_length = limits["MAX_PARAM_VAL_LENGTH"]
-        self.backend: Backend = MLflowBackend(self.tracking_uri, self.experiment_name, self.run_name, self.tags,
-                                              warn=self.warn)
+        self.backend: Backend = MLflowBackend(self.tracking_uri, self.experiment_name, self.run_name,
+                                              self.tags, warn=self.warn)
         self._wal: Optional[WriteAheadLog] = None
         self._sender: Optional[Sender] = None
 
@@ -518,7 +522,9 @@ class MLflowLogger(TrackerLogger):
 
     def explicit_location(self) -> Optional[str]:
         """The log in ``wal_dir``, when given."""
-        return None if self.wal_dir is None or self.run_key is None else str(Path(self.wal_dir) / f"{self.run_key}.jsonl")
+        if self.wal_dir is None or self.run_key is None:
+            return None
+        return str(Path(self.wal_dir) / f"{self.run_key}.jsonl")
 
     def default_location(self) -> Optional[str]:
         """``<output_dir>/.mlflow_wal/<run key>.jsonl``."""
@@ -563,8 +569,8 @@ class MLflowLogger(TrackerLogger):
         if boundary:
             wal.append({"kind": "boundary"})
         self._wal = wal
-        self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume, name=self.logger_name,
-                              backoff=self.backoff, on_run_id=self._set_run_id,
+        self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume,
+                              name=self.logger_name, backoff=self.backoff, on_run_id=self._set_run_id,
                               for_target=lambda target: MLflowBackend.for_target(target, self.tracking_uri))
         self.run_id = self._sender.run_id
         self._sender.start()
@@ -588,8 +594,9 @@ class MLflowLogger(TrackerLogger):
         for key, value in params.items():
             name = clean_mlflow_name(key)
             if len(name) > self.max_name_length:  # cut, two keys could collide: dropped alone
-                self.warn(("long-param", key), "MLflowLogger: config key %r is longer than MLflow's %d characters; "
-                          "it is not logged (the other params are).", key[:80] + "...", self.max_name_length)
+                self.warn(("long-param", key), "MLflowLogger: config key %r is longer than MLflow's %d "
+                          "characters; it is not logged (the other params are).", key[:80] + "...",
+                          self.max_name_length)
             else:
                 kept[name] = value
         if self.max_log_params is not None:

@@ -89,7 +89,7 @@ class TensorBoardBackend(Backend):
         return run_id
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
-        """One event per record with all its scalars (to the writer's queue thread); texts with ``add_text``."""
+        """One event per record with all its scalars (to the writer's queue thread); texts: ``add_text``."""
         writer = self._writer
         file_writer = writer._get_file_writer()
         for record in records:

@@ -169,7 +169,8 @@ class WriteAheadLog:
                 try:
                     entry = json.loads(line)
                 except ValueError:
-                    logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset, self.path)
+                    logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset,
+                                   self.path)
                     entry = {"kind": "corrupt"}
                 size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
                 if found and (entry.get("kind") != "log" or found[0][0].get("kind") != "log"
@@ -185,7 +186,7 @@ class WriteAheadLog:
         try:
             with open(self.path, "rb") as handle:
                 handle.seek(offset)
-                return sum(1 for line in handle if line.startswith(b'{"kind": "log"') and line.endswith(b"\n"))
+                return sum(line.startswith(b'{"kind": "log"') and line.endswith(b"\n") for line in handle)
         except OSError:
             return 0
 
@@ -214,8 +215,9 @@ class Sender:
             in the same folder for the same store are sent once the run is open. Defaults to None.
     """
 
-    def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str], run_id: Optional[str] = None,
-                 resume: bool = True, name: Optional[str] = None, backoff: tuple[float, float] = (0.5, 30.0),
+    def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str],
+                 run_id: Optional[str] = None, resume: bool = True, name: Optional[str] = None,
+                 backoff: tuple[float, float] = (0.5, 30.0),
                  on_run_id: Optional[Callable[[str], None]] = None,
                  for_target: Optional[Callable[[dict], Backend]] = None) -> None:
         state = wal.state()
@@ -255,12 +257,13 @@ class Sender:
     def check_silence(self) -> None:
         """Tell an outage when a call has not answered for `SILENT_CALL_SECONDS` (cheap: on_log calls it)."""
         started = self._call_started
-        if started is not None and self._down_since is None and time.monotonic() - started > SILENT_CALL_SECONDS:
+        silent = 0.0 if started is None else time.monotonic() - started
+        if self._down_since is None and silent > SILENT_CALL_SECONDS:
             self._down_since = started
-            logger.warning("%s: the store has not answered a call for %.0f s (mlflow retries inside the call: "
-                           "MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT). Training continues; "
-                           "records wait in %s and are sent in order when it answers.", self.name,
-                           time.monotonic() - started, self.wal.path)
+            logger.warning("%s: the store has not answered a call for %.0f s (mlflow retries inside the "
+                           "call: MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT). Training "
+                           "continues; records wait in %s and are sent in order when it answers.", self.name,
+                           silent, self.wal.path)
 
     def flush(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until everything appended so far is acknowledged."""
@@ -304,13 +307,14 @@ class Sender:
             except Exception as error:
                 reason += f"; its status {status} could not be set either ({type(error).__name__}: {error})"
         logger.warning("%s: %d record(s) were not delivered (%s); they are kept in %s. Resuming this run "
-                       "sends them, or %s.", self.name, self.wal.count_logs(self.acked), reason, self.wal.path,
-                       replay_hint(self.wal.path))
+                       "sends them, or %s.", self.name, self.wal.count_logs(self.acked), reason,
+                       self.wal.path, replay_hint(self.wal.path))
         return False
 
     def _why_not_delivered(self) -> str:
         if self.start_error is not None:
-            return f"the run could not start: {type(self.start_error).__name__}: {str(self.start_error)[:200]}"
+            error = self.start_error
+            return f"the run could not start: {type(error).__name__}: {str(error)[:200]}"
         if self._call_started is not None:
             return f"a call to the store had not answered after {time.monotonic() - self._call_started:.0f} s"
         if self._down_since is not None:
@@ -466,9 +470,10 @@ class Sender:
             logger.warning("%s: the store refused %s, which is dropped; the other records are sent (%s: %s).",
                            self.name, what, kind, str(error)[:300])
         if told == REFUSALS_TOLD:
-            logger.error("%s: the store has refused %d records with %s; further ones are dropped without being "
-                         "listed. If the records look right, this looks like a fault of the logger or the store: "
-                         "please report it with this message (%s).", self.name, told, kind, str(error)[:300])
+            logger.error("%s: the store has refused %d records with %s; further ones are dropped without "
+                         "being listed. If the records look right, this looks like a fault of the logger or "
+                         "the store: please report it with this message (%s).", self.name, told, kind,
+                         str(error)[:300])
         self.dropped += 1
         self._ack(entries[0][1])
         return "dropped"
@@ -483,7 +488,8 @@ class Sender:
             theirs = WriteAheadLog(path)
             state = theirs.state()
             if (path == self.wal.path or theirs.size() <= int(state.get("acked") or 0)
-                    or any(state.get(key) != mine.get(key) for key in ("logger", "tracking_uri", "experiment_name"))):
+                    or any(state.get(key) != mine.get(key)
+                           for key in ("logger", "tracking_uri", "experiment_name"))):
                 continue
             try:
                 sent = replay(path, self.for_target)
@@ -515,7 +521,8 @@ def replay(path: Union[str, Path], for_target: Callable[[dict], Backend]) -> Sen
     fd = os.open(wal.path, os.O_RDONLY)
     try:
         if not _lock(fd, 0.0):
-            raise RuntimeError(f"{wal.path} is in use by a running training (or another replay), which sends it")
+            raise RuntimeError(f"{wal.path} is in use by a running training (or another replay), which "
+                               "sends it")
         state = wal.state()
         sender = Sender(wal, for_target(state), state.get("run_key"), state.get("run_id"))
         if wal.size() > sender.acked:

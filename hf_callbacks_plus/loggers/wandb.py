@@ -117,7 +117,7 @@ def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn
 
 
 class WandbBackend(Backend):
-    """One W&B run: ``wandb.init`` (on a thread), ``run.log``, ``run.summary``, ``run.config``, ``run.finish``.
+    """One W&B run: ``wandb.init`` (on a thread), ``run.log``, ``run.summary``, ``run.config``, ``finish``.
 
     Args:
         wandb: The ``wandb`` module.
@@ -213,7 +213,8 @@ class WandbBackend(Backend):
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         self._min_step = int(getattr(run, "starting_step", 0) or 0)  # online resume: W&B's next step
-        self._held_keys = {key for key in run.summary.keys() if not key.startswith("_")} if self._min_step else set()
+        held = run.summary.keys() if self._min_step else ()
+        self._held_keys = {key for key in held if not key.startswith("_")}
         self._row_step, self._row_keys, self._row_open = max(self._row_step, self._min_step - 1), set(), False
         if self.watch != "false" and self.model is not None:
             watch = getattr(run, "watch", None) or self._wandb.watch  # Run.watch since wandb 0.18
@@ -226,8 +227,9 @@ class WandbBackend(Backend):
             if self._waiting_points + points > self.max_points:
                 self.lost += 1
                 if self.lost == 1:
-                    logger.error("WandbLogger: the run is not open yet and %d metric points wait for it; records "
-                                 "beyond max_memory_points=%d are counted as lost until it opens (%s).",
+                    logger.error("WandbLogger: the run is not open yet and %d metric points wait for it; "
+                                 "records beyond max_memory_points=%d are counted as lost until it opens "
+                                 "(%s).",
                                  self._waiting_points, self.max_points, _LOG_HISTORY)
                 return
             self._waiting.append((action, args))
@@ -273,9 +275,9 @@ class WandbBackend(Backend):
             run.summary.update({**record.summary, **late})
         for name in late:
             key = name.rpartition("@")[0] or name
-            self._warn(("late", key), "WandbLogger: %r has a value at step %d already (or the run is past that "
-                       "step); W&B keeps one value per key and step, so this one is in the run summary as %r.",
-                       key, step, name)
+            self._warn(("late", key), "WandbLogger: %r has a value at step %d already (or the run is past "
+                       "that step); W&B keeps one value per key and step, so this one is in the run summary "
+                       "as %r.", key, step, name)
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         self._do(lambda: self.run.config.update({key: typed(value) for key, value in params.items()},
@@ -286,7 +288,8 @@ class WandbBackend(Backend):
 
     def _artifact(self, folder: str, name: str, kind: str) -> None:
         if not Path(folder).is_dir():
-            self._warn(("artifact", folder), "WandbLogger: %s no longer exists; not logged as an artifact.", folder)
+            self._warn(("artifact", folder), "WandbLogger: %s no longer exists; not logged as an artifact.",
+                       folder)
             return
         artifact = self._wandb.Artifact(name=f"{kind}-{self.run.id}", type=kind)
         artifact.add_dir(folder)  # copies the files: the staged folder can go
@@ -418,7 +421,7 @@ class WandbLogger(TrackerLogger):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if isinstance(max_memory_points, bool) or not isinstance(max_memory_points, int) or max_memory_points < 1:
+        if type(max_memory_points) is not int or max_memory_points < 1:
             raise ValueError(f"WandbLogger: max_memory_points must be an int >= 1, got {max_memory_points!r}")
         if mode is not None and mode not in MODE_CHOICES:
             raise ValueError(f"WandbLogger: mode={mode!r} is not valid; choose one of {MODE_CHOICES} "

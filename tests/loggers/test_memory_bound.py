@@ -33,7 +33,7 @@ NOT_OURS = ("*/mlflow/*", "*/sqlalchemy/*", "*/importlib/*", "<frozen *>", "*/lo
 
 
 def held_by_the_logger() -> int:
-    """Bytes alive, allocated with ``hf_callbacks_plus/loggers`` in the stack but not by the store's libraries."""
+    """Bytes alive, allocated with ``hf_callbacks_plus/loggers`` in the stack, not by the store's code."""
     filters = [tracemalloc.Filter(True, "*hf_callbacks_plus/loggers/*", all_frames=True)]
     filters += [tracemalloc.Filter(False, pattern) for pattern in NOT_OURS]
     snapshot = tracemalloc.take_snapshot().filter_traces(filters)

@@ -47,8 +47,8 @@ def test_an_unusable_sqlite_path_is_refused_at_construction(tmp_path, problem, m
         path.parent.chmod(0o500)
         if os.access(path.parent, os.W_OK):  # root ignores the mode
             pytest.skip("this user can write to a read-only folder")
-    with pytest.raises(ValueError, match=r"tracking_uri .*the sqlite database .*(does not exist|is a directory|"
-                                         r"is not writable)"):
+    problems = r"(does not exist|is a directory|is not writable)"
+    with pytest.raises(ValueError, match=rf"tracking_uri .*the sqlite database .*{problems}"):
         MLflowLogger(tracking_uri=f"sqlite:///{path}")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{path}")
     with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI"):
@@ -84,8 +84,9 @@ def test_refusing_two_wandb_loggers_leaves_no_open_run(tmp_path, monkeypatch, ru
     from tests.tiny_models import make_trainer
 
     root = offline_env(monkeypatch, tmp_path / "wb")
-    trainer = make_trainer(tmp_path / "out", callbacks=[fast_logger(project="two"), fast_logger(project="two")],
-                           max_steps=2, trainer_class=TrainerPlus if runner == "TrainerPlus" else None)
+    twins = [fast_logger(project="two"), fast_logger(project="two")]
+    trainer = make_trainer(tmp_path / "out", callbacks=twins, max_steps=2,
+                           trainer_class=TrainerPlus if runner == "TrainerPlus" else None)
     with pytest.raises(ValueError, match="WandbLogger: 2 instances share state_key"):
         trainer.train()
     assert wandb.run is None

@@ -267,7 +267,8 @@ def test_records_logged_before_the_run_opened_go_to_the_run_of_their_key(tmp_pat
 
 
 @pytest.mark.mlflow
-def test_the_same_store_spelled_differently_on_resume_continues_the_one_run(tmp_path, monkeypatch, _template_db):
+def test_the_same_store_spelled_differently_on_resume_continues_the_one_run(tmp_path, monkeypatch,
+                                                                            _template_db):
     """A relative sqlite path in the first process, the absolute one in the resumed process: one run,
     every step once, FINISHED (the checkpoint entry was keyed by the URI: two runs, one FAILED)."""
     import shutil

@@ -2,7 +2,8 @@
 
 Planted: a password in the MLflow tracking URI (of a live sqlite-backed logger's run name and
 of a logger whose server is down, so its state goes into checkpoints and its records stay in its
-write-ahead log), a token inside a metric name, tokens in secret environment variables (``HF_TOKEN``, a 40-hex ``WANDB_API_KEY``,
+write-ahead log), a token inside a metric name, tokens in secret environment variables
+(``HF_TOKEN``, a 40-hex ``WANDB_API_KEY``,
 ``MLFLOW_TRACKING_PASSWORD``), in ``TrainingArguments`` (``hub_token``, URL passwords in
 ``run_name`` and ``hub_model_id``), on the command line (``--hub_token``, a tracking URI with a
 password). Searched: every file under the run's temp dir (output_dir with its checkpoints,

@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.mlflow, pytest.mark.transformers]
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY_STEP = ("train/loss", "train/grad_norm", "train/learning_rate", "train/epoch")
-EVAL = ("eval/loss", "eval/mse", "eval/mae", "eval/runtime", "eval/samples_per_second", "eval/steps_per_second")
+EVAL = ("eval/loss", "eval/mse", "eval/mae", "eval/runtime", "eval/samples_per_second",
+        "eval/steps_per_second")
 
 
 @pytest.fixture(autouse=True)

@@ -109,7 +109,8 @@ def test_repeats_and_the_resume_boundary_are_left_out_and_a_second_value_at_one_
     renderer = Renderer(JsonlLogger())
     renderer.held = {"train/loss": 4}
     assert renderer.render({"loss": 1.0}, 4, 0) is None  # the run held step 4 before this session
-    assert renderer.render({"loss": 1.0, "epoch": 1.0}, 5, 0).metrics == {"train/loss": 1.0, "train/epoch": 1.0}
+    record = renderer.render({"loss": 1.0, "epoch": 1.0}, 5, 0)
+    assert record.metrics == {"train/loss": 1.0, "train/epoch": 1.0}
     assert renderer.render({"epoch": 1.0}, 5, 0) is None  # an exact repeat (the end-of-training epoch)
     assert renderer.render({"loss": 0.5}, 5, 0).metrics == {"train/loss": 0.5}  # a second value: kept
     assert renderer.last_steps == {"train/loss": 5, "train/epoch": 5}

@@ -252,7 +252,8 @@ def test_a_record_the_store_refuses_is_dropped_alone_with_one_warning(tmp_path, 
 
     def refusing_log(records, run_id):  # fault injection: MLflow refusing the record of step 3
         if any(record.step == 3 for record in records):
-            raise MlflowException("Got invalid value for metric 'train/loss'", error_code=INVALID_PARAMETER_VALUE)
+            raise MlflowException("Got invalid value for metric 'train/loss'",
+                                  error_code=INVALID_PARAMETER_VALUE)
         real_log(records, run_id)
 
     logger.backend.log = refusing_log
@@ -285,7 +286,8 @@ def test_replay_lists_then_sends_a_log_and_removes_it(tmp_path, sqlite_uri, caps
     assert sender.run_id == logger.run_id and sender.sent == 6 and not path.exists()
 
 
-def test_a_call_silent_for_long_is_told_as_an_outage_and_its_end_too(tmp_path, sqlite_uri, caplog, monkeypatch):
+def test_a_call_silent_for_long_is_told_as_an_outage_and_its_end_too(tmp_path, sqlite_uri, caplog,
+                                                                     monkeypatch):
     """MLflow's own HTTP retries keep a call waiting through an outage without an error: a call
     silent for ``SILENT_CALL_SECONDS`` is told (from ``on_log``, or while closing), and so is its end.
     (Through a real server and MLflow's real retries: test_mlflow_server.py, second tier.)"""

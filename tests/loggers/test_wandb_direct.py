@@ -62,7 +62,8 @@ def train(tmp_path: Path, logger, metrics: int = 0, before=(), after=()) -> list
     args = LoopArguments(output_dir=str(tmp_path / "out"), max_steps=STEPS, logging_steps=1,
                          disable_tqdm=True)
     LightweightTrainer(args, train_step=step, train_data=[[1.0]] * STEPS,
-                       callbacks=[*before, Extras(metrics), logger, *after], learning_rate_fn=lambda: 0.1).train()
+                       callbacks=[*before, Extras(metrics), logger, *after],
+                       learning_rate_fn=lambda: 0.1).train()
     return began
 
 
