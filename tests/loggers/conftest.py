@@ -156,6 +156,20 @@ def mlflow_server(tmp_path_factory):
     server.stop()
 
 
+#: Environment variables of the trackers a test must not inherit from the caller's shell.
+TRACKER_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS",
+               "MLFLOW_NESTED_RUN", "MLFLOW_RUN_NAME", "MLFLOW_MAX_LOG_PARAMS",
+               "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "RANK",
+               "TENSORBOARD_LOGGING_DIR")
+
+
+@pytest.fixture(autouse=True)
+def clean_tracker_env(monkeypatch):
+    """Every logger test starts without the trackers' environment variables of the caller."""
+    for name in TRACKER_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def mlflow_proxy(mlflow_server):
     """A `TcpProxy` to the session's server, for this test only."""

@@ -23,12 +23,6 @@ PREFIX = "eval/" + "very_long_metric_name_" * 13  # 291 characters
 LONG_A, LONG_B = PREFIX + "alpha", PREFIX + "beta"
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK"):
-        monkeypatch.delenv(name, raising=False)
-
-
 class AddBadKeys(TrainerCallback):
     """Listed before the logger: two long keys sharing 250+ characters and a value of 10**400."""
 

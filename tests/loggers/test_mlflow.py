@@ -19,15 +19,6 @@ from tests.tiny_models import make_trainer  # noqa: E402
 pytestmark = [pytest.mark.mlflow, pytest.mark.transformers]
 
 SECRET = "hf_" + "S" * 34
-MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS",
-              "MLFLOW_NESTED_RUN", "MLFLOW_RUN_NAME", "MLFLOW_MAX_LOG_PARAMS", "RANK")
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in MLFLOW_ENV:
-        monkeypatch.delenv(name, raising=False)
-
 
 def histories(client, run_id):
     run = client.get_run(run_id)

@@ -35,12 +35,6 @@ from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
 pytestmark = pytest.mark.mlflow
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def train(out, callbacks, steps):
     args = LoopArguments(output_dir=str(out), max_steps=steps, logging_steps=1, disable_tqdm=True,
                          save_strategy="no")

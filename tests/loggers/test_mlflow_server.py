@@ -28,13 +28,6 @@ TOTALS = ("train_summary/runtime", "train_summary/samples_per_second", "train_su
           "train_summary/loss", "train_summary/total_flos", "train_summary/epoch")
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK",
-                 "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def test_logs_through_the_server(tmp_path, mlflow_server):
     logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="server")
     make_trainer(tmp_path, callbacks=[logger], logging_steps=2, eval_strategy="steps", eval_steps=4,
@@ -70,6 +63,18 @@ def assert_every_step_once(client: MlflowClient, run_id: str, steps: int = 40) -
         assert sorted(got) == steps_of_key and max(Counter(got).values()) == 1, key
 
 
+def assert_finished_once_and_told(uri: str, run_id: str, caplog, outage: str) -> None:
+    """The run FINISHED with every step once; one ``outage`` warning, one "reachable again", nothing
+    left undelivered (nor blamed on a slow store)."""
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert_every_step_once(client, run_id)
+    messages = [r.getMessage() for r in caplog.records if r.name == "hf_callbacks_plus"]
+    assert len([m for m in messages if outage in m]) == 1, messages
+    assert len([m for m in messages if "reachable again" in m]) == 1, messages
+    assert not [m for m in messages if "not delivered" in m or "too slow" in m], messages
+
+
 def test_an_outage_mid_training_is_told_once_each_way_and_every_step_arrives_once(tmp_path, mlflow_proxy,
                                                                                    caplog, monkeypatch):
     """``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` hands the outage to the logger at once: one warning each
@@ -88,13 +93,7 @@ def test_an_outage_mid_training_is_told_once_each_way_and_every_step_arrives_onc
     trainer.add_callback(Flush())
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         trainer.train()
-    client = MlflowClient(mlflow_proxy.uri)
-    assert client.get_run(logger.run_id).info.status == "FINISHED"
-    assert_every_step_once(client, logger.run_id)
-    messages = [r.getMessage() for r in caplog.records if r.name == "hf_callbacks_plus"]
-    assert len([m for m in messages if "unreachable" in m]) == 1, messages
-    assert len([m for m in messages if "reachable again" in m]) == 1, messages
-    assert not [m for m in messages if "not delivered" in m]
+    assert_finished_once_and_told(mlflow_proxy.uri, logger.run_id, caplog, "unreachable")
 
 
 @pytest.mark.second_tier  # the same messages with a gated call on sqlite: test_wal.py
@@ -120,13 +119,7 @@ def test_with_mlflows_own_retries_a_silent_call_is_told_as_an_outage(tmp_path, m
                          eval_strategy="steps", eval_steps=5, max_steps=40, n_train=320).train()
     finally:
         logging.getLogger("hf_callbacks_plus").removeHandler(handler)
-    client = MlflowClient(mlflow_proxy.uri)
-    assert client.get_run(logger.run_id).info.status == "FINISHED"
-    assert_every_step_once(client, logger.run_id)
-    messages = [r.getMessage() for r in caplog.records if r.name == "hf_callbacks_plus"]
-    assert len([m for m in messages if "has not answered" in m]) == 1, messages
-    assert len([m for m in messages if "reachable again" in m]) == 1, messages
-    assert not [m for m in messages if "not delivered" in m or "too slow" in m], messages
+    assert_finished_once_and_told(mlflow_proxy.uri, logger.run_id, caplog, "has not answered")
 
 
 def test_mlflow_url_print_never_shows_the_password(tmp_path, mlflow_server, capfd):

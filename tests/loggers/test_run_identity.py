@@ -29,13 +29,6 @@ from tests.tiny_models import make_trainer
 pytestmark = pytest.mark.transformers
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK",
-                 "TENSORBOARD_LOGGING_DIR"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def saved_state(checkpoint: Path, name: str) -> dict[str, Any]:
     """The attributes of the logger ``name`` saved in a checkpoint's trainer_state.json (the last entry)."""
     data = json.loads((checkpoint / "trainer_state.json").read_text())

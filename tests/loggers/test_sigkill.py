@@ -36,12 +36,6 @@ EVAL = ("eval/loss", "eval/mse", "eval/mae", "eval/runtime", "eval/samples_per_s
         "eval/steps_per_second")
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def kill_at_45(out: Path, uri: str, experiment: str) -> Path:
     """Run the script to its SIGKILL; return its write-ahead log."""
     script = str(Path(__file__).with_name("mlflow_kill_script.py"))

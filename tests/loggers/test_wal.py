@@ -30,12 +30,6 @@ from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
 pytestmark = pytest.mark.mlflow
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS", "RANK"):
-        monkeypatch.delenv(name, raising=False)
-
-
 class AtStep(TrainerCallback):
     """Calls ``action(logger_state)`` once, at the end of step ``step``."""
 
