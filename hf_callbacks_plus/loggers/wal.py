@@ -30,8 +30,11 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64
-#: A backlog this large (about MLflow's 1000 points a call) is sent at once, without waiting for the pace.
-FULL_BATCH_BYTES = 32_000
+#: A call holds up to this many of the store's batches (``MlflowClient.log_batch`` splits it into
+#: requests): records of 500 metrics go three to a call, and the store updates each key once a call.
+CALL_BATCHES = 2
+#: A backlog this large (about a full call: 2000 points) is sent at once, without waiting for the pace.
+FULL_BATCH_BYTES = 64_000
 #: Past this size, a file the sender has caught up with is emptied.
 COMPACT_BYTES = 16 * 2**20
 #: A call to the store silent for this long is told as an outage (mlflow retries inside a call).
@@ -384,7 +387,7 @@ class Sender:
     def _next_batch(self) -> tuple[list[tuple[dict, int]], bool]:
         if self.wal.size() <= self.acked:
             return [], False
-        limit = getattr(self.backend, "max_metrics_per_batch", None) or 1000
+        limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
         return self.wal.read(self.acked, limit, 1 if self.acked < self._isolate_until else BATCH_ENTRIES)
 
     def _start_run(self) -> None:
