@@ -514,6 +514,11 @@ class WandbLogger(TrackerLogger):
             self._write_file(save_model_to_temp(model, "wandb_model_"), "final_model", "model")
         super().on_train_end(args, state, control, **kwargs)
 
+    def _sync(self, timeout: float) -> bool:
+        if timeout > 0:  # flush(): the records waiting for wandb.init go once it returns
+            self.backend.wait_open(timeout)
+        return super()._sync(timeout)
+
     def _close_run(self, status: str, timeout: float) -> bool:
         closed = self.backend.close(status, timeout, grace=5.0 if status == FINISHED else 1.0)
         lost = self.backend.lost + self._lost
