@@ -616,7 +616,8 @@ class MLflowLogger(TrackerLogger):
     def _close_run(self, status: str, timeout: float) -> bool:
         wal, sender = self._wal, self._sender
         self._append({"kind": "finish", "status": status})
-        delivered = sender.close(status, timeout, grace=5.0 if status == FINISHED else 1.0)
+        finished = status == FINISHED  # an exception waits for no unreachable store
+        delivered = sender.close(status, timeout, grace=5.0 if finished else 1.0, while_down=finished)
         wal.close(delete=delivered)
         self._wal = self._sender = None
         return delivered and self._lost == 0 and not sender.dropped

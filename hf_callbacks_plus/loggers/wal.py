@@ -283,10 +283,11 @@ class Sender:
             self._flushing -= 1
         return self.acked >= target or compactions != self._compactions
 
-    def close(self, status: str, timeout: float, grace: float) -> bool:
+    def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
         """Send what is left (the last entry: ``finish``) for at most ``timeout`` seconds, ``grace`` more
-        for a call in flight; then stop. When entries are left, the run still gets ``status`` if the
-        store answers, and one warning says why, where they are and how to send them.
+        for a call in flight (without ``while_down``: not once the store is unreachable); then stop.
+        When entries are left, the run still gets ``status`` if the store answers, and one warning
+        says why, where they are and how to send them.
 
         Returns:
             True when everything was acknowledged.
@@ -295,8 +296,11 @@ class Sender:
         self._wake.set()
         end = self._deadline
         while self._thread.is_alive() and time.monotonic() < end:
-            self._thread.join(min(0.5, max(0.0, end - time.monotonic())))
+            self._thread.join(min(0.05 if self.down else 0.5, max(0.0, end - time.monotonic())))
             self.check_silence()
+            if self.down and not while_down:
+                self._deadline = end = time.monotonic()
+                self._wake.set()
             if time.monotonic() >= self._deadline and self._call_started is not None:
                 end = self._deadline + grace
         if self._thread.is_alive():

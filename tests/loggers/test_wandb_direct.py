@@ -163,8 +163,9 @@ def test_a_wandb_init_longer_than_the_close_deadline_ends_training_on_time(tmp_p
 
 def test_a_finish_longer_than_the_deadline_is_left_to_the_library_and_told(tmp_path, wandb_root, caplog):
     """``run.finish`` hangs (fault injection: W&B's service still uploading): closing ends at its
-    deadline (0.5 s, and 5 s for the call in flight), with one warning naming the run's folder,
-    where W&B keeps its data; the run is finished in the background."""
+    deadline (0.5 s, and 1 s for the call in flight when the run failed; 5 s when it finished), with
+    one warning naming the run's folder, where W&B keeps its data; the run is finished in the
+    background."""
     from tests.loggers.wandb_helpers import fast_logger, runs
 
     logger = fast_logger(project="slow-finish", log_config=False)
@@ -187,15 +188,15 @@ def test_a_finish_longer_than_the_deadline_is_left_to_the_library_and_told(tmp_p
 
             run.finish = hanging_finish
             start = time.monotonic()
-            closed = logger.close("FINISHED", timeout=0.5)
+            closed = logger.close("FAILED", timeout=0.5)
             closing.append(time.monotonic() - start)
             assert not closed
 
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         train(tmp_path, logger, before=[CloseWithAShortDeadline()])
     released.set()
-    assert closing[0] < 8.0, closing  # the deadline and the call in flight, not the 30 s finish
+    assert closing[0] < 4.0, closing  # the deadline and the call in flight, not the 30 s finish
     told = [record.getMessage() for record in caplog.records if "still being finished" in record.getMessage()]
     assert len(told) == 1 and "offline-run-" in told[0] and logger.run_id in told[0], told
     (run,) = runs(wandb_root)
-    assert run.steps("train/loss") == list(range(1, STEPS + 1)) and run.exit_code == 0
+    assert run.steps("train/loss") == list(range(1, STEPS + 1)) and run.exit_code == 1
