@@ -291,7 +291,8 @@ def test_a_call_silent_for_long_is_told_as_an_outage_and_its_end_too(tmp_path, s
 
     def told_then_answer():
         assert silent.entered.wait(30)
-        state, end = type("State", (), {"global_step": 3, "is_world_process_zero": True})(), time.monotonic() + 30
+        state = type("State", (), {"global_step": 3, "is_world_process_zero": True})()
+        end = time.monotonic() + 30
         while "has not answered" not in caplog.text and time.monotonic() < end:  # records, as training logs
             logger.on_log(None, state, None, logs={"probe": time.monotonic()})
             time.sleep(0.05)
