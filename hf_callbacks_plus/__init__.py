@@ -36,6 +36,8 @@ _EXPORTS = {
     "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
     "StreamingMetrics": "hf_callbacks_plus.callbacks.streaming_metrics",
     "GenerationSamples": "hf_callbacks_plus.callbacks.generation_samples",
+    "KeepBestCheckpoints": "hf_callbacks_plus.callbacks.best_checkpoints",
+    "TopK": "hf_callbacks_plus.callbacks.best_checkpoints_ranking",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",

@@ -125,7 +125,10 @@ def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
         if is_log and isinstance(event.get("curves"), Mapping):
             values = {key: _NON_FINITE.get(value, value) if isinstance(value, str) else value
                       for key, value in event["curves"].items()}
-            records.append({**values, "step": event.get("step")})
+            summary = event.get("summary") if isinstance(event.get("summary"), Mapping) else {}
+            kept = {key: value for key, value in summary.items()
+                    if key.startswith(f"{BEST_CHECKPOINTS_SECTION}/")}
+            records.append({**values, **kept, "step": event.get("step")})
     return records
 
 
