@@ -455,8 +455,10 @@ class KeepBestCheckpoints(SelfRestoringState):
                 if entry.missing or os.path.isdir(self.folder(entry.step)):
                     continue
                 source = checkpoint_folder(output_dir, entry.step)
-                unmade = os.path.isdir(source) and incomplete_reason(source) is None  # a crash before on_save
-                if not (unmade and self._keep(entry.step)):
+                if os.path.isdir(source) and incomplete_reason(source) is None and self._keep(entry.step):
+                    logger.info("%s: made the kept folder of step %s from %s (the run stopped before it was "
+                                "made, or it was deleted since).", _OWNER, entry.step, source)
+                else:
                     gone.append(entry.step)
             stated = {entry.step for entry in self.entries}
             for step in checkpoint_steps(directory):
@@ -464,9 +466,9 @@ class KeepBestCheckpoints(SelfRestoringState):
                     continue
                 if ours:
                     self._remove(step)
-                    logger.info("%s: removed kept checkpoint-%s, made after the checkpoint this run resumes "
-                                "from (step %s); the resumed run ranks its steps again.", _OWNER, step,
-                                state.global_step)
+                    logger.warning("%s: removed kept checkpoint-%s, made after the checkpoint this run "
+                                   "resumes from (step %s); the resumed run trains and ranks those steps "
+                                   "again.", _OWNER, step, state.global_step)
                 else:
                     logger.warning("%s: %s is not in this run's ranking and the manifest is not this run's; "
                                    "it is left alone.", _OWNER, self.folder(step))
