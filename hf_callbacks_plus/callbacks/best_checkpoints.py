@@ -21,30 +21,22 @@ import logging
 import math
 import os
 import shutil
-import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Optional, Union
 
-from ..core.checkpoint_folders import checkpoint_folder, checkpoint_steps, incomplete_reason
+from ..core.checkpoint_folders import checkpoint_folder
 from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar, grammar_for
 from ..metrics.monitor import MODES, Monitor
 from ..metrics.numbers import to_float
-from .best_checkpoints_files import (
-    RESUME_ONLY,
-    kept_folder,
-    leftovers,
-    read_manifest,
-    remove_folder,
-    sync_folder,
-    write_manifest,
-)
+from .best_checkpoints_files import RESUME_ONLY, kept_folder, remove_folder, sync_folder, write_manifest
 from .best_checkpoints_ranking import Kept, TopK, admit, rankings
+from .best_checkpoints_start import Start, plan_start
 from .console import tell
-from .distributed import broadcast_from_rank0, distributed_world_size
+from .distributed import from_rank0
 
 __all__ = ["KeepBestCheckpoints", "TopK"]
 
@@ -240,7 +232,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         """The ranking as it stands once the checkpoint being saved is ranked: the trainer asks
         for the state inside ``_save_checkpoint``, before ``on_save`` ranks it."""
         entries, last_step = self.entries, self.last_step
-        candidate = self._candidate()
+        candidate = self._candidate(self._state, last_step)
         if candidate is not None:
             entries, last_step = admit(entries, candidate, self.specs).kept, candidate.step
         return {"run_id": self.run_id, "output_dir": self.output_dir, "last_step": last_step,
@@ -293,13 +285,12 @@ class KeepBestCheckpoints(SelfRestoringState):
                 merged.setdefault(key, value)
         return merged
 
-    def _candidate(self) -> Optional[Kept]:
-        """The current step with its monitored values, if it logged any and is not ranked yet."""
-        state = self._state
+    def _candidate(self, state: Any, after: Optional[int]) -> Optional[Kept]:
+        """The current step with its monitored values, if it logged any and comes ``after``."""
         if state is None or not self.specs:
             return None
         step = int(getattr(state, "global_step", 0))
-        if self.last_step is not None and step <= self.last_step:
+        if after is not None and step <= after:
             return None
         record = self._record_of(state)
         values = {}
@@ -340,27 +331,6 @@ class KeepBestCheckpoints(SelfRestoringState):
             raise error(message)
         logger.warning("%s (strict=False: continuing.)", message)
 
-    # -- the ranks agree --------------------------------------------------------------
-    def _agreed(self, candidate: Optional[Kept], step: int) -> Optional[Kept]:
-        """Rank 0's candidate on every rank (a collective: every rank calls it at each save)."""
-        if distributed_world_size() <= 1:
-            return candidate
-        flat: list[float] = []
-        for spec in self.specs:
-            value = None if candidate is None else candidate.values.get(spec.monitor)
-            flat += [0.0, 0.0] if value is None else [1.0, value]
-        flat = broadcast_from_rank0(flat)
-        values = {spec.monitor: flat[2 * i + 1] for i, spec in enumerate(self.specs) if flat[2 * i] == 1.0}
-        if not values:
-            return None
-        epoch = candidate.epoch if candidate is not None else None
-        return Kept(step, values, epoch)
-
-    def _agreed_flags(self, flags: list[bool]) -> list[bool]:
-        if distributed_world_size() <= 1:
-            return flags
-        return [value == 1.0 for value in broadcast_from_rank0([1.0 if flag else 0.0 for flag in flags])]
-
     # -- events --------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the settings and the run, then restore and reconcile the ranking, or start one."""
@@ -376,17 +346,35 @@ class KeepBestCheckpoints(SelfRestoringState):
         self._writer = bool(getattr(args, "should_save", getattr(state, "is_world_process_zero", True)))
         output_dir = os.path.realpath(os.fspath(args.output_dir))
         self.directory = os.path.join(output_dir, self.dirname)
-        super().on_train_begin(args, state, control, **kwargs)
         self._state = state
-        restored = self.run_id is not None
-        if restored and self._agreed_flags([self._same_run(output_dir)])[0]:
-            self._reconcile(state, output_dir)
-            return
-        if restored:
-            logger.warning("%s: the checkpoint this run resumes from was written in output_dir=%r, not "
-                           "%r; its ranking stays there and a fresh ranking starts here.", _OWNER,
-                           self.output_dir, output_dir)
-        self._start_fresh(state, output_dir)
+        # (no super().on_train_begin: the saved state is one of the inputs of plan_start)
+        step = int(getattr(state, "global_step", 0))
+        saved = self.find_saved_state(state) if step > 0 else None
+        candidate = self._candidate(state, None)
+        start = from_rank0(lambda: plan_start(saved, step, candidate, self.specs, output_dir, self.directory))
+        if start.problem is not None:
+            raise RuntimeError(start.problem)
+        if getattr(state, "is_world_process_zero", True):
+            for warning in start.warnings:
+                logger.warning(warning)
+        self.run_id, self.output_dir, self.last_step = start.run_id, start.output_dir, start.last_step
+        self.entries = start.entries
+        if self._writer:
+            self._apply(start)
+
+    def _apply(self, start: Start) -> None:
+        """Make the disk match the ranking the run starts from (on the processes that write)."""
+        for path in start.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+        for step in start.remove:
+            self._remove(step)
+        failed = [step for step in start.make if not self._keep(step)]
+        for step in start.make:
+            if step not in failed:
+                logger.info("%s: made the kept folder of step %s from its checkpoint (the run stopped before "
+                            "it was made, or it was deleted since).", _OWNER, step)
+        self._lose(failed)
+        write_manifest(self.directory, self.manifest())
 
     def _schedule_problem(self, args: Any, monitor: Monitor) -> Optional[str]:
         """Why no saved checkpoint would ever have the metric, or None."""
@@ -412,79 +400,6 @@ class KeepBestCheckpoints(SelfRestoringState):
                     f"{what}_steps.")
         return None
 
-    def _same_run(self, output_dir: str) -> bool:
-        """The restored state belongs to this output_dir (or to this very folder, moved whole)."""
-        if self.output_dir == output_dir:
-            return True
-        manifest = read_manifest(self.directory) if self._writer else None
-        return bool(manifest and manifest.get("run_id") == self.run_id)
-
-    def _start_fresh(self, state: Any, output_dir: str) -> None:
-        self.entries, self.run_id, self.output_dir = (), uuid.uuid4().hex, output_dir
-        self.last_step = int(getattr(state, "global_step", 0))
-        problem = self._foreign_content() if self._writer else None
-        if self._agreed_flags([problem is not None])[0]:
-            raise RuntimeError(problem or f"{_OWNER}: the main process refused output_dir (see its error).")
-        if self._writer:
-            write_manifest(self.directory, self.manifest())
-
-    def _foreign_content(self) -> Optional[str]:
-        """Why the folder cannot start a fresh ranking: it holds another run's checkpoints."""
-        steps = checkpoint_steps(self.directory)
-        if not steps:
-            return None
-        manifest = read_manifest(self.directory) or {}
-        owner = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
-        return (f"{_OWNER}: {self.directory} holds kept checkpoints of {owner} (steps {sorted(steps)}). A "
-                f"new run would mix its ranking with them, and transformers rewrites checkpoint-N files in "
-                f"place, which those kept folders share as hard links. Move or delete that folder, use "
-                f"another output_dir or dirname, or resume that run (train(resume_from_checkpoint=True)).")
-
-    def _reconcile(self, state: Any, output_dir: str) -> None:
-        """Resume: complete kept folders a crash left unmade, tell the ones gone, delete the ones
-        this run made after the checkpoint it resumes from. Only inside our folder."""
-        self.output_dir = output_dir
-        directory, gone = self.directory, []
-        if self._writer:
-            manifest = read_manifest(directory) or {}
-            ours = manifest.get("run_id") == self.run_id
-            if ours:
-                for path in leftovers(directory):
-                    shutil.rmtree(path, ignore_errors=True)
-            for entry in self.entries:
-                if entry.missing or os.path.isdir(self.folder(entry.step)):
-                    continue
-                source = checkpoint_folder(output_dir, entry.step)
-                if os.path.isdir(source) and incomplete_reason(source) is None and self._keep(entry.step):
-                    logger.info("%s: made the kept folder of step %s from %s (the run stopped before it was "
-                                "made, or it was deleted since).", _OWNER, entry.step, source)
-                else:
-                    gone.append(entry.step)
-            stated = {entry.step for entry in self.entries}
-            for step in checkpoint_steps(directory):
-                if step in stated:
-                    continue
-                if ours:
-                    self._remove(step)
-                    logger.warning("%s: removed kept checkpoint-%s, made after the checkpoint this run "
-                                   "resumes from (step %s); the resumed run trains and ranks those steps "
-                                   "again.", _OWNER, step, state.global_step)
-                else:
-                    logger.warning("%s: %s is not in this run's ranking and the manifest is not this run's; "
-                                   "it is left alone.", _OWNER, self.folder(step))
-        flags = self._agreed_flags([entry.step in gone for entry in self.entries])
-        self.entries = tuple(Kept(entry.step, entry.values, entry.epoch, entry.missing or flag)
-                             for entry, flag in zip(self.entries, flags))
-        if any(flags) and getattr(state, "is_world_process_zero", True):
-            lost = [entry for entry, flag in zip(self.entries, flags) if flag]
-            logger.warning(
-                "%s: the kept checkpoint(s) of step(s) %s are gone from %s (and no checkpoint-N of those "
-                "steps is left to keep them from). They keep their place in the ranking, marked missing in "
-                "the manifest; nothing is kept in their stead.", _OWNER, ", ".join(map(_described, lost)),
-                directory)
-        if self._writer:
-            write_manifest(directory, self.manifest())
-
     def _keep(self, step: int) -> bool:
         """Make the kept folder of ``step`` from its checkpoint; False (warned) if the disk refuses."""
         try:
@@ -501,6 +416,10 @@ class KeepBestCheckpoints(SelfRestoringState):
                            self.directory)
         logger.debug("%s: kept checkpoint-%s in %s.", _OWNER, step, self.directory)
         return True
+
+    def _lose(self, steps: list[int]) -> None:
+        """Mark the entries of ``steps`` missing (their kept folder could not be made)."""
+        self.entries = tuple(entry.lost() if entry.step in steps else entry for entry in self.entries)
 
     def _remove(self, step: int) -> None:
         try:
@@ -548,19 +467,18 @@ class KeepBestCheckpoints(SelfRestoringState):
         """Rank the checkpoint just saved; keep it (hard links) if it is in a top k; delete the evicted."""
         self._state = state
         step = int(state.global_step)
-        candidate = self._agreed(self._candidate(), step)
+        candidate = from_rank0(lambda: self._candidate(state, self.last_step))
         if self.last_step is None or step > self.last_step:
             self.last_step = step
         if candidate is None:
-            if self.specs and (not self._unranked or self._unranked[-1] != step):
+            if self.specs and step not in self._unranked:
                 self._unranked.append(step)
         else:
             admission = admit(self.entries, candidate, self.specs)
             self.entries = admission.kept
             if self._writer:
                 if admission.admitted and not self._keep(step):
-                    self.entries = tuple(Kept(e.step, e.values, e.epoch, e.missing or e.step == step)
-                                         for e in self.entries)
+                    self._lose([step])
                 write_manifest(self.directory, self.manifest())
                 for entry in admission.evicted:
                     if not entry.missing:
@@ -595,15 +513,9 @@ class KeepBestCheckpoints(SelfRestoringState):
         lines = [f"{_OWNER}: kept in {self.directory}:"]
         for spec in self.specs:
             kept = self.ranking.get(spec.monitor, [])
-            listed = ", ".join(_described(entry, spec.monitor) for entry in kept) or "none (no finite value)"
+            listed = ", ".join(entry.describe(spec.monitor) for entry in kept) or "none (no finite value)"
             lines.append(f"  {spec.monitor} ({spec.mode}, k={spec.k}): {listed}")
         return "\n".join(lines)
-
-
-def _described(entry: Kept, name: Optional[str] = None) -> str:
-    values = entry.values if name is None else {name: entry.values[name]}
-    shown = ", ".join(f"{key}={value:.6g}" for key, value in values.items())
-    return f"step {entry.step} ({shown}{', missing' if entry.missing else ''})"
 
 
 def _short(steps: list[int]) -> str:

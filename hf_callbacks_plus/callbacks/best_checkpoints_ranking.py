@@ -71,6 +71,16 @@ class Kept:
         value = self.values.get(monitor)
         return value is not None and math.isfinite(value)
 
+    def lost(self) -> Kept:
+        """This entry marked missing."""
+        return replace(self, missing=True)
+
+    def describe(self, monitor: Optional[str] = None) -> str:
+        """``"step 40 (eval_loss=0.31)"``: one metric's value, or all of them."""
+        values = self.values if monitor is None else {monitor: self.values[monitor]}
+        shown = ", ".join(f"{name}={value:.6g}" for name, value in values.items())
+        return f"step {self.step} ({shown}{', missing' if self.missing else ''})"
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (non-finite values become None)."""
         values = {name: (value if math.isfinite(value) else None) for name, value in self.values.items()}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-__all__ = ["broadcast_from_rank0", "distributed_world_size"]
+__all__ = ["broadcast_from_rank0", "distributed_world_size", "from_rank0"]
+
+T = TypeVar("T")
 
 
 def _dist() -> Any:
@@ -41,3 +43,29 @@ def broadcast_from_rank0(values: Sequence[float]) -> list[float]:
     tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
     dist.broadcast(tensor, src=0)
     return [float(v) for v in tensor.cpu().tolist()]
+
+
+def from_rank0(compute: Callable[[], T]) -> T:
+    """Run ``compute()`` on rank 0 only and return its result on every rank (a collective: every
+    rank calls it at the same point). Not distributed: ``compute()``.
+
+    The result travels pickled (``broadcast_object_list``). When ``compute`` raises on rank 0,
+    rank 0 raises it and the other ranks raise a RuntimeError quoting it, instead of waiting.
+    """
+    dist = _dist()
+    if dist is None or dist.get_world_size() <= 1:
+        return compute()
+    box: list[Any] = [None]
+    error: Any = None
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("value", compute())
+        except Exception as raised:  # noqa: BLE001 - handed to every rank below
+            error, box[0] = raised, ("error", f"{type(raised).__name__}: {raised}")
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    kind, value = box[0]
+    if kind == "error":
+        raise RuntimeError(f"rank 0 failed: {value}")
+    return value
