@@ -13,7 +13,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
-from ..core.state import TrainerControl, TrainerState
 from ..metrics.keys import add_prefix, did_you_mean
 from ..metrics.numbers import to_float
 
@@ -78,21 +77,7 @@ def _output_loss(output: Any) -> Optional[float]:
 
 
 class EvaluationMixin:
-    """``evaluate``/``predict`` of `LightweightTrainer`."""
-
-    args: Any
-    state: TrainerState
-    control: TrainerControl
-    callback_handler: Any
-    eval_data: Any
-    eval_step: Any
-    eval_fn: Any
-    metrics_fn: Any
-    log: Any
-    #: Set by the first `evaluate`/`predict` of a trainer that has not trained yet (see
-    #: `_prepare_model_for_evaluation`); from then on every evaluation reports it.
-    model_preparation_time: Optional[float] = None
-    _model_prepared: bool = False
+    """``evaluate``/``predict`` of `LightweightTrainer` (its ``__init__`` sets the attributes they read)."""
 
     def evaluate(self, eval_data: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate, log the metrics and fire ``on_evaluate``.
