@@ -6,6 +6,7 @@ Importing this module needs torch and transformers.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,15 @@ def exit_distributed_script() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run tiny models on one intra-op thread: on a loaded machine, several threads contend for
+    the cores and a forward pass of a 16-wide model takes 10x longer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
