@@ -434,7 +434,8 @@ class KeepBestCheckpoints(SelfRestoringState):
     on_epoch_end = on_step_end
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The callbacks after this one may have written into the checkpoint just kept: link it again."""
+        """The callbacks after this one may have replaced files of the checkpoint just kept (their
+        state on transformers < 4.45): link them again, before the next save can rotate it away."""
         self._refresh()
 
     def _refresh(self) -> None:
@@ -466,6 +467,7 @@ class KeepBestCheckpoints(SelfRestoringState):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Rank the checkpoint just saved; keep it (hard links) if it is in a top k; delete the evicted."""
         self._state = state
+        super().on_save(args, state, control, **kwargs)  # transformers < 4.45: our state, this save ranked
         step = int(state.global_step)
         candidate = from_rank0(lambda: self._candidate(state, self.last_step))
         if self.last_step is None or step > self.last_step:
@@ -484,7 +486,6 @@ class KeepBestCheckpoints(SelfRestoringState):
                     if not entry.missing:
                         self._remove(entry.step)
                 self._fresh = step if admission.admitted else None
-        super().on_save(args, state, control, **kwargs)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Link the last kept checkpoint again; print the kept checkpoints."""

@@ -8,9 +8,11 @@ import json
 import logging
 import math
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from transformers import TrainerCallback
 
 from hf_callbacks_plus.callbacks.best_checkpoints import KeepBestCheckpoints, TopK
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
@@ -110,6 +112,24 @@ def test_trainer_plus_puts_the_ranking_in_log_history(tmp_path):
     assert ranks == [10, 6]
     assert kept_steps(tmp_path) == [6, 10]
     assert collect_curves(trainer.state.log_history).kept_steps == [6, 10]
+
+
+class WritesAfterUs(TrainerCallback):
+    """A callback listed after ours that adds a file to each checkpoint in its own on_save (as
+    stateful callbacks do with trainer_state.json on transformers < 4.45)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        (folder / "notes.json").write_text(json.dumps({"step": state.global_step}))
+
+
+def test_what_later_callbacks_write_into_the_checkpoint_is_kept_too(tmp_path):
+    keeper = KeepBestCheckpoints("eval_score", k=2, mode="min")
+    scripted_run(tmp_path, [keeper, WritesAfterUs()], score=SCORE, save_total_limit=1).train()
+    assert kept_steps(tmp_path) == [6, 10] and not (tmp_path / "checkpoint-10").exists()
+    for step in (6, 10):
+        notes = tmp_path / KEPT / f"checkpoint-{step}" / "notes.json"
+        assert json.loads(notes.read_text()) == {"step": step}
 
 
 def test_resumable_keeps_everything_and_resumes_from_a_kept_checkpoint(tmp_path):
