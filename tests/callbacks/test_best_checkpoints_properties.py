@@ -24,16 +24,7 @@ from hypothesis import strategies as st
 
 from hf_callbacks_plus.callbacks import best_checkpoints as module
 from hf_callbacks_plus.callbacks.best_checkpoints import KeepBestCheckpoints, TopK
-from tests.callbacks.best_checkpoints_helpers import (
-    KEPT,
-    WeightsAtSave,
-    checkpoint_steps,
-    expected_ranking,
-    kept_steps,
-    kept_weights,
-    manifest,
-    scripted_run,
-)
+from tests.callbacks import best_checkpoints_helpers as helpers
 from tests.callbacks.test_best_checkpoints_resume import FaultInjectingCrash
 
 pytestmark = [pytest.mark.transformers, pytest.mark.slow, pytest.mark.compat]
@@ -78,12 +69,12 @@ def test_invariants_hold_for_any_run_crash_and_resume(data, steps, k_score, k_ac
             pytest.MonkeyPatch.context() as faults:
         output_dir = Path(root) / "run"
         environment.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # transformers < 4.47, torch >= 2.6
-        weights = WeightsAtSave()
+        weights = helpers.WeightsAtSave()
         args = {"score": score, "acc": acc, "max_steps": steps, "eval_steps": 1, "save_steps": 1,
                 "logging_steps": 1, "save_total_limit": limit}
         before, after = crash_callbacks(crash, crash_step, faults) if crash else ([], [])
         keeper = KeepBestCheckpoints(specs, verbose=False)
-        first = scripted_run(output_dir, [weights, *before, keeper, *after], **args)
+        first = helpers.scripted_run(output_dir, [weights, *before, keeper, *after], **args)
         if crash is None:
             first.train()
         else:
@@ -91,19 +82,21 @@ def test_invariants_hold_for_any_run_crash_and_resume(data, steps, k_score, k_ac
                 first.train()
             faults.undo()  # the fault injection dies with the first process
             keeper = KeepBestCheckpoints(specs, verbose=False)
-            scripted_run(output_dir, [weights, keeper], **args).train(resume_from_checkpoint=True)
+            helpers.scripted_run(output_dir, [weights, keeper], **args).train(resume_from_checkpoint=True)
 
         saved = list(range(1, steps + 1))
-        expected = expected_ranking({"score": score, "acc": acc}, [("score", k_score, "min"),
+        expected = helpers.expected_ranking({"score": score, "acc": acc}, [("score", k_score, "min"),
                                                                    ("acc", k_acc, "max")], saved)
         assert {name: [e.step for e in kept] for name, kept in keeper.ranking.items()} == expected  # 1
         ranked = sorted({step for kept in expected.values() for step in kept})
-        assert kept_steps(output_dir) == ranked  # 2
+        assert helpers.kept_steps(output_dir) == ranked  # 2
+        kept = output_dir / helpers.KEPT
         for step in ranked:
-            assert kept_weights(output_dir / KEPT / f"checkpoint-{step}") == weights.weights[step]
-        written = manifest(output_dir)
+            assert helpers.kept_weights(kept / f"checkpoint-{step}") == weights.weights[step]
+        written = helpers.manifest(output_dir)
         assert written["ranking"] == expected and [c["step"] for c in written["checkpoints"]] == ranked
         assert not any(c["missing"] for c in written["checkpoints"])
-        assert len(ranked) <= k_score + k_acc and len(checkpoint_steps(output_dir)) <= (limit or steps)  # 3
-        assert not [name for name in os.listdir(output_dir / KEPT) if name.startswith(".")]  # 4
+        assert len(ranked) <= k_score + k_acc  # 3
+        assert len(helpers.checkpoint_steps(output_dir)) <= (limit or steps)
+        assert not [name for name in os.listdir(kept) if name.startswith(".")]  # 4
         assert os.listdir(root) == ["run"]

@@ -13,20 +13,14 @@ from transformers import TrainerCallback
 
 from hf_callbacks_plus.callbacks.best_checkpoints import KeepBestCheckpoints
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
+from tests.callbacks.best_checkpoints_helpers import ScriptedMetrics
 from tests.trl_peft import runs
+from tests.trl_peft.test_restore_best_peft import FaultInjectingCrash
 
 pytestmark = [pytest.mark.transformers, pytest.mark.slow]
 
 SCORES = {2: 5.0, 4: 3.0, 6: 4.0, 8: 3.5}
 KEPT_STEPS = [4, 8]  # the two lowest
-
-
-class ScriptedScore:
-    def __init__(self):
-        self.trainer = None
-
-    def __call__(self, eval_pred):
-        return {"score": SCORES[self.trainer.state.global_step]}
 
 
 class AdapterAtSave(TrainerCallback):
@@ -42,19 +36,8 @@ class AdapterAtSave(TrainerCallback):
                                            for name, tensor in get_peft_model_state_dict(model).items()}
 
 
-class FaultInjectingCrash(TrainerCallback):
-    """Injects a crash (the process dying) at the end of one step."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise RuntimeError(f"injected crash at step {self.step}")
-
-
 def build(output_dir, callbacks, **overrides):
-    score = ScriptedScore()
+    score = ScriptedMetrics(score=SCORES)
     args = dict(max_steps=8, eval_strategy="steps", eval_steps=2, logging_steps=2, save_strategy="steps",
                 save_steps=2, save_total_limit=1, with_subset_eval=False, peft=True,
                 metric_for_best_model="score", greater_is_better=False, load_best_model_at_end=True)
