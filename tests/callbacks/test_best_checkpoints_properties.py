@@ -55,12 +55,16 @@ def crash_callbacks(kind, step, monkeypatch):
     return [], []
 
 
-@settings(max_examples=12, derandomize=True, deadline=None,
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])  # a run takes ~1 s: no shrinking
-@given(data=st.data(), steps=st.integers(3, 6), k_score=st.integers(1, 3), k_acc=st.integers(1, 2),
-       limit=st.sampled_from([None, 1, 2]),
-       crash=st.sampled_from([None, "between steps", "before ours", "inside ours"]))
-def test_invariants_hold_for_any_run_crash_and_resume(data, steps, k_score, k_acc, limit, crash):
+#: A generated run: metric sequences x k x save_total_limit x where it crashes.
+RUNS = given(data=st.data(), steps=st.integers(3, 6), k_score=st.integers(1, 3), k_acc=st.integers(1, 2),
+             limit=st.sampled_from([None, 1, 2]),
+             crash=st.sampled_from([None, "between steps", "before ours", "inside ours"]))
+#: A run takes about 1 s: no shrinking (a failure prints the generated case as it is).
+NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
+
+
+def check_invariants(data, steps, k_score, k_acc, limit, crash):
+    """Run the generated case and check the invariants of the module docstring."""
     score = {step: data.draw(VALUES, label=f"score@{step}") for step in range(1, steps + 1)}
     acc = {step: data.draw(VALUES, label=f"acc@{step}") for step in range(1, steps + 1)}
     crash_step = data.draw(st.integers(1, steps - 1), label="crash after save") if crash else None
@@ -100,3 +104,9 @@ def test_invariants_hold_for_any_run_crash_and_resume(data, steps, k_score, k_ac
         assert len(helpers.checkpoint_steps(output_dir)) <= (limit or steps)
         assert not [name for name in os.listdir(kept) if name.startswith(".")]  # 4
         assert os.listdir(root) == ["run"]
+
+
+test_invariants_hold_for_any_run_crash_and_resume = settings(
+    max_examples=12, derandomize=True, deadline=None, phases=NO_SHRINK)(RUNS(check_invariants))
+test_invariants_hold_over_many_more_runs = pytest.mark.second_tier(settings(
+    max_examples=100, derandomize=True, deadline=None, phases=NO_SHRINK)(RUNS(check_invariants)))
