@@ -182,6 +182,36 @@ def test_plot_marks_the_kept_steps(run):
     assert marks and all(list(line.get_xdata()) == [6, 10, 14] for line in marks)
 
 
+def test_save_strategy_best_ranks_the_saves_it_makes(tmp_path):
+    keeper = KeepBestCheckpoints(k=2)  # the trainer saves at each new best of metric_for_best_model
+    scripted_run(tmp_path, [keeper], score=SCORE, save_strategy="best", metric_for_best_model="score",
+                 greater_is_better=False).train()
+    assert [e.step for e in keeper.ranking["eval_score"]] == [10, 6] and kept_steps(tmp_path) == [6, 10]
+
+
+@pytest.mark.parametrize(("monitor", "mode"), [("eval_b_mse", "min"), ("train_subset_mae", "min"),
+                                               ("gap_mse", "max"), ("loss", "min")])
+def test_any_monitored_metric_ranks_as_its_logged_values(tmp_path, monitor, mode):
+    """Per-dataset, train-subset, gap and training-loss metrics (TrainerPlus: train-subset keys reach
+    log_history): the kept steps are the top k of the values logged at the saved steps."""
+    from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
+    from tests.tiny_models import RegressionDataset, make_trainer
+
+    keeper = KeepBestCheckpoints(monitor, k=2, mode=mode)
+    trainer = make_trainer(tmp_path, [TrainSubsetEvaluation(size=16, gap_metrics=True), keeper],
+                           trainer_class=TrainerPlus, eval_strategy="steps", eval_steps=2, logging_steps=2,
+                           save_strategy="steps", save_steps=2, max_steps=12, save_total_limit=1,
+                           learning_rate=0.3)
+    trainer.eval_dataset = {"a": RegressionDataset(8, seed=3), "b": RegressionDataset(8, seed=4)}
+    trainer.train()
+    logged = {record["step"]: record[monitor] for record in trainer.state.log_history if monitor in record}
+    assert sorted(logged) == [2, 4, 6, 8, 10, 12]
+    expected = sorted(logged, key=lambda step: (logged[step] if mode == "min" else -logged[step], step))[:2]
+    assert [entry.step for entry in keeper.ranking[monitor]] == expected
+    assert kept_steps(tmp_path) == sorted(expected)
+
+
 def test_lightweight_trainer_keeps_its_checkpoints(tmp_path):
     from tests.callbacks.early_stopping_helpers import scripted_lightweight
 
