@@ -36,6 +36,7 @@ _EXPORTS = {
     "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
     "StreamingMetrics": "hf_callbacks_plus.callbacks.streaming_metrics",
     "GenerationSamples": "hf_callbacks_plus.callbacks.generation_samples",
+    "ThroughputMonitor": "hf_callbacks_plus.callbacks.throughput",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",
