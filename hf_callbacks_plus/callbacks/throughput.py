@@ -351,7 +351,8 @@ def _positive(value: Any) -> bool:
 
 
 def _is_training_record(logs: Any) -> bool:
-    """A record of the training loop: it has the running ``loss``, no evaluation key, and is not
-    the end-of-training summary (``train_runtime``)."""
-    return (isinstance(logs, dict) and "loss" in logs and "train_runtime" not in logs
+    """A record of the training loop: it has the running ``loss`` (the end-of-training summary has
+    ``train_loss``; with ``include_num_input_tokens_seen`` every training record also carries
+    ``train_runtime``) and no evaluation key."""
+    return (isinstance(logs, dict) and "loss" in logs
             and not any(isinstance(key, str) and key.startswith("eval_") for key in logs))
