@@ -75,7 +75,8 @@ _CHIP_RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
     (("a10",), (), "a10"),
     (("l40s",), (), "l40s"),
     (("l4",), (), "l4"),
-    (("v100", "sxm"), (), "v100-sxm"),
+    (("v100", "sxm2"), (), "v100-sxm"),
+    (("v100", "sxm3"), (), "v100-sxm"),
     (("v100", "pcie"), (), "v100-pcie"),
     (("t4",), (), "t4"),
     (("mi300x",), (), "mi300x"),
@@ -224,8 +225,11 @@ def training_flops(model: Any) -> TrainingFlops:
 
 def loss_shifts_labels(model: Any) -> bool:
     """True when the model's loss shifts its labels (a causal LM: position ``i`` predicts
-    label ``i + 1``, so ``labels[..., 0]`` is never a target), by transformers' own rule: the
-    loss function of its ``loss_type`` is ``ForCausalLMLoss`` and it is not an encoder-decoder."""
+    label ``i + 1``, so ``labels[..., 0]`` is never a target): the loss function the model
+    resolves (its ``_loss_function``, else transformers' ``LOSS_MAPPING`` for its ``loss_type``,
+    else transformers' default, ``ForCausalLMLoss``) is ``ForCausalLMLoss``, and it is not an
+    encoder-decoder. ``Trainer`` applies the same rule but without the default, so it counts
+    ``GPT2LMHeadModel``'s labels unshifted although its loss shifts them."""
     base = _base_model(model)
     config = getattr(base, "config", None)
     if getattr(config, "is_encoder_decoder", False):
@@ -233,8 +237,11 @@ def loss_shifts_labels(model: Any) -> bool:
     try:
         from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
     except ImportError:  # transformers < 4.46 has no loss mapping: read the class name
-        return type(base).__name__.endswith("ForCausalLM")
-    return LOSS_MAPPING.get(getattr(base, "loss_type", None)) is ForCausalLMLoss
+        return type(base).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    if not hasattr(base, "loss_type"):  # not a transformers model
+        return False
+    function = getattr(base, "_loss_function", None) or LOSS_MAPPING.get(base.loss_type, ForCausalLMLoss)
+    return function is ForCausalLMLoss
 
 
 def measure_training_flops(model: Any, inputs: Mapping[str, Any]) -> float:
