@@ -12,7 +12,6 @@ import logging
 import math
 
 import pytest
-import torch
 
 from hf_callbacks_plus import TrainerPlus, run_before_integrations
 from hf_callbacks_plus.callbacks import throughput
@@ -32,6 +31,7 @@ from tests.callbacks.throughput_helpers import (
     lm_rows,
     step_of_batches,
     throughput_records,
+    tiny_llama,
     window_counts,
 )
 from tests.tiny_models import TinyClassifier, classification_rows, training_args
@@ -39,18 +39,6 @@ from tests.tiny_models import TinyClassifier, classification_rows, training_args
 pytestmark = pytest.mark.transformers
 
 PEAK = 3e9  # FLOP/s of "one device", for the MFU
-
-
-def tiny_llama(kind: str = "lm", seed: int = 0, **overrides):
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
-
-    torch.manual_seed(seed)
-    values = {"vocab_size": 48, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32,
-              "pad_token_id": 0, "num_labels": 3}
-    values.update(overrides)
-    config = LlamaConfig(**values)
-    return LlamaForCausalLM(config) if kind == "lm" else LlamaForSequenceClassification(config)
 
 
 def build(tmp_path, *, kind="lm", mask=True, accumulation=1, rows=35, epochs=2, callbacks=(),

@@ -46,6 +46,19 @@ def classifier_rows(n: int, seed: int = 0, vocab_size: int = 48, num_labels: int
     return rows
 
 
+def tiny_llama(kind: str = "lm", seed: int = 0, **overrides: Any) -> Any:
+    """A seeded 2-layer Llama (hidden 16, 2 heads, 1 key-value head): a causal LM or a 3-label classifier."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+
+    torch.manual_seed(seed)
+    values = {"vocab_size": 48, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32,
+              "pad_token_id": 0, "num_labels": 3}
+    values.update(overrides)
+    config = LlamaConfig(**values)
+    return LlamaForCausalLM(config) if kind == "lm" else LlamaForSequenceClassification(config)
+
+
 class RecordingCollator:
     """Pads a list of rows to the longest (``input_ids`` with 0, ``attention_mask`` 0 there,
     ``labels`` with -100) or, with ``mask=False``, truncates them to the shortest (no padding);
