@@ -12,6 +12,7 @@ import logging
 import math
 
 import pytest
+import torch
 
 from hf_callbacks_plus import TrainerPlus, run_before_integrations
 from hf_callbacks_plus.callbacks import throughput
@@ -260,3 +261,36 @@ def test_bad_arguments_are_refused_at_construction(kwargs, words):
     with pytest.raises(ValueError) as error:
         ThroughputMonitor(**kwargs)
     assert all(word in str(error.value) for word in words), str(error.value)
+
+
+def test_lightweight_trainer_counts_the_forward_passes_of_its_train_step(tmp_path):
+    from hf_callbacks_plus import LightweightTrainer, LoopArguments
+
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    collator = RecordingCollator()
+    data = lm_rows(32, seed=1)
+    batches = [collator(data[i:i + 4]) for i in range(0, 32, 4)]
+
+    def train_step(batch):
+        loss = model(**batch).loss
+        loss.backward()
+        return loss.item()
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad()
+
+    model.train()
+    trainer = LightweightTrainer(
+        LoopArguments(output_dir=str(tmp_path), max_steps=8, logging_steps=2, gradient_accumulation_steps=2,
+                      save_strategy="no", disable_tqdm=True),
+        train_step=train_step, train_data=batches, model=model, optimizer_step_fn=optimizer_step,
+        callbacks=[ThroughputMonitor(peak_flops=PEAK)])
+    trainer.train()
+    records = throughput_records(trainer.state.log_history)
+    assert [(r["step"], r["throughput/window_steps"]) for r in records] == [(2, 1), (4, 2), (6, 2), (8, 2)]
+    steps = step_of_batches(8, 2, epochs=2)  # the loop goes through the 8 batches twice
+    for record in records:
+        first = record["step"] - int(record["throughput/window_steps"])
+        assert_counts(record, window_counts(collator.batches * 2, steps, first, record["step"], shifts=True))
