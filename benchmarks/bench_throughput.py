@@ -3,23 +3,24 @@
 For each case (a causal LM and a sequence classifier; with and without padding; with and without
 gradient accumulation), ``--repeats`` times:
 
-* run A: ``Trainer.train()`` for ``W + N`` steps with the monitor (``warmup_steps=W``, windows
+* run A: ``Trainer.train()`` for ``W + N + 1`` steps with the monitor (``warmup_steps=W``, windows
   of ``--logging-steps`` covering steps ``W+1 .. W+N``) and transformers' own counter
-  (``include_num_input_tokens_seen="all"``); the collator keeps every batch it builds;
-* run S: the same for ``W`` steps only;
-* run P: the same ``W + N`` steps on a stock Trainer without either (the paired baseline).
+  (``include_num_input_tokens_seen="all"``); the data collator keeps every batch it builds and
+  the time (``perf_counter``) it built it;
+* run P: the same on a stock Trainer without either (the paired baseline).
 
 The hand count: tokens (and non-padding tokens) of the batches of steps ``W+1 .. W+N`` from the
-collator's copies, over ``wall(A) - wall(S)`` (``perf_counter`` around ``train()``: the same
-set-up, warm-up and tear-down cancel out). Printed per case (medians over the repeats, ranges in
-brackets): the monitor's tokens/s over the whole run (all counts over all window seconds) as a
-ratio to the hand figure, the same for non-padding tokens, transformers' ``train_tokens_per_second``
-of the same run A (cumulative since ``train()`` began, padding included) as a ratio to the hand
-figure, the time spent inside the monitor's own code (its forward hook and its events, timed
-around them) as a share of a step, the paired end-to-end ratio A / P, and the largest relative
-difference between the logged MFU and the MFU computed by hand (FLOPs from
-``training_flops(model)`` and the hand counts, over the record's ``window_seconds``, over
-``--peak``).
+collator's copies, over the wall time measured outside the trainer, by the collator: from when
+it built the first batch of step ``W+1`` to when it built the first batch of step ``W+N+1``
+(``N`` steps apart, whether the data loader builds a batch ahead or not). Printed per case
+(medians over the repeats, ranges in brackets): the monitor's tokens/s over the run (all its
+counts over all its window seconds) as a ratio to the hand figure, the same for non-padding
+tokens, transformers' ``train_tokens_per_second`` of the same run (cumulative since ``train()``
+began, padding included) as a ratio to the hand figure, the time spent inside the monitor's own
+code (its forward hook and its events, timed around them) per step as a share of a step, the paired
+end-to-end ratio A / P, and the largest relative difference between the logged MFU and the MFU
+computed by hand (FLOPs from ``training_flops(model)`` and the hand counts, over the record's
+``window_seconds``, over the peak given).
 
 Run: ``.venv/bin/python benchmarks/bench_throughput.py [--steps 100] [--warmup 10]
 [--logging-steps 10] [--repeats 3] [--cases lm-padded-ga4,...]``
@@ -69,9 +70,10 @@ class Collator:
     """Pads to the longest row (``padded``) or takes fixed-length rows; keeps a copy of each batch."""
 
     def __init__(self, padded: bool, classifier: bool) -> None:
-        self.padded, self.classifier, self.batches = padded, classifier, []
+        self.padded, self.classifier, self.batches, self.times = padded, classifier, [], []
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        self.times.append(time.perf_counter())
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.long)
@@ -129,8 +131,8 @@ def run(case: dict, steps: int, warmup: int, logging_steps: int, monitor: bool) 
         start = time.perf_counter()
         trainer.train()
         elapsed = time.perf_counter() - start
-    return {"seconds": elapsed, "batches": collator.batches, "history": trainer.state.log_history,
-            "monitor": callback, "model": model}
+    return {"seconds": elapsed, "batches": collator.batches, "times": collator.times,
+            "history": trainer.state.log_history, "monitor": callback, "model": model}
 
 
 def hand_counts(batches: list[dict], first: int, accumulation: int) -> dict[str, float]:
@@ -202,10 +204,9 @@ def main() -> None:
         ratios, padding_ratios, stock_ratios, inside, paired = [], [], [], [], []
         hand_rates, per_step, errors = [], [], []
         for _ in range(options.repeats):
-            full = run(case, total, options.warmup, options.logging_steps, True)
-            short = run(case, options.warmup, options.warmup, options.logging_steps, True)
-            plain = run(case, total, options.warmup, options.logging_steps, False)
-            wall = full["seconds"] - short["seconds"]
+            full = run(case, total + 1, options.warmup, options.logging_steps, True)
+            plain = run(case, total + 1, options.warmup, options.logging_steps, False)
+            wall = full["times"][total * accumulation] - full["times"][options.warmup * accumulation]
             hand = hand_counts(full["batches"][:total * accumulation], options.warmup, accumulation)
             records = [r for r in full["history"] if "throughput/tokens_per_second" in r]
             seconds = sum(r["throughput/window_seconds"] for r in records)
@@ -221,7 +222,7 @@ def main() -> None:
             stock = [r["train_tokens_per_second"] for r in full["history"] if "train_tokens_per_second" in r]
             stock_ratios.append(stock[-1] / (hand["tokens"] / wall))
             per_step.append(1000 * wall / options.steps)
-            inside.append(100 * full["monitor"].seconds / full["seconds"])
+            inside.append(100 * (full["monitor"].seconds / (total + 1)) / (wall / options.steps))
             paired.append(full["seconds"] / plain["seconds"])
             errors.append(mfu_error(full, options.warmup, options.logging_steps, accumulation))
         print(f"| {name} | {statistics.median(per_step):.1f} | {statistics.median(hand_rates):.0f} | "
