@@ -1,11 +1,12 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
+# `make check` is the second tier on top: `make test`, the slow-by-nature tests and `make compat`.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test lint docs clean compat
+.PHONY: install demo test check tier2 lint docs clean compat
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,14 +19,22 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check hf_callbacks_plus tests examples benchmarks
+	$(PY) -m ruff check hf_callbacks_plus tests examples benchmarks scripts
 
 test: $(STAMP) lint docs
 	$(PY) -m pytest
 
-# The documentation site (mkdocs material + mkdocstrings), built with --strict into site/.
+# The second tier (tests marked second_tier: the default-size demo, the launcher and transformers
+# version matrices), then every supported transformers. `make test check` runs `test` once.
+tier2: $(STAMP)
+	$(PY) -m pytest --tier 2
+
+check: test tier2 compat
+
+# The documentation site (mkdocs material + mkdocstrings), built with --strict into site/ and
+# stamped with its sources' digest: tests/test_docs_site.py checks this site instead of building again.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	$(PY) scripts/build_docs.py site
 
 # TrainerPlus & co. against every supported transformers, each in .venv-compat-<version>
 # (pins in compat/transformers-<version>.txt; venvs are built once and reused).

@@ -8,7 +8,8 @@ Shared by ``examples/demo.py``, the other examples and their tests:
   ``demo_data/vocab.txt``) and :func:`build_tokenizer` builds the tokenizer on it;
 - :func:`build_datasets` returns tokenized ``datasets.Dataset`` train and eval splits;
 - :func:`build_model` makes a BERT-style classifier from a tiny ``BertConfig``;
-- :func:`compute_metrics` and :func:`data_collator` complete a ``transformers.Trainer``.
+- :func:`compute_metrics` and :func:`data_collator` complete a ``transformers.Trainer``;
+- :func:`output_dir_argument` is the small examples' command line (``[output_dir]``).
 
 Example:
     >>> from demo_pipeline import build_tokenizer, build_datasets, build_model
@@ -19,10 +20,12 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,6 +44,7 @@ __all__ = [
     "data_collator",
     "example_sizes",
     "load_corpus",
+    "output_dir_argument",
     "train_vocabulary",
     "training_arguments",
 ]
@@ -217,3 +221,20 @@ def training_arguments(output_dir: str, **overrides: Any) -> Any:
     }
     values.update(overrides)
     return TrainingArguments(**values)
+
+
+def output_dir_argument(argv: Optional[list[str]], prefix: str, description: Optional[str] = None) -> str:
+    """The small examples' command line: ``[output_dir]``.
+
+    Args:
+        argv: The arguments (``None``: ``sys.argv[1:]``).
+        prefix: Prefix of the temporary folder made when no ``output_dir`` is given.
+        description: The ``--help`` text. Defaults to none.
+
+    Returns:
+        The output folder.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("output_dir", nargs="?",
+                        help="where everything is written (default: a new temporary folder)")
+    return parser.parse_args(argv).output_dir or tempfile.mkdtemp(prefix=prefix)

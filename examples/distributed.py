@@ -21,7 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -42,8 +42,9 @@ class SubsetRowRecorder:
                 self.rows.append([token for token, keep in zip(row, row_mask) if keep])
 
 
-def main() -> None:
-    options = parse_args(default_name="distributed")  # never runs/demo: that is `make demo`'s
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """Entry point of ``torchrun ... examples/distributed.py``; returns this rank's report."""
+    options = parse_args(argv, default_name="distributed")  # never runs/demo: that is `make demo`'s
     rank = int(os.environ.get("RANK", "0"))
     recorders: dict[str, Any] = {}
 
@@ -65,7 +66,7 @@ def main() -> None:
     }
     path = Path(result["output_dir"]) / f"rank{rank}.json"
     path.write_text(json.dumps(report))
-    end_process_group()
+    return report
 
 
 def end_process_group() -> None:
@@ -83,3 +84,4 @@ def end_process_group() -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()

@@ -9,9 +9,10 @@ Run: python examples/lightweight_loop.py [output_dir]
 
 from __future__ import annotations
 
+import argparse
 import random
-import sys
 import tempfile
+from typing import Optional
 
 from hf_callbacks_plus import LightweightTrainer, LoopArguments, TrainerCallback
 
@@ -71,7 +72,21 @@ class StopWhenGoodEnough(TrainerCallback):
             control.should_training_stop = True
 
 
-def main(output_dir: str) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: ``argv`` is ``[output_dir]`` (a temporary folder, removed at the end, when empty)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("output_dir", nargs="?",
+                        help="where the checkpoints go (default: a temporary folder)")
+    output_dir = parser.parse_args(argv).output_dir
+    if output_dir is None:
+        with tempfile.TemporaryDirectory() as directory:
+            train(directory)
+    else:
+        train(output_dir)
+
+
+def train(output_dir: str) -> None:
+    """Fit the linear model with the loop and the callbacks; print what happened."""
     model = LinearModel()
     learning_rate = 0.3
     gradients = {"w": 0.0, "b": 0.0}
@@ -129,8 +144,4 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main(sys.argv[1])
-    else:
-        with tempfile.TemporaryDirectory() as directory:
-            main(directory)
+    main()

@@ -11,8 +11,8 @@ console), binds ``TrainSubsetEvaluation`` to the trainer and puts ours ahead of 
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -23,6 +23,7 @@ from demo_pipeline import (  # noqa: E402
     compute_metrics,
     data_collator,
     example_sizes,
+    output_dir_argument,
     training_arguments,
 )
 from transformers import Trainer  # noqa: E402
@@ -37,7 +38,9 @@ from hf_callbacks_plus import (  # noqa: E402
 )
 
 
-def main(output_dir: str) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: ``argv`` is ``[output_dir]`` (a new temporary folder when empty)."""
+    output_dir = output_dir_argument(argv, "stock-trainer-", __doc__.split("\n")[0])
     sizes = example_sizes()
     tokenizer = build_tokenizer()
     train, evaluation = build_datasets(tokenizer, n_train=sizes["n_train"], n_eval=sizes["n_eval"])
@@ -65,4 +68,4 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="stock-trainer-"))
+    main()

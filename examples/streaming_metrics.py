@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -28,6 +28,7 @@ from demo_pipeline import (  # noqa: E402
     build_tokenizer,
     data_collator,
     example_sizes,
+    output_dir_argument,
     training_arguments,
 )
 from transformers import Trainer  # noqa: E402
@@ -42,7 +43,9 @@ from hf_callbacks_plus import (  # noqa: E402
 )
 
 
-def main(output_dir: str) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: ``argv`` is ``[output_dir]`` (a new temporary folder when empty)."""
+    output_dir = output_dir_argument(argv, "streaming-metrics-", __doc__.split("\n")[0])
     sizes = example_sizes()
     tokenizer = build_tokenizer()
     train, evaluation = build_datasets(tokenizer, n_train=sizes["n_train"], n_eval=sizes["n_eval"])
@@ -86,4 +89,4 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="streaming-metrics-"))
+    main()

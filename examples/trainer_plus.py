@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -35,6 +34,7 @@ from demo_pipeline import (  # noqa: E402
     compute_metrics,
     data_collator,
     example_sizes,
+    output_dir_argument,
     training_arguments,
 )
 from transformers import Trainer  # noqa: E402
@@ -99,7 +99,9 @@ def train(trainer_class: type, output_dir: Path) -> list[dict[str, Any]]:
     return [line for line in lines if line["event"] == "log" and "eval/loss" in line["curves"]]
 
 
-def main(output_dir: str) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: ``argv`` is ``[output_dir]`` (a new temporary folder when empty)."""
+    output_dir = output_dir_argument(argv, "trainer-plus-", __doc__.split("\n")[0])
     for trainer_class in (LabelSmoothingTrainer, WeightedLossTrainerPlus):
         records = train(trainer_class, Path(output_dir) / trainer_class.__name__)
         last = records[-1]["curves"]
@@ -110,4 +112,4 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="trainer-plus-"))
+    main()

@@ -18,16 +18,15 @@ a 2-layer Llama (hidden 32) built from a config, LoRA adapters on ``q_proj``/``v
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 DATA = Path(__file__).resolve().parent / "demo_data" / "reviews.jsonl"
-TINY = os.environ.get("EXAMPLES_TINY") == "1"
 
 
 def texts() -> list[str]:
@@ -59,7 +58,12 @@ def build_model(vocab_size: int) -> Any:
         bos_token_id=2, eos_token_id=3))
 
 
-def main(output_dir: str) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: ``argv`` is ``[output_dir]`` (a new temporary folder when empty)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("output_dir", nargs="?",
+                        help="where everything is written (default: a new temporary folder)")
+    output_dir = parser.parse_args(argv).output_dir or tempfile.mkdtemp(prefix="trl-sft-lora-")
     from datasets import Dataset
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
@@ -79,7 +83,8 @@ def main(output_dir: str) -> None:
 
     out = Path(output_dir)
     corpus = texts()
-    n_train, n_eval, steps = (64, 16, 16) if TINY else (512, 64, 96)
+    tiny = os.environ.get("EXAMPLES_TINY") == "1"
+    n_train, n_eval, steps = (64, 16, 16) if tiny else (512, 64, 96)
     tokenizer = build_tokenizer(corpus[:2000])
     train = Dataset.from_list([{"text": text} for text in corpus[:n_train]])
     evaluation = Dataset.from_list([{"text": text} for text in corpus[2000:2000 + n_eval]])
@@ -126,4 +131,4 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="trl-sft-lora-"))
+    main()

@@ -1,8 +1,65 @@
-"""Shared test configuration."""
+"""Shared test configuration: environment defaults and the two test tiers.
+
+``make test`` runs the first tier (``pytest``); ``make check`` adds the second
+(``pytest --tier 2``): tests marked ``second_tier``, slow by nature and never the only test
+of a feature. ``pytest --tier all`` runs both.
+"""
 
 import os
+
+import pytest
 
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+
+TIERS = ("1", "2", "all")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", default="1", choices=TIERS,
+                     help="1: the tests of `make test` (default); 2: only the second tier "
+                          "(tests marked second_tier, run by `make check`); all: both")
+
+
+def pytest_collection_modifyitems(config, items):
+    tier = config.getoption("--tier")
+    if tier == "all":
+        return
+    wanted = tier == "2"
+    keep = [item for item in items if (item.get_closest_marker("second_tier") is not None) == wanted]
+    dropped = [item for item in items if (item.get_closest_marker("second_tier") is not None) != wanted]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def distributed_launch(request, tmp_path_factory):
+    """The session's one torchrun launch, running the scenario of every selected distributed test."""
+    from tests.distributed import launch, spec_of
+
+    specs = []
+    for item in request.session.items:
+        marker = item.get_closest_marker("distributed")
+        if marker is not None and "scenario" in marker.kwargs:
+            spec = spec_of(marker.kwargs["scenario"])
+            if spec not in specs:
+                specs.append(spec)
+    return launch(tmp_path_factory.mktemp("distributed"), specs)
+
+
+@pytest.fixture
+def distributed_outcome(request, distributed_launch):
+    """This test's scenario outcome (see tests/distributed.py); fails with the ranks' errors."""
+    from tests.distributed import spec_of
+
+    marker = request.node.get_closest_marker("distributed")
+    if marker is None or "scenario" not in marker.kwargs:
+        raise pytest.UsageError(f"{request.node.nodeid} takes distributed_outcome without "
+                                "@pytest.mark.distributed(scenario=...)")
+    try:
+        return distributed_launch.outcome(spec_of(marker.kwargs["scenario"]))
+    except RuntimeError as error:
+        pytest.fail(str(error), pytrace=False)

@@ -2,30 +2,62 @@
 
 mkdocstrings does not understand Sphinx roles (``:class:`X```): they reach the HTML as
 literal text. Docstrings use Markdown (backticks or ``[Name][module.Name]``) instead.
+
+The site is built once per ``make test``: ``make docs`` (``scripts/build_docs.py``) builds
+``site/`` strictly and stamps it with the digest of its sources; the test reads that site when
+the stamp matches the sources as they are, and builds its own strictly otherwise.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+from scripts.build_docs import ROOT, STAMP, build, inputs_digest, is_fresh
+
 ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|data|exc|obj|ref):(?:`|<code>)")
 SOURCE_ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|data|exc|obj):`")
 
 
-def test_site_builds_strict_without_raw_sphinx_roles(tmp_path):
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(tmp_path)],
-                   cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=300)
-    api = (tmp_path / "api" / "index.html").read_text(encoding="utf-8")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The strictly built site: ``make docs``'s ``site/`` when fresh, else a new build."""
+    if is_fresh(ROOT / "site"):
+        return ROOT / "site"
+    site_dir = tmp_path_factory.mktemp("site")
+    build(site_dir)  # raises with mkdocs' output when the strict build fails
+    return site_dir
+
+
+def test_site_builds_strict_without_raw_sphinx_roles(site):
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
     assert "EarlyStopping" in api and "KeyGrammar" in api  # the API page was really rendered
-    raw = {str(page.relative_to(tmp_path)): ROLE.findall(page.read_text(encoding="utf-8"))
-           for page in tmp_path.rglob("*.html")}
+    raw = {str(page.relative_to(site)): ROLE.findall(page.read_text(encoding="utf-8"))
+           for page in site.rglob("*.html")}
     assert {page: found for page, found in raw.items() if found} == {}
+
+
+def test_a_stamp_names_the_sources_it_was_built_from(tmp_path):
+    # a site built from other sources (or not by build()) is never taken for a fresh one
+    assert not is_fresh(tmp_path)
+    (tmp_path / STAMP).write_text("0" * 64 + "\n", encoding="utf-8")
+    assert not is_fresh(tmp_path)
+    (tmp_path / STAMP).write_text(inputs_digest() + "\n", encoding="utf-8")
+    assert is_fresh(tmp_path)
+    # every input counts: the config, any docs file, any package module, added or changed
+    root = tmp_path / "root"
+    for name in ("mkdocs.yml", "docs/index.md", "docs/images/a.png", "hf_callbacks_plus/a.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name, encoding="utf-8")
+    digests = {inputs_digest(root)}
+    for name in ("mkdocs.yml", "docs/images/a.png", "hf_callbacks_plus/a.py"):
+        (root / name).write_text("changed", encoding="utf-8")
+        digests.add(inputs_digest(root))
+    (root / "hf_callbacks_plus" / "b.py").write_text("", encoding="utf-8")
+    digests.add(inputs_digest(root))
+    assert len(digests) == 5
 
 
 def test_no_sphinx_roles_in_package_docstrings():

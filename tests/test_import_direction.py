@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import hf_callbacks_plus
 from tests.import_graph import LAYERS, Import, import_cycles, layer_violations, package_imports
 
@@ -40,19 +42,30 @@ FEATURES = (
     "hf_callbacks_plus.callbacks.train_subset",
     "hf_callbacks_plus.loggers.jsonl",
 )
-_LOADED = (
+#: Run in one fresh interpreter: what importing the features loads, then (after that) the module
+#: each top-level name resolves to.
+_FRESH = (
     "import json, sys\n"
     "for module in sys.argv[1:]:\n"
     "    __import__(module)\n"
-    "print(json.dumps(sorted(name for name in sys.modules if name.startswith('hf_callbacks_plus'))))"
+    "loaded = sorted(name for name in sys.modules if name.startswith('hf_callbacks_plus'))\n"
+    "import hf_callbacks_plus as package\n"
+    "names = [name for name in package.__all__ if name != '__version__']\n"
+    "exports = {name: getattr(package, name).__module__ for name in names}\n"
+    "print(json.dumps({'loaded': loaded, 'exports': exports}))"
 )
 
 
-def test_importing_features_loads_no_runner_and_no_test_kit():
-    # A fresh interpreter (one for all features: each would pay the transformers import).
-    output = subprocess.run([sys.executable, "-c", _LOADED, *FEATURES], check=True, capture_output=True,
+@pytest.fixture(scope="module")
+def fresh_interpreter() -> dict:
+    """What a fresh interpreter reports (one for every check here: each would pay the transformers import)."""
+    output = subprocess.run([sys.executable, "-c", _FRESH, *FEATURES], check=True, capture_output=True,
                             text=True).stdout
-    loaded = json.loads(output)
+    return json.loads(output)
+
+
+def test_importing_features_loads_no_runner_and_no_test_kit(fresh_interpreter):
+    loaded = fresh_interpreter["loaded"]
     assert set(FEATURES) <= set(loaded) and "hf_callbacks_plus.core" in loaded
     assert "hf_callbacks_plus.loop.trainer" not in loaded
     forbidden = ("hf_callbacks_plus.loop", "hf_callbacks_plus.integrations", "hf_callbacks_plus.testing")
@@ -120,15 +133,8 @@ def test_checker_reports_a_part_without_a_layer():
     ]
 
 
-def test_every_top_level_name_resolves_to_its_own_module():
-    code = (
-        "import json, sys, hf_callbacks_plus as package\n"
-        "names = [name for name in package.__all__ if name != '__version__']\n"
-        "out = {name: getattr(package, name).__module__ for name in names}\n"
-        "print(json.dumps(out))"
-    )
-    modules = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                        text=True).stdout)
+def test_every_top_level_name_resolves_to_its_own_module(fresh_interpreter):
+    modules = fresh_interpreter["exports"]
     exports = hf_callbacks_plus._EXPORTS
     assert set(modules) == set(exports) and "SelfRestoringState" in modules
     for name, module in modules.items():

@@ -174,15 +174,3 @@ def lm_rows(n: int, seed: int = 0, length: int = 10, vocab_size: int = 48) -> li
         mask = torch.ones(length, dtype=torch.long)
         rows.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
     return rows
-
-
-def exit_distributed_script() -> None:
-    """End a torchrun test script after ``destroy_process_group()`` without the interpreter's
-    teardown: gloo's threads still abort a rank there now and then ("terminate called without an
-    active exception", exit code -6), after the script's work and outputs are done (pytorch#190489)."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

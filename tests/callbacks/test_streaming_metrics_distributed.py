@@ -7,46 +7,55 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.callbacks.test_early_stopping_distributed import free_port
 from tests.streaming_reference import assert_same_metrics, reference_values
 from tests.tiny_models import TinyClassifier, classification_rows
 
-pytestmark = [pytest.mark.transformers, pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.transformers]
 pytest.importorskip("torchmetrics")
-REPO = Path(__file__).resolve().parents[2]
 
 
-def test_two_ranks_count_every_example_once(tmp_path):
-    torchrun = Path(sys.executable).with_name("torchrun")
-    script = Path(__file__).with_name("streaming_ddp_script.py")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            str(script),
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def two_ranks_stream_metrics(out: Path) -> None:
+    """StreamingMetrics in a stock Trainer. Each rank records the logits and labels of its own
+    training forward passes and writes them, its log history and (rank 0) the final model."""
+    from transformers import Trainer
+
+    from hf_callbacks_plus import run_before_integrations
+    from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
+    from tests.tiny_models import training_args
+
+    rank = int(os.environ["RANK"])
+    model = TinyClassifier()
+    recorded = []
+
+    def record(module, args, kwargs, output):
+        if module.training:
+            recorded.append((output["logits"].detach().tolist(), kwargs["labels"].tolist()))
+
+    model.register_forward_hook(record, with_kwargs=True)
+    args = training_args(out, per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=5,
+                         logging_steps=2, eval_strategy="steps", eval_steps=5, learning_rate=0.05,
+                         ddp_backend="gloo", gradient_accumulation_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=classification_rows(40, seed=1),
+                      eval_dataset=classification_rows(30, seed=2),
+                      callbacks=[StreamingMetrics(task="classification", num_classes=3,
+                                                  save_predictions=True)])
+    run_before_integrations(trainer)
+    trainer.train()
+    if rank == 0:
+        torch.save(model.state_dict(), out / "final.pt")
+    outcome = {"rank": rank, "log_history": trainer.state.log_history, "recorded": recorded}
+    (out / f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
+
+
+@pytest.mark.distributed(scenario=two_ranks_stream_metrics)
+def test_two_ranks_count_every_example_once(distributed_outcome):
+    tmp_path = distributed_outcome.dir
     outcomes = [json.loads((tmp_path / f"outcome-rank{rank}.json").read_text()) for rank in (0, 1)]
 
     def same_on_every_rank(record):  # timings, and the Trainer's own per-rank train_loss, differ

@@ -1,14 +1,17 @@
-"""Run pytest with ``torch`` and ``transformers`` unimportable.
+"""Run a script, or pytest, with ``torch`` and ``transformers`` unimportable.
 
-Usage: ``python block_heavy_imports.py <pytest args>``.
+Usage: ``python block_heavy_imports.py <script.py> <args>`` or ``python block_heavy_imports.py
+-m pytest <pytest args>``.
 
 Used to prove that an example needs neither (as if they were not installed). ``_compat``
-then sees them as missing, exactly like in an environment without them.
+then sees them as missing, exactly like in an environment without them. Exits non-zero when
+the run fails or when a blocked module was imported anyway.
 """
 
 from __future__ import annotations
 
 import importlib.abc
+import runpy
 import sys
 
 BLOCKED = ("torch", "transformers", "accelerate", "datasets")
@@ -21,13 +24,26 @@ class BlockHeavyImports(importlib.abc.MetaPathFinder):
         return None
 
 
-if __name__ == "__main__":
-    sys.meta_path.insert(0, BlockHeavyImports())
-    import pytest
+def run(argv: list[str]) -> int:
+    """Run ``argv`` (a script and its arguments, or ``-m pytest ...``); returns the exit code."""
+    if argv[:2] == ["-m", "pytest"]:
+        import pytest
 
-    code = pytest.main(sys.argv[1:])
+        code = int(pytest.main(argv[2:]))
+    else:
+        sys.argv = list(argv)
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
     leaked = sorted(name for name in sys.modules if name.split(".")[0] in BLOCKED)
     if leaked:
         print(f"heavy modules imported: {leaked}")
         code = code or 1
-    sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.meta_path.insert(0, BlockHeavyImports())
+    sys.exit(run(sys.argv[1:]))

@@ -1,23 +1,26 @@
-"""`make demo` (examples/demo.py) end to end, at tiny sizes: real Trainer, MLflow, W&B offline."""
+"""`make demo` (examples/demo.py) end to end, at tiny sizes: real Trainer, MLflow, W&B offline.
+
+At its default size (what `make demo` shows) in the second tier, as the command it is.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 
-from tests.examples.conftest import TINY, run_example
+from tests.examples.conftest import EXAMPLES, TINY, run_command, run_main
 
 pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb]
 
 
-def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path):
+def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path, monkeypatch, capsys):
     # min_delta=10 makes every evaluation after the first a non-improvement: with patience 2
     # the stop is at the third evaluation, step 9, whatever the model learns.
-    result = run_example(tmp_path, "demo.py", *TINY, "--runs-dir", str(tmp_path), "--epochs", "10",
-                         "--patience", "2", "--min-delta", "10")
-    out = result.stdout
+    _, out = run_main("demo", [*TINY, "--runs-dir", str(tmp_path), "--epochs", "10", "--patience", "2",
+                               "--min-delta", "10"], tmp_path, monkeypatch, capsys)
     assert "stopped training at step 9" in out, out
     assert "Best eval_loss" in out and "at step 3." in out
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db" in out
@@ -55,12 +58,12 @@ def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path):
     assert {"eval/loss", "train_subset/accuracy", "gap/accuracy", "early_stopping/wait"} <= logged
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_demo_at_default_settings_overfits_visibly_and_stops_on_its_own(tmp_path):
     # what `make demo` shows, asserted: nothing forced (default sizes, patience and min_delta);
     # only the trackers are reduced to the embedded JSONL one to keep the test short.
-    result = run_example(tmp_path, "demo.py", "--runs-dir", str(tmp_path), "--no-progress", "--no-plot",
-                         "--trackers", "jsonl", timeout=400)
+    result = run_command(tmp_path, [sys.executable, str(EXAMPLES / "demo.py"), "--runs-dir", str(tmp_path),
+                                    "--no-progress", "--no-plot", "--trackers", "jsonl"], timeout=400)
     state = json.loads((tmp_path / "demo" / "trainer_state.json").read_text())
     evals = [r for r in state["log_history"] if "eval_loss" in r]
     stop = evals[-1]

@@ -1,7 +1,12 @@
-"""Every example in examples/ runs (tiny sizes via EXAMPLES_TINY=1) and shows what it claims."""
+"""Every example in examples/ runs (tiny sizes via EXAMPLES_TINY=1) and shows what it claims.
+
+Each runs through its ``main(argv)`` in this process; one test runs an example as a command.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import re
 import sys
@@ -9,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.conftest import EXAMPLES, ROOT, run_example
+from tests.examples.conftest import EXAMPLES, ROOT, run_command, run_main
 
 HERE = Path(__file__).resolve().parent
-
-
-def tiny(monkeypatch):
-    monkeypatch.setenv("EXAMPLES_TINY", "1")
+#: The scripts with a command line (demo_pipeline is their shared library; the pytest file is run by pytest).
+SCRIPTS = sorted(path.stem for path in EXAMPLES.glob("*.py")
+                 if path.stem not in ("demo_pipeline",) and not path.stem.startswith("test_"))
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -24,9 +28,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 @pytest.mark.transformers
 @pytest.mark.mlflow
-def test_stock_trainer_example(tmp_path, monkeypatch):
-    tiny(monkeypatch)
-    out = run_example(tmp_path, "stock_trainer.py", str(tmp_path)).stdout
+def test_stock_trainer_example(tmp_path, monkeypatch, capsys):
+    _, out = run_main("stock_trainer", [str(tmp_path)], tmp_path, monkeypatch, capsys)
     evals = [line for line in out.splitlines() if line.startswith("step ")]
     assert len(evals) >= 2 and all("train_subset_accuracy" in line for line in evals)
     assert re.search(r"best eval_accuracy [0-9.]+ at step \d+", out)
@@ -42,9 +45,8 @@ def test_stock_trainer_example(tmp_path, monkeypatch):
 
 
 @pytest.mark.transformers
-def test_trainer_plus_example(tmp_path, monkeypatch):
-    tiny(monkeypatch)
-    out = run_example(tmp_path, "trainer_plus.py", str(tmp_path)).stdout
+def test_trainer_plus_example(tmp_path, monkeypatch, capsys):
+    _, out = run_main("trainer_plus", [str(tmp_path)], tmp_path, monkeypatch, capsys)
     for name in ("LabelSmoothingTrainer", "WeightedLossTrainerPlus"):
         expected = rf"{name}: \d+ evaluations logged; .* eval/error_rate [0-9.]+, train_subset/accuracy"
         assert re.search(expected, out)
@@ -55,26 +57,36 @@ def test_trainer_plus_example(tmp_path, monkeypatch):
 
 
 def test_custom_callback_example_passes_without_transformers_or_torch(tmp_path):
-    # The example's pytest file runs with torch/transformers/accelerate/datasets unimportable.
-    run_example(tmp_path, "test_custom_callback_example.py", "-q", "-p", "no:cacheprovider",
-                "--rootdir", str(ROOT), command=[sys.executable, str(HERE / "block_heavy_imports.py")])
+    # The example's pytest file runs with torch/transformers/accelerate/datasets unimportable
+    # (a new interpreter: here they are imported already).
+    run_command(tmp_path, [sys.executable, str(HERE / "block_heavy_imports.py"), "-m", "pytest",
+                           str(EXAMPLES / "test_custom_callback_example.py"), "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(ROOT)])
 
 
 def test_custom_callback_example_fails_when_the_callback_is_broken(tmp_path):
-    # the example's tests can fail: break the callback (never stops) and they must
+    # the example's tests can fail: break the callback (never stops) and the two that need a stop must
     broken = tmp_path / "test_broken_example.py"
     source = (EXAMPLES / "test_custom_callback_example.py").read_text()
     broken.write_text(source.replace("control.should_training_stop = True", "pass"))
-    import subprocess
+    spec = importlib.util.spec_from_file_location("test_broken_example", broken)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tests = {name: test for name, test in vars(module).items() if name.startswith("test_")}
+    failed = set()
+    for name, test in tests.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        try:
+            test(folder)
+        except AssertionError:
+            failed.add(name)
+    assert len(tests) == 3
+    assert failed == {"test_stops_at_the_first_log_below_the_threshold", "test_the_event_order_around_a_stop"}
 
-    result = subprocess.run([sys.executable, "-m", "pytest", str(broken), "-q", "-p", "no:cacheprovider",
-                             "--rootdir", str(tmp_path)], capture_output=True, text=True, timeout=120,
-                            cwd=tmp_path)
-    assert result.returncode == 1 and "2 failed" in result.stdout, result.stdout
 
-
-def test_lightweight_loop_example(tmp_path):
-    out = run_example(tmp_path, "lightweight_loop.py", str(tmp_path)).stdout
+def test_lightweight_loop_example(tmp_path, monkeypatch, capsys):
+    _, out = run_main("lightweight_loop", [str(tmp_path)], tmp_path, monkeypatch, capsys)
     assert out.count("optimizer steps") == 2  # StepTimer: two epochs of 10 steps each
     assert "'model/w'" in out  # AddWeights edited the record through on_pre_log
     assert "[StopWhenGoodEnough] eval_mae=" in out and "trained 20 steps" in out
@@ -85,12 +97,11 @@ def test_lightweight_loop_example(tmp_path):
 @pytest.mark.transformers
 @pytest.mark.mlflow
 @pytest.mark.wandb
-def test_resume_example_same_stop_step_same_tracker_runs(tmp_path, monkeypatch):
-    tiny(monkeypatch)
+def test_resume_example_same_stop_step_same_tracker_runs(tmp_path, monkeypatch, capsys):
     # min_delta=10: evaluations after the first never improve; patience 2 stops at the 3rd
     # evaluation (step 9). Interrupted after step 6 (wait=1): only a restored counter stops at 9.
-    out = run_example(tmp_path, "resume.py", str(tmp_path), "--interrupt-at", "6", "--patience", "2",
-                      "--min-delta", "10", "--compare").stdout
+    _, out = run_main("resume", [str(tmp_path), "--interrupt-at", "6", "--patience", "2", "--min-delta", "10",
+                                 "--compare"], tmp_path, monkeypatch, capsys)
     lines = {line.split(":")[0]: line for line in out.splitlines() if line.startswith(("phase", "uninterr"))}
     assert "global_step 6, early stopping did not stop" in lines["phase 1"]
     assert "global_step 9, early stopping stopped at step 9" in lines["phase 2 (resumed)"]
@@ -114,12 +125,10 @@ def test_resume_example_same_stop_step_same_tracker_runs(tmp_path, monkeypatch):
 @pytest.mark.transformers
 @pytest.mark.mlflow
 @pytest.mark.wandb
-@pytest.mark.slow
-def test_trl_sft_lora_example(tmp_path, monkeypatch):
+def test_trl_sft_lora_example(tmp_path, monkeypatch, capsys):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    tiny(monkeypatch)
-    out = run_example(tmp_path, "trl_sft_lora.py", str(tmp_path)).stdout
+    _, out = run_main("trl_sft_lora", [str(tmp_path)], tmp_path, monkeypatch, capsys)
     assert "LoRA: 896 trainable parameters of 27232" in out
     lines = {line.split(":")[0].strip(): line for line in out.splitlines() if ": train subset" in line}
     assert set(lines) == {"loss", "mean_token_accuracy", "entropy"}  # SFT's own metrics, with gaps
@@ -144,10 +153,9 @@ def test_trl_sft_lora_example(tmp_path, monkeypatch):
 
 
 @pytest.mark.transformers
-def test_streaming_metrics_example(tmp_path, monkeypatch):
+def test_streaming_metrics_example(tmp_path, monkeypatch, capsys):
     pytest.importorskip("torchmetrics")
-    tiny(monkeypatch)
-    out = run_example(tmp_path, "streaming_metrics.py", str(tmp_path)).stdout
+    _, out = run_main("streaming_metrics", [str(tmp_path)], tmp_path, monkeypatch, capsys)
     lines = [line for line in out.splitlines() if line.startswith("step ")]
     pattern = (r"step +\d+: accuracy training [0-9.]+  train subset [0-9.]+  eval [0-9.]+  "
                r"eval f1_macro [0-9.]+")
@@ -159,3 +167,24 @@ def test_streaming_metrics_example(tmp_path, monkeypatch):
     curves = [r["curves"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r["event"] == "log"]
     assert any("train/accuracy" in c for c in curves) and any("eval/f1_macro" in c for c in curves)
     assert any("train_subset/accuracy" in c for c in curves)
+
+
+def test_an_example_runs_as_a_command_without_transformers_or_torch(tmp_path):
+    # the command-line path the in-process tests skip (`python examples/<script>.py <output_dir>`),
+    # on the example that claims to need neither torch nor transformers (both made unimportable)
+    command = [sys.executable, str(HERE / "block_heavy_imports.py"), str(EXAMPLES / "lightweight_loop.py"),
+               str(tmp_path / "out")]
+    out = run_command(tmp_path, command).stdout
+    assert "trained 20 steps" in out and "[StopWhenGoodEnough]" in out and "heavy modules" not in out
+    assert [path.name for path in (tmp_path / "out").iterdir() if path.name.startswith("checkpoint-")]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_example_command_is_its_main(name):
+    # what the command runs is what the tests run: `main(argv=None)` reading sys.argv, and nothing else
+    tree = ast.parse((EXAMPLES / f"{name}.py").read_text(encoding="utf-8"))
+    (main,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
+    assert [arg.arg for arg in main.args.args] == ["argv"] and ast.unparse(main.args.defaults[0]) == "None"
+    (block,) = [node for node in tree.body if isinstance(node, ast.If)
+                and ast.unparse(node.test) == "__name__ == '__main__'"]
+    assert ast.unparse(block.body[0]) == "main()", ast.unparse(block)

@@ -1,42 +1,32 @@
-"""Under DDP only the main process logs: ``torchrun --nproc_per_node 2`` on CPU, one MLflow run."""
+"""Under DDP only the main process logs: 2 ranks on CPU (gloo), one MLflow run."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("mlflow")
-from mlflow.tracking import MlflowClient  # noqa: E402
 
-pytestmark = [pytest.mark.mlflow, pytest.mark.transformers, pytest.mark.distributed, pytest.mark.slow]
-
-ROOT = Path(__file__).parents[2]
+pytestmark = [pytest.mark.mlflow, pytest.mark.transformers]
 
 
-def test_torchrun_two_processes_make_one_run(tmp_path, sqlite_uri):
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    for name in ("RANK", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"):
-        env.pop(name, None)
-    process = subprocess.Popen(
-        [str(torchrun), "--standalone", "--nproc_per_node", "2", str(ROOT / "tests/loggers/ddp_train.py"),
-         str(tmp_path / "out"), sqlite_uri],
-        cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # torchrun and both workers
-        output, _ = process.communicate()
-        pytest.fail(f"torchrun timed out: {output[-3000:]}")
-    assert process.returncode == 0, output[-3000:]
-    client = MlflowClient(sqlite_uri)
+def two_ranks_log_to_mlflow(out: Path) -> None:
+    """A tiny Trainer with MLflowLogger on a sqlite store in ``out``, on both ranks."""
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+    from tests.tiny_models import make_trainer
+
+    logger = MLflowLogger(tracking_uri=f"sqlite:///{out / 'mlflow.db'}", experiment_name="ddp")
+    trainer = make_trainer(str(out / "run"), callbacks=[logger], logging_steps=1, max_steps=4,
+                           ddp_backend="gloo")
+    trainer.train()
+
+
+@pytest.mark.distributed(scenario=two_ranks_log_to_mlflow)
+def test_torchrun_two_processes_make_one_run(distributed_outcome):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{distributed_outcome.dir / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("ddp")
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1

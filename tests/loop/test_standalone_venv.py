@@ -4,10 +4,17 @@ A wheel is built from a copy of the sources (no network: ``--no-deps --no-build-
 with the dev venv's setuptools), installed into a new ``python -m venv`` with its
 dependencies but no index (so any declared dependency fails the install), and a script runs
 a LightweightTrainer with callbacks, ``EarlyStopping`` and ``JsonlLogger`` there.
+
+The venv is cached by the digest of what it installs (the wheel's sources, the python and
+setuptools versions) under ``$XDG_CACHE_HOME/hf-callbacks-plus-tests`` (``~/.cache/...``):
+a run with unchanged sources reuses it; any change to the package builds a new one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -71,41 +78,92 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_lightweight_loop_in_venv_without_torch_or_transformers(tmp_path):
-    source = tmp_path / "src"
+#: What the wheel is built from (the package data, ``py.typed``, included).
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "hf_callbacks_plus")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf-callbacks-plus-tests"
+
+
+def install_digest(repo: Path = REPO) -> str:
+    """Digest of everything the standalone venv installs: the wheel's sources, python, setuptools."""
+    digest = hashlib.sha256(f"{sys.version}\0{sys.base_prefix}\0".encode())
+    digest.update(importlib.metadata.version("setuptools").encode())
+    for name in WHEEL_SOURCES:
+        root = repo / name
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*")
+                                                     if p.is_file() and "__pycache__" not in p.parts)
+        for path in files:
+            digest.update(b"\0" + str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build_standalone_venv(target: Path, work: Path) -> None:
+    """Build the wheel from a copy of the sources and install it, without an index, into ``target``."""
+    source = work / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    shutil.copytree(
-        REPO / "hf_callbacks_plus", source / "hf_callbacks_plus", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    wheels = tmp_path / "wheels"
+    for name in WHEEL_SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, source / name)
+    wheels = work / "wheels"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(wheels),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+         str(source)],
+        check=True, capture_output=True,
     )
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "venv", str(target)], check=True, capture_output=True)
     wheel = next(wheels.glob("hf_callbacks_plus-*.whl"))
     subprocess.run(
         # with dependencies but no index: any declared dependency would make this fail
-        [str(python), "-m", "pip", "install", "-q", "--no-index", str(wheel)],
-        check=True,
-        capture_output=True,
+        [str(target / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", str(wheel)],
+        check=True, capture_output=True,
     )
+
+
+def standalone_python(tmp_path: Path) -> Path:
+    """The cached venv's python for the sources as they are; built (and older ones removed) if new."""
+    root = cache_root()
+    venv = root / f"standalone-{install_digest()}"
+    if not (venv / "complete").is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        building = root / f"building-{os.getpid()}"
+        shutil.rmtree(building, ignore_errors=True)
+        work = tmp_path / "build"
+        work.mkdir()
+        build_standalone_venv(building, work)
+        (building / "complete").touch()
+        for old in root.glob("standalone-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            building.rename(venv)  # atomic: a parallel run sees no venv or a complete one
+        except OSError:
+            shutil.rmtree(building, ignore_errors=True)  # another run was first: same digest, same venv
+    return venv / "bin" / "python"
+
+
+def test_the_cache_key_changes_with_any_packaged_source(tmp_path):
+    repo = tmp_path / "repo"
+    names = ("pyproject.toml", "README.md", "hf_callbacks_plus/__init__.py", "hf_callbacks_plus/py.typed")
+    for name in names:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(name, encoding="utf-8")
+    keys = {install_digest(repo)}
+    (repo / "hf_callbacks_plus" / "__pycache__").mkdir()
+    (repo / "hf_callbacks_plus" / "__pycache__" / "x.pyc").write_text("bytecode", encoding="utf-8")
+    assert install_digest(repo) in keys  # bytecode is not a source
+    for name in ("pyproject.toml", "README.md", "hf_callbacks_plus/py.typed"):
+        (repo / name).write_text("changed", encoding="utf-8")
+        keys.add(install_digest(repo))
+    (repo / "hf_callbacks_plus" / "new.py").write_text("", encoding="utf-8")
+    keys.add(install_digest(repo))
+    assert len(keys) == 5
+
+
+def test_lightweight_loop_in_venv_without_torch_or_transformers(tmp_path):
+    python = standalone_python(tmp_path)
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
     result = subprocess.run(

@@ -14,6 +14,7 @@ For each option two things are checked against independent ground truths:
 
 from __future__ import annotations
 
+import gc
 import warnings
 from typing import Any
 
@@ -86,8 +87,21 @@ REGRESSION_OPTIONS = {
 }
 
 
+@pytest.fixture
+def close_dataloader_workers():
+    """Shut the persistent dataloader workers a test left down when it ends. Left to the garbage
+    collector, they are collected in a later test with their queues, and each worker's join then
+    times out (5 s per worker: 15 s of the next test)."""
+    yield
+    import torch
+
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.utils.data.dataloader._MultiProcessingDataLoaderIter):
+            obj._shutdown_workers()
+
+
 @pytest.mark.parametrize("option", sorted(REGRESSION_OPTIONS))
-def test_regression_trainer_options(tmp_path, option):
+def test_regression_trainer_options(tmp_path, option, close_dataloader_workers):
     """``every="eval"`` and ``every=4`` in one run: with persistent workers the first gave the
     eval metrics themselves (gap 0), the second made the trainer evaluate the subset as its eval set."""
     import torch

@@ -1,0 +1,203 @@
+"""Every distributed scenario of the suite in ONE ``torchrun --nproc_per_node 2`` launch.
+
+Each launch pays torch's, transformers' and the trackers' imports on every rank (several
+seconds on 2 CPU cores), so the session launches once: the ranks run every selected scenario
+in turn, each writing its outcome files, and each test reads its scenario's outcome.
+
+Adding a scenario is one function and one test, in the test's own module:
+
+    def my_scenario(out: Path) -> None:
+        # runs on both ranks (RANK is 0 or 1), inside a process group that is already up
+        # (gloo); writes what the test checks into `out` (one folder per scenario, shared)
+        ...
+
+    @pytest.mark.distributed(scenario=my_scenario)
+    def test_my_feature(distributed_outcome):
+        outcome = distributed_outcome  # a ScenarioOutcome: .dir, .output(rank), .outputs()
+        ...
+
+What the runner does for each scenario, on every rank:
+
+* runs it with the working directory set to its folder and its stdout and stderr (file
+  descriptors 1 and 2, so the C++ and logging output too) in ``output-rank<R>.txt``; the
+  environment (``os.environ``) is restored afterwards;
+* an exception is written to ``error-rank<R>.txt`` (the test fails with it) and the next
+  scenario still runs;
+* a barrier, then the next one: the ranks start each scenario together.
+
+The process group is created once, before the first scenario (gloo, with a timeout that makes
+a rank waiting for a failed peer fail instead of hanging), and ``TrainingArguments`` /
+accelerate reuse it; a scenario never destroys it. The pytest side (the session fixture in
+``tests/conftest.py``) launches only the scenarios of the selected tests.
+
+Run by hand: ``torchrun --standalone --nproc_per_node 2 tests/distributed.py <out> \\
+tests/callbacks/test_early_stopping_distributed.py::every_rank_follows_rank0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+#: How long a rank waits in a collective for a peer (a peer that failed mid-scenario).
+GROUP_TIMEOUT_SECONDS = 120
+#: How long the whole launch may take.
+LAUNCH_TIMEOUT_SECONDS = 900
+DONE = "done-rank{rank}"
+ERROR = "error-rank{rank}.txt"
+OUTPUT = "output-rank{rank}.txt"
+
+
+def spec_of(scenario: Callable[[Path], None]) -> str:
+    """``path/to/test_module.py::function``: how the ranks find a scenario."""
+    module = sys.modules[scenario.__module__]
+    return f"{Path(module.__file__).resolve().relative_to(ROOT)}::{scenario.__name__}"
+
+
+def folder_name(spec: str) -> str:
+    """The scenario's folder under the launch's root, from its spec."""
+    path, _, name = spec.partition("::")
+    return f"{Path(path).stem}.{name}"
+
+
+@dataclass
+class ScenarioOutcome:
+    """What one scenario left: its folder (shared by both ranks) and each rank's output."""
+
+    dir: Path
+
+    def output(self, rank: int) -> str:
+        """Everything rank ``rank`` wrote to stdout and stderr during the scenario."""
+        return (self.dir / OUTPUT.format(rank=rank)).read_text(encoding="utf-8", errors="replace")
+
+    def outputs(self) -> str:
+        """Both ranks' output, rank 0 first."""
+        return self.output(0) + self.output(1)
+
+
+@dataclass
+class Launch:
+    """One torchrun launch of several scenarios."""
+
+    root: Path
+    specs: list[str]
+    returncode: int
+    output: str
+
+    def outcome(self, spec: str) -> ScenarioOutcome:
+        """The scenario's outcome; raises ``RuntimeError`` with the ranks' errors if it failed."""
+        folder = self.root / folder_name(spec)
+        errors = [f"--- rank {rank}:\n{(folder / ERROR.format(rank=rank)).read_text()}" for rank in (0, 1)
+                  if (folder / ERROR.format(rank=rank)).is_file()]
+        done = all((folder / DONE.format(rank=rank)).is_file() for rank in (0, 1))
+        if errors or not done:
+            outputs = "".join(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}\n"
+                              for path in sorted(folder.glob("output-rank*.txt")))
+            raise RuntimeError(
+                f"distributed scenario {spec} {'failed' if errors else 'did not finish'} "
+                f"(torchrun exit code {self.returncode})\n" + "\n".join(errors) + "\n" + outputs
+                + f"--- torchrun output (last 3000 characters):\n{self.output[-3000:]}")
+        return ScenarioOutcome(folder)
+
+
+def launch(root: Path, specs: list[str]) -> Launch:
+    """Run ``specs`` in one ``torchrun --standalone --nproc_per_node 2`` launch, outcomes under ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
+           "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"):
+        env.pop(name, None)
+    process = subprocess.Popen(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(Path(__file__).resolve()), str(root),
+         *specs],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=LAUNCH_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun and both ranks
+        output, _ = process.communicate()
+        output += f"\n(torchrun killed after {LAUNCH_TIMEOUT_SECONDS} s)"
+    return Launch(root, list(specs), process.returncode, output)
+
+
+# -- the rank side ------------------------------------------------------------------------------
+
+
+def load_scenario(spec: str) -> Callable[[Path], None]:
+    path, _, name = spec.partition("::")
+    module = importlib.import_module(".".join(Path(path).with_suffix("").parts))
+    return getattr(module, name)
+
+
+@contextlib.contextmanager
+def scenario_context(folder: Path, rank: int) -> Iterator[None]:
+    """Working directory, output files (fds 1 and 2) and environment of one scenario."""
+    environ, cwd = dict(os.environ), os.getcwd()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(folder / OUTPUT.format(rank=rank), "w", encoding="utf-8") as output:
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+        os.chdir(folder)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(environ)
+    for fd in saved:
+        os.close(fd)
+
+
+def run_scenarios(root: Path, specs: list[str]) -> None:
+    """Run each scenario on this rank (see the module docstring)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_SECONDS))
+    rank = dist.get_rank()
+    sys.path.insert(0, str(ROOT))
+    for spec in specs:
+        folder = root / folder_name(spec)
+        folder.mkdir(parents=True, exist_ok=True)
+        with scenario_context(folder, rank):
+            try:
+                load_scenario(spec)(folder)
+            except BaseException:  # noqa: B036 - a scenario's SystemExit is its failure too
+                (folder / ERROR.format(rank=rank)).write_text(traceback.format_exc(), encoding="utf-8")
+        (folder / DONE.format(rank=rank)).touch()
+        try:
+            dist.barrier()
+        except RuntimeError as error:  # a peer failed inside a collective: the group may be broken
+            (folder / ERROR.format(rank=rank)).write_text(f"barrier after the scenario: {error}\n")
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    run_scenarios(Path(sys.argv[1]), sys.argv[2:])
+    # gloo's threads can abort a rank in the interpreter's teardown ("terminate called without an
+    # active exception"), after every outcome is written (pytorch#190489): leave without it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
