@@ -1,25 +1,16 @@
-"""ThroughputMonitor under ``torchrun --nproc_per_node 2`` (CPU, gloo): each window's counts are the
-sum of both ranks' batches (counted by hand on each rank from its collator), the same on every
-rank, from one collective per window; per-device figures are the total over 2.
-
-``throughput_two_ranks`` is a scenario in the shape of the suite's single distributed launcher
-(issue 24): it runs on both ranks inside a process group that is already up and writes its
-outcome into ``out``. Until that launcher is on main, ``__main__`` below brings the group up for
-it and the test launches this file with torchrun.
-"""
+"""ThroughputMonitor under ``torchrun --nproc_per_node 2`` (CPU, gloo; the suite's one launch,
+tests/distributed.py): each window's counts are the sum of both ranks' batches (counted by hand
+on each rank from its collator), the same on every rank, from one collective per window;
+per-device figures are the total over 2."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.transformers, pytest.mark.distributed, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.transformers]
 STEPS, ACCUMULATION = 6, 2
 COUNTED = ("samples", "tokens", "non_padding_tokens", "loss_tokens")
 
@@ -69,16 +60,9 @@ def throughput_two_ranks(out: Path) -> None:
     (out / f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
 
 
-def test_two_ranks_sum_their_counts_once_per_window(tmp_path):
-    from tests.callbacks.test_early_stopping_distributed import free_port
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(Path(__file__)), str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+@pytest.mark.distributed(scenario=throughput_two_ranks)
+def test_two_ranks_sum_their_counts_once_per_window(distributed_outcome):
+    tmp_path = distributed_outcome.dir
     outcomes = [json.loads((tmp_path / f"outcome-rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [o["batches"] for o in outcomes] == [STEPS * ACCUMULATION] * 2
 
@@ -103,15 +87,3 @@ def test_two_ranks_sum_their_counts_once_per_window(tmp_path):
                     record[f"throughput/{name}_per_second"] / 2, rel=1e-12)
             assert record["throughput/tflops_per_second"] > 0
 
-
-if __name__ == "__main__":  # one rank of the test's torchrun launch
-    import torch.distributed as dist
-
-    sys.path.insert(0, str(REPO))
-    dist.init_process_group("gloo")
-    throughput_two_ranks(Path(sys.argv[1]))
-    dist.barrier()
-    dist.destroy_process_group()
-    from tests.tiny_models import exit_distributed_script
-
-    exit_distributed_script()
