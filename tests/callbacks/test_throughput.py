@@ -82,7 +82,7 @@ def test_counts_seconds_and_mfu_by_hand(case, tmp_path, monkeypatch):
     monkeypatch.setattr(throughput, "time", clock)
     monitor = ThroughputMonitor(peak_flops=PEAK)
     trainer, collator = build(tmp_path, **setup, callbacks=[monitor, clock_callback(clock)],
-                              eval_strategy="steps", eval_steps=3, save_strategy="steps", save_steps=4)
+                              eval_strategy="steps", eval_steps=3, save_strategy="steps", save_steps=5)
     run_before_integrations(trainer)  # our on_pre_log: the figures are fixed before any on_log
     drive_clock(clock, trainer.model)
     trainer.train()
@@ -93,7 +93,7 @@ def test_counts_seconds_and_mfu_by_hand(case, tmp_path, monkeypatch):
     assert len(collator.batches) == len(steps)  # every batch built was trained on, once
     last_step = trainer.state.global_step
     evaluations = [s for s in range(1, last_step + 1) if s % 3 == 0 or s == last_step]
-    saves = [s for s in range(1, last_step + 1) if s % 4 == 0 or s == last_step]
+    saves = [s for s in range(1, last_step + 1) if s % 5 == 0 or s == last_step]
     eval_forwards = math.ceil(6 / 4)
     flops = training_flops(trainer.model)
 
