@@ -88,6 +88,14 @@ class ThroughputMonitor(TrainerCallback):
         ValueError: ``flops_per_token``, ``peak_flops``, ``precision`` or ``warmup_steps`` is
             not one of the values above.
 
+    Note:
+        The figures go into each training log record under ``throughput/``: samples/s, tokens/s
+        (all positions, non-padding, loss tokens), their per-device share, TFLOP/s of the
+        non-padding tokens, MFU, and the window's ``window_seconds``, ``window_steps`` and
+        ``left_out_seconds``. The window is timed only at logging steps; evaluation, saving,
+        logging and the first ``warmup_steps`` are left out of it; under DDP the counts of every
+        rank are summed once per window. A figure whose count is unknown is left out.
+
     Example:
         >>> monitor = ThroughputMonitor(peak_flops=312e12)   # your device's peak, e.g. A100 bf16
         >>> trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[monitor])
@@ -97,12 +105,10 @@ class ThroughputMonitor(TrainerCallback):
     def __init__(self, flops_per_token: Union[str, float, None] = "auto", peak_flops: Optional[float] = None,
                  precision: str = "auto", warmup_steps: int = 1) -> None:
         if isinstance(flops_per_token, str):
-            if flops_per_token not in FLOPS_CHOICES:
-                raise ValueError(
-                    f"ThroughputMonitor: flops_per_token must be one of {list(FLOPS_CHOICES)}, a number > 0 "
-                    f"or None, got {flops_per_token!r}."
-                )
-        elif flops_per_token is not None and not _positive(flops_per_token):
+            valid = flops_per_token in FLOPS_CHOICES
+        else:
+            valid = flops_per_token is None or _positive(flops_per_token)
+        if not valid:
             raise ValueError(
                 f"ThroughputMonitor: flops_per_token must be one of {list(FLOPS_CHOICES)}, a number > 0 "
                 f"or None, got {flops_per_token!r}."
