@@ -16,7 +16,9 @@
   tokens has positions ``0..S-1`` and ``Σ (2p + 1) = S²``; else the padded length).
 
 Counts read from shapes are Python integers; counts that need the tensors' values stay on the
-device as 0-d tensors added up there, so `add` never synchronises. `totals` reads them (one
+device, as the rows' lengths (one reduction of the mask) and 0-d tensors, kept in lists and
+added up only by `totals`, so `add` never synchronises and launches as few device operations as
+it can (two or three for a padded batch with labels). `totals` reads them (one
 synchronisation, at a logging step, where the trainer synchronises for the loss anyway).
 """
 
@@ -56,14 +58,14 @@ class BatchCounts:
     def reset(self) -> None:
         """Forget everything counted."""
         self._host = dict.fromkeys(COUNTS, 0)
-        self._device: dict[str, Any] = {}
+        self._device: dict[str, list[Any]] = {name: [] for name in COUNTS}
+        self._lengths: list[Any] = []  # each padded batch's row lengths: non-padding tokens and Σ S²
 
     def _add(self, name: str, value: Any) -> None:
         if isinstance(value, int):
             self._host[name] += value
         else:
-            current = self._device.get(name)
-            self._device[name] = value if current is None else current + value
+            self._device[name].append(value)
 
     def add(self, kwargs: Mapping[str, Any], args: Sequence[Any] = ()) -> None:
         """Count one forward pass given its keyword (and positional) arguments."""
@@ -93,9 +95,7 @@ class BatchCounts:
         mask = kwargs.get("attention_mask")
         positions = kwargs.get("position_ids")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape == tokens.shape:
-            lengths = mask.sum(dim=-1, dtype=torch.int64)
-            self._add("non_padding_tokens", lengths.sum())
-            self._add("squared_lengths", (lengths * lengths).sum())
+            self._lengths.append(mask.sum(dim=-1, dtype=torch.int64))
             return
         self._add("non_padding_tokens", count)
         if isinstance(positions, torch.Tensor) and positions.shape == tokens.shape:
@@ -124,8 +124,17 @@ class BatchCounts:
 
     def totals(self) -> list[float]:
         """The counts, in the order of `COUNTS`, as floats (reads the device counts)."""
-        return [float(self._host[name]) + (float(self._device[name].item()) if name in self._device else 0.0)
-                for name in COUNTS]
+        import torch
+
+        totals = {name: float(count) for name, count in self._host.items()}
+        for name, parts in self._device.items():
+            if parts:
+                totals[name] += float(torch.stack([part.to(parts[0].device) for part in parts]).sum().item())
+        if self._lengths:
+            lengths = torch.cat([part.to(self._lengths[0].device) for part in self._lengths])
+            totals["non_padding_tokens"] += float(lengths.sum().item())
+            totals["squared_lengths"] += float((lengths * lengths).sum().item())
+        return [totals[name] for name in COUNTS]
 
 
 def _first_tensor(kwargs: Mapping[str, Any], args: Sequence[Any]) -> Optional[Any]:
