@@ -43,7 +43,7 @@ PEAK = 3e9  # FLOP/s of "one device", for the MFU
 
 
 def build(tmp_path, *, kind="lm", mask=True, accumulation=1, rows=35, epochs=2, callbacks=(),
-          trainer_class=None, model=None, **overrides):
+          trainer_class=None, model=None, compute_metrics=None, **overrides):
     from transformers import Trainer
 
     collator = RecordingCollator(mask=mask)
@@ -59,6 +59,7 @@ def build(tmp_path, *, kind="lm", mask=True, accumulation=1, rows=35, epochs=2, 
         eval_dataset=make_rows(6, seed=2, split="eval"),
         data_collator=collator,
         callbacks=list(callbacks),
+        compute_metrics=compute_metrics,
     )
     return trainer, collator
 
@@ -294,3 +295,30 @@ def test_lightweight_trainer_counts_the_forward_passes_of_its_train_step(tmp_pat
     for record in records:
         first = record["step"] - int(record["throughput/window_steps"])
         assert_counts(record, window_counts(collator.batches * 2, steps, first, record["step"], shifts=True))
+
+
+def test_an_evaluation_asked_for_after_the_monitor_is_left_out_by_its_runtime(tmp_path):
+    """A callback after the monitor asks for an evaluation at a step that does not log: the
+    step's end could not announce it, so its ``eval_runtime`` is left out (the evaluation is made
+    slow, 0.3 s, by its compute_metrics: a fault injected to make it measurable)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class EvaluateAtStep3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                control.should_evaluate = True
+
+    def slow_metrics(eval_pred):
+        time.sleep(0.3)
+        return {}
+
+    trainer, _ = build(tmp_path, rows=24, epochs=1, callbacks=[ThroughputMonitor(), EvaluateAtStep3()],
+                       compute_metrics=slow_metrics)
+    run_before_integrations(trainer)
+    trainer.train()
+    evaluation = next(r for r in trainer.state.log_history if "eval_runtime" in r)
+    assert evaluation["step"] == 3 and evaluation["eval_runtime"] >= 0.3
+    window = next(r for r in throughput_records(trainer.state.log_history) if r["step"] == 4)
+    assert window["throughput/left_out_seconds"] >= evaluation["eval_runtime"]
