@@ -38,6 +38,7 @@ _EXPORTS = {
     "GenerationSamples": "hf_callbacks_plus.callbacks.generation_samples",
     "KeepBestCheckpoints": "hf_callbacks_plus.callbacks.best_checkpoints",
     "TopK": "hf_callbacks_plus.callbacks.best_checkpoints_ranking",
+    "ThroughputMonitor": "hf_callbacks_plus.callbacks.throughput",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",
