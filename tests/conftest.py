@@ -3,12 +3,18 @@
 ``make test`` runs the first tier (``pytest``); ``make check`` adds the second
 (``pytest --tier 2``): tests marked ``second_tier``, slow by nature and never the only test
 of a feature. ``pytest --tier all`` runs both.
+
+torch runs on one thread (``OMP_NUM_THREADS=1`` unless set, inherited by every subprocess and
+torchrun rank): the tests' models are tiny, and a second thread costs more in synchronisation
+than it computes (a 4-step trl run: about 1 s on one thread, 4-10 s on two on the shared 2-core
+machine).
 """
 
 import os
 
 import pytest
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before anything imports torch
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
