@@ -275,7 +275,7 @@ def test_early_stopping_monitors_train_subset_and_gap_metrics(tmp_path, how):
     assert not on_gap.stopped
 
 
-# -- issue 12 item 9: misuse is said early, once ------------------------------------------------
+# -- misuse is said early, once ------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["stock", "plus"])
 @pytest.mark.transformers
 def test_eval_strategy_no_warns_once_at_train_begin(tmp_path, caplog, how):

@@ -59,9 +59,11 @@ def test_trainer_plus_example(tmp_path, monkeypatch, capsys):
 def test_custom_callback_example_passes_without_transformers_or_torch(tmp_path):
     # The example's pytest file runs with torch/transformers/accelerate/datasets unimportable
     # (a new interpreter: here they are imported already).
-    run_command(tmp_path, [sys.executable, str(HERE / "block_heavy_imports.py"), "-m", "pytest",
-                           str(EXAMPLES / "test_custom_callback_example.py"), "-q", "-p", "no:cacheprovider",
-                           "--rootdir", str(ROOT)])
+    command = [sys.executable, str(HERE / "block_heavy_imports.py"), "-m", "pytest",
+               str(EXAMPLES / "test_custom_callback_example.py"), "-q", "-p", "no:cacheprovider",
+               "--rootdir", str(ROOT)]
+    out = run_command(tmp_path, command).stdout
+    assert "3 passed" in out and "heavy modules" not in out, out
 
 
 def test_custom_callback_example_fails_when_the_callback_is_broken(tmp_path):
