@@ -355,3 +355,17 @@ def test_training_is_identical_with_and_without_the_subset_evaluation(tmp_path, 
     plain = run(Trainer, [], tmp_path / "plain")
     ours = run(TrainerPlus, [TrainSubsetEvaluation(size=16, every=every)], tmp_path / "ours")
     assert ours == plain
+
+
+@pytest.mark.parametrize(("labels", "size", "expected"), [
+    ([0] * 7 + [1] * 3, 4, {0: 3, 1: 1}),  # quotas 2.8 and 1.2: the spare goes to the larger remainder
+    ([0] * 5 + [1] * 5 + [2] * 2, 5, {0: 2, 1: 2, 2: 1}),  # 2.08, 2.08, 0.83: the small class gets it
+    (["b"] * 4 + ["a"] * 6, 5, {"a": 3, "b": 2}),  # exact quotas 3 and 2: no spare
+])
+def test_stratified_sizes_follow_the_largest_remainder_rule(labels, size, expected):
+    # Hamilton's method worked out by hand: each class gets the floor of its quota, the spares go
+    # to the largest remainders
+    for seed in range(5):
+        indices = choose_indices(len(labels), size, seed, labels=labels)
+        assert Counter(labels[i] for i in indices) == expected
+        assert indices == sorted(set(indices))

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hf_callbacks_plus.metrics.keys import KeyGrammar
@@ -54,6 +54,11 @@ floats = st.one_of(
     current=floats,
     best=floats,
 )
+# an infinite best, on either side, in either mode: always drawn, whatever the seed
+@example(mode="min", min_delta=0.0, min_delta_mode="absolute", current=1.0, best=math.inf)
+@example(mode="min", min_delta=0.0, min_delta_mode="absolute", current=1.0, best=-math.inf)
+@example(mode="max", min_delta=0.5, min_delta_mode="relative", current=1.0, best=math.inf)
+@example(mode="max", min_delta=0.0, min_delta_mode="absolute", current=1.0, best=-math.inf)
 def test_is_improvement_matches_reference(mode, min_delta, min_delta_mode, current, best):
     monitor = Monitor("eval_x", mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode)
     expected = reference_is_improvement(mode, min_delta, min_delta_mode, current, best)
