@@ -1,26 +1,31 @@
 """Benchmark the peak memory and time of one ``Trainer.evaluate()`` on a causal LM: a stock
-``compute_metrics`` over every logit against ``StreamingMetrics``.
+``compute_metrics`` over every logit against ``StreamingMetrics``, and against no metrics.
 
-Both variants compute the same two metrics, token accuracy and perplexity, over the same model
-and data:
+The metric variants compute the same two metrics, token accuracy and perplexity, over the same
+model and data:
 
 * stock: ``Trainer(..., compute_metrics=stock_compute_metrics)`` with
   ``batch_eval_metrics=False``: the Trainer concatenates every batch's logits (samples x tokens x
   vocabulary float32) and hands them to a numpy ``compute_metrics``;
 * streaming: ``StreamingMetrics(task="causal_lm", train_metrics=None)`` bound with
   ``run_before_integrations`` (``batch_eval_metrics=True``: each batch updates exact counts, no
-  logits kept).
+  logits kept);
+* predictions: the same, with ``save_predictions=True`` (the predictions file of each row);
+* none: no ``compute_metrics`` (the loss only): what ``StreamingMetrics`` adds is its growth
+  minus this one's.
 
 Model: a 2-layer ``LlamaForCausalLM`` from a config (vocabulary 8192, hidden 64, seed 0);
-data: random token ids, 128 tokens per sample, 512 and 1024 samples, eval batch 16.
+data: random token ids, 128 tokens per sample, 512 and 1024 samples, eval batch 16 (the
+vocabulary, tokens and batch are options: ``--vocab 32000 --tokens 256 --batch 8`` is a
+realistic language model's batch).
 Each (variant, samples) runs in its own process (this script with ``--child VARIANT SAMPLES``);
 the memory figure is the growth of the process's peak RSS (``ru_maxrss``) across ``evaluate()``,
 the time is the wall time of ``evaluate()``; with ``--repeat K`` the median of K processes.
 The parent prints a markdown table (ratios are streaming / stock) and checks that the metrics
 agree: token accuracy exactly, perplexity within 1e-6 relative.
 
-Run: ``python benchmarks/bench_streaming_eval.py [--samples 512,1024] [--repeat 1]``
-(from the repository root, e.g. with ``.venv/bin/python``).
+Run: ``python benchmarks/bench_streaming_eval.py [--samples 512,1024] [--repeat 1]
+[--variants stock,streaming]`` (from the repository root, e.g. with ``.venv/bin/python``).
 """
 
 from __future__ import annotations
@@ -35,8 +40,7 @@ import sys
 import tempfile
 import time
 
-VOCAB, TOKENS, BATCH = 8192, 128, 16
-VARIANTS = ("stock", "streaming")
+VARIANTS = ("stock", "streaming", "predictions", "none")
 #: Samples per chunk of the stock compute_metrics' float64 log-softmax.
 CHUNK = 8
 
@@ -80,7 +84,7 @@ def current_rss_mb() -> float:
     return math.nan
 
 
-def child(variant: str, samples: int, hidden: int, threads: int) -> None:
+def child(variant: str, samples: int, options: argparse.Namespace) -> None:
     """One evaluate() of one variant; prints one JSON line."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
@@ -89,27 +93,31 @@ def child(variant: str, samples: int, hidden: int, threads: int) -> None:
     from hf_callbacks_plus import run_before_integrations
     from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
 
-    torch.set_num_threads(threads)
+    vocab, tokens, hidden = options.vocab, options.tokens, options.hidden
+    torch.set_num_threads(options.threads)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256)
+                         max_position_embeddings=max(256, tokens))
     model = LlamaForCausalLM(config)
-    ids = torch.randint(0, VOCAB, (samples, TOKENS), generator=torch.Generator().manual_seed(1))
-    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(TOKENS, dtype=torch.long),
+    ids = torch.randint(0, vocab, (samples, tokens), generator=torch.Generator().manual_seed(1))
+    rows = [{"input_ids": ids[i], "attention_mask": torch.ones(tokens, dtype=torch.long),
              "labels": ids[i].clone()} for i in range(samples)]
     with tempfile.TemporaryDirectory() as output_dir:
-        args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=BATCH, report_to="none",
-                                 use_cpu=True, disable_tqdm=True)
+        args = TrainingArguments(output_dir=output_dir, per_device_eval_batch_size=options.batch,
+                                 report_to="none", use_cpu=True, disable_tqdm=True)
         if variant == "stock":
             trainer = Trainer(model=model, args=args, eval_dataset=rows,
                               compute_metrics=stock_compute_metrics)
+        elif variant == "none":
+            trainer = Trainer(model=model, args=args, eval_dataset=rows)
         else:
-            trainer = Trainer(model=model, args=args, eval_dataset=rows,
-                              callbacks=[StreamingMetrics(task="causal_lm", train_metrics=None)])
+            streaming = StreamingMetrics(task="causal_lm", train_metrics=None,
+                                         save_predictions=variant == "predictions")
+            trainer = Trainer(model=model, args=args, eval_dataset=rows, callbacks=[streaming])
             run_before_integrations(trainer)
         trainer.remove_callback(PrinterCallback)  # keep stdout to our one JSON line
-        assert trainer.args.batch_eval_metrics is (variant == "streaming")
+        assert trainer.args.batch_eval_metrics is (variant in ("streaming", "predictions"))
         rss = current_rss_mb()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         start = time.perf_counter()
@@ -118,13 +126,14 @@ def child(variant: str, samples: int, hidden: int, threads: int) -> None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"baseline_mb": before / 1024, "peak_mb": peak / 1024,
                       "growth_mb": (peak - before) / 1024, "rss_before_mb": rss, "seconds": seconds,
-                      "token_accuracy": metrics["eval_token_accuracy"],
-                      "perplexity": metrics["eval_perplexity"]}))
+                      "token_accuracy": metrics.get("eval_token_accuracy", math.nan),
+                      "perplexity": metrics.get("eval_perplexity", math.nan)}))
 
 
 def measure(variant: str, samples: int, options: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--child", variant, str(samples),
-               "--hidden", str(options.hidden), "--threads", str(options.threads)]
+    command = [sys.executable, __file__, "--child", variant, str(samples), "--hidden", str(options.hidden),
+               "--threads", str(options.threads), "--vocab", str(options.vocab), "--tokens",
+               str(options.tokens), "--batch", str(options.batch)]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         sys.stderr.write(result.stderr)
@@ -138,21 +147,33 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="processes per (variant, samples); median")
     parser.add_argument("--hidden", type=int, default=64, help="model hidden size (intermediate = 2x)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each child")
+    parser.add_argument("--vocab", type=int, default=8192, help="vocabulary size")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens per sample")
+    parser.add_argument("--batch", type=int, default=16, help="evaluation batch size")
+    parser.add_argument("--variants", default="stock,streaming",
+                        help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--child", nargs=2, metavar=("VARIANT", "SAMPLES"), help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
-        child(options.child[0], int(options.child[1]), options.hidden, options.threads)
+        child(options.child[0], int(options.child[1]), options)
         return
 
+    variants = [v for v in options.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     sizes = [int(n) for n in options.samples.split(",")]
-    print(f"causal LM: vocabulary {VOCAB}, {TOKENS} tokens/sample, hidden {options.hidden}, "
-          f"eval batch {BATCH}, {options.threads} torch thread(s), median of {options.repeat} process(es)")
+    vocab, tokens, batch = options.vocab, options.tokens, options.batch
+    print(f"causal LM: vocabulary {vocab}, {tokens} tokens/sample, hidden {options.hidden}, "
+          f"eval batch {batch}, {options.threads} torch thread(s), median of {options.repeat} process(es)")
+    print(f"logits of one batch: {batch} x {tokens} x {vocab} x 4 bytes = "
+          f"{batch * tokens * vocab * 4 / 2**20:.0f} MB")
     for samples in sizes:
-        print(f"expected logits size at {samples} samples: {samples} x {TOKENS} x {VOCAB} x 4 bytes = "
-              f"{samples * TOKENS * VOCAB * 4 / 2**20:.0f} MB")
+        print(f"expected logits size at {samples} samples: {samples} x {tokens} x {vocab} x 4 bytes = "
+              f"{samples * tokens * vocab * 4 / 2**20:.0f} MB")
     results = {}
     for samples in sizes:
-        for variant in VARIANTS:
+        for variant in variants:
             runs = results[variant, samples] = []
             for k in range(options.repeat):
                 run = measure(variant, samples, options)
@@ -163,13 +184,31 @@ def main() -> None:
                       f"{run['token_accuracy']!r}, perplexity {run['perplexity']!r}", flush=True)
 
     print()
+    print("| samples | " + " | ".join(f"{v} peak RSS growth (MB)" for v in variants)
+          + " | " + " | ".join(f"{v} s" for v in variants) + " |")
+    print("|---" * (1 + 2 * len(variants)) + "|")
+    for samples in sizes:
+        growth = {v: statistics.median(r["growth_mb"] for r in results[v, samples]) for v in variants}
+        seconds = {v: statistics.median(r["seconds"] for r in results[v, samples]) for v in variants}
+        print(f"| {samples} | " + " | ".join(f"{growth[v]:.0f}" for v in variants) + " | "
+              + " | ".join(f"{seconds[v]:.2f}" for v in variants) + " |")
+    if "none" in variants:
+        for samples in sizes:
+            none = statistics.median(r["growth_mb"] for r in results["none", samples])
+            for variant in (v for v in variants if v != "none"):
+                added = statistics.median(r["growth_mb"] for r in results[variant, samples]) - none
+                print(f"{variant} adds {added:.0f} MB to the peak of an evaluation without metrics "
+                      f"at {samples} samples")
+    if not {"stock", "streaming"} <= set(variants):
+        return
+    print()
     print("| samples | stock peak RSS growth (MB) | streaming peak RSS growth (MB) | ratio | stock s "
           "| streaming s | time ratio |")
     print("|---|---|---|---|---|---|---|")
     checks = []
     for samples in sizes:
-        growth = {v: statistics.median(r["growth_mb"] for r in results[v, samples]) for v in VARIANTS}
-        seconds = {v: statistics.median(r["seconds"] for r in results[v, samples]) for v in VARIANTS}
+        growth = {v: statistics.median(r["growth_mb"] for r in results[v, samples]) for v in variants}
+        seconds = {v: statistics.median(r["seconds"] for r in results[v, samples]) for v in variants}
         memory_ratio = growth["streaming"] / growth["stock"] if growth["stock"] else math.nan
         print(f"| {samples} | {growth['stock']:.0f} | {growth['streaming']:.0f} | {memory_ratio:.3f} | "
               f"{seconds['stock']:.2f} | {seconds['streaming']:.2f} | "

@@ -17,6 +17,7 @@ Needs matplotlib (``pip install 'hf-callbacks-plus[plot]'``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -29,6 +30,8 @@ from .metrics.keys import TIMING_NAMES, TRAIN_SUBSET_PREFIX, KeyGrammar
 from .metrics.numbers import to_float
 
 __all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learning_curves", "series_colors"]
+
+logger = logging.getLogger("hf_callbacks_plus")
 
 #: Metric names that are timings, not learning curves.
 _TIMING = {*TIMING_NAMES, "epoch", "step", "total_flos"}
@@ -125,25 +128,43 @@ def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
     return records
 
 
+def _newest_checkpoint_state(folder: Path) -> Optional[Path]:
+    found = folder.glob("checkpoint-*/trainer_state.json")
+    checkpoints = sorted((p for p in found if p.parent.name.split("-")[-1].isdigit()),
+                         key=lambda p: int(p.parent.name.split("-")[-1]))
+    return checkpoints[-1] if checkpoints else None
+
+
+#: Where a run's trainer state is: a stock Trainer writes it into checkpoints only.
+_WHERE = ("a Trainer writes trainer_state.json into each checkpoint-N folder (and into output_dir only "
+          "with trainer.save_state())")
+
+
 def _state_path(path: Path) -> Path:
+    """The file to read for ``path``: itself, or in a run folder its ``trainer_state.json``, its
+    ``metrics.jsonl`` or the newest checkpoint's state (also for ``<run folder>/trainer_state.json``
+    when that file does not exist, with a warning naming the file read)."""
     if path.is_dir():
         for name in ("trainer_state.json", "metrics.jsonl"):
             if (path / name).is_file():
                 return path / name
-        found = path.glob("checkpoint-*/trainer_state.json")
-        checkpoints = sorted(
-            (p for p in found if p.parent.name.split("-")[-1].isdigit()),
-            key=lambda p: int(p.parent.name.split("-")[-1]),
-        )
-        if checkpoints:
-            return checkpoints[-1]
+        newest = _newest_checkpoint_state(path)
+        if newest is not None:
+            return newest
         raise FileNotFoundError(
-            f"plot_learning_curves: no trainer_state.json or metrics.jsonl in {str(path)!r} or its "
-            "checkpoints."
+            f"plot_learning_curves: no trainer_state.json or metrics.jsonl in {str(path)!r} or in a "
+            f"checkpoint-N folder of it; {_WHERE}. Pass the output_dir of a run that saved checkpoints, "
+            "a checkpoint folder, or a JsonlLogger's metrics.jsonl."
         )
-    if not path.is_file():
-        raise FileNotFoundError(f"plot_learning_curves: {str(path)!r} does not exist.")
-    return path
+    if path.is_file():
+        return path
+    newest = _newest_checkpoint_state(path.parent) if path.parent.is_dir() else None
+    if path.name == "trainer_state.json" and newest is not None:
+        logger.warning("plot_learning_curves: %s does not exist (%s); plotting the newest checkpoint's, %s.",
+                       path, _WHERE, newest)
+        return newest
+    hint = f" Pass the run folder ({str(path.parent)!r}) instead." if path.parent.is_dir() else ""
+    raise FileNotFoundError(f"plot_learning_curves: {str(path)!r} does not exist ({_WHERE}).{hint}")
 
 
 def collect_curves(

@@ -6,9 +6,10 @@
 instead, with ``compute_result=True`` on the last one, and keeps no logits. `StreamingMetrics`
 is that per-batch ``compute_metrics``: each batch updates metrics that keep exact sufficient
 statistics (`hf_callbacks_plus.metrics.streaming`), and the last one returns their values,
-the same numbers a ``compute_metrics`` over every logit at once returns. Under ``torchrun`` the
-Trainer hands every rank the gathered batch (duplicates of the last uneven batch dropped); only
-rank 0 counts it and torchmetrics' own synchronisation gives every rank the totals.
+the same numbers a ``compute_metrics`` over every logit at once returns. They are reset when
+an evaluation starts, so an interrupted one leaves nothing behind. Under ``torchrun`` the Trainer
+hands every rank the gathered batch (duplicates of the last uneven batch dropped); every rank
+counts it and computes without synchronising, which is exact for every kind of metric state.
 
 **Training.** A forward hook on the model reads the logits and labels of every training
 forward pass the Trainer already runs (each micro-batch of a gradient-accumulation step, on
@@ -22,6 +23,7 @@ training metrics reach the report_to integrations in the same record).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -31,7 +33,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..core.callback import TrainerCallback
-from ..metrics.streaming import IGNORE_INDEX, MetricSet, check_task, rank, scored_pairs, standard_metrics
+from ..metrics.streaming import (
+    IGNORE_INDEX,
+    MetricSet,
+    check_task,
+    rank,
+    scored_pairs,
+    standard_metrics,
+    top_classes,
+)
 
 __all__ = ["StreamingMetrics"]
 
@@ -42,6 +52,10 @@ DEFAULT_MAX_PREDICTIONS = 10_000
 
 #: Marks the functions this callback installs, so a second bind does not wrap them twice.
 _INSTALLED_BY = "__streaming_metrics__"
+
+#: The methods where a trainer starts an evaluation: transformers' (``prediction_loop`` before 5.0)
+#: and the lightweight loop's.
+_EVALUATION_STARTS = ("evaluation_loop", "prediction_loop", "_evaluation_loop")
 
 
 class StreamingMetrics(TrainerCallback):
@@ -80,12 +94,13 @@ class StreamingMetrics(TrainerCallback):
             (``pip install 'hf-callbacks-plus[metrics]'``).
 
     Note:
-        Your own ``compute_metrics`` keeps working beside it: its results are merged with
-        these (a name both produce is an error). When it takes ``compute_result`` it streams
-        too; when it does not, the Trainer must hold every logit for it, so batch-wise
-        evaluation stays off (one INFO line says so) and these metrics are computed from the
-        full predictions, with the same results. Without a ``compute_metrics`` of yours,
-        ``batch_eval_metrics`` is switched on at bind.
+        Your own ``compute_metrics`` keeps working beside it, called as the trainer calls it
+        without us: its results are merged with these (a name both produce is an error). With
+        ``batch_eval_metrics=True`` both run per batch. With it off (the trainer holds every
+        logit for your function) these metrics are computed from the held predictions, with
+        the same results; bind says so (INFO; a WARNING if your function takes
+        ``compute_result``, since it is then called once, without it). Without a
+        ``compute_metrics`` of yours, ``batch_eval_metrics`` is switched on at bind.
 
     Example:
         >>> metrics = StreamingMetrics(task="classification", num_classes=3)
@@ -155,79 +170,101 @@ class StreamingMetrics(TrainerCallback):
             self.
         """
         self.trainer = trainer
-        if hasattr(trainer, "metrics_fn") and hasattr(trainer, "train_step"):  # LightweightTrainer
-            self._bind_loop(trainer)
-        elif hasattr(trainer, "compute_metrics"):
-            self._bind_transformers(trainer)
-        else:
+        in_loop = hasattr(trainer, "metrics_fn") and hasattr(trainer, "train_step")  # LightweightTrainer
+        if not in_loop and not hasattr(trainer, "compute_metrics"):
             raise TypeError(
                 f"StreamingMetrics: cannot bind to {type(trainer).__name__}: it has neither "
                 "compute_metrics (transformers.Trainer) nor metrics_fn (LightweightTrainer)."
             )
+        name = "metrics_fn" if in_loop else "compute_metrics"
+        compute = self._loop_metrics if in_loop else self._compute_metrics
+        if getattr(getattr(trainer, name), _INSTALLED_BY, None) is self:
+            return self
+        self._adopt(getattr(trainer, name), trainer.args, name)
+
+        def installed(predictions: Any, compute_result: Optional[bool] = None) -> dict[str, Any]:
+            return compute(predictions, compute_result)
+
+        setattr(installed, _INSTALLED_BY, self)
+        setattr(trainer, name, installed)
+        self._reset_at_evaluation_start(trainer)
+        if in_loop and self.train_metrics is not None and trainer.train_step is not None:
+            self._count_train_steps(trainer)
         return self
 
-    def _bind_transformers(self, trainer: Any) -> None:
-        current = trainer.compute_metrics
-        if getattr(current, _INSTALLED_BY, None) is self:
-            return
-        self.user_compute_metrics = current
-        streams = current is None or "compute_result" in _parameters(current)
-        if current is None:
-            trainer.args.batch_eval_metrics = True
-        elif not streams and not trainer.args.batch_eval_metrics:
+    def _count_train_steps(self, trainer: Any) -> None:
+        """Wrap the loop's ``train_step``: its returned logits and labels update the training metrics."""
+        user_step = trainer.train_step
+
+        def train_step(batch: Any) -> Any:
+            output = user_step(batch)
+            if isinstance(output, Mapping) and "logits" in output and "labels" in output:
+                self._update_train(output["logits"], output["labels"])
+                output = {k: v for k, v in output.items() if k not in ("logits", "labels")}
+            else:
+                self._warn_once(
+                    "loop-train",
+                    "StreamingMetrics: train_step returns no 'logits' and 'labels', "
+                    "so there are no training metrics; return them in its dict.",
+                )
+            return output
+
+        setattr(train_step, _INSTALLED_BY, self)
+        trainer.train_step = train_step
+
+    def _adopt(self, user: Optional[Callable[..., Any]], args: Any, name: str) -> None:
+        """Keep the user's metrics function (called as the trainer would call it) and settle
+        ``batch_eval_metrics``: on when there is none, left as it is otherwise."""
+        self.user_compute_metrics = user
+        if user is None:
+            args.batch_eval_metrics = True
+        elif not args.batch_eval_metrics and "compute_result" in _parameters(user):
+            logger.warning(
+                "StreamingMetrics: your %s takes compute_result but batch_eval_metrics is False, so the "
+                "trainer calls it once, after the last batch, with every prediction and without "
+                "compute_result (as transformers does). Set batch_eval_metrics=True to have it called per "
+                "batch.",
+                name,
+            )
+        elif not args.batch_eval_metrics:
             logger.info(
-                "StreamingMetrics: your compute_metrics takes no compute_result, so the Trainer holds every "
-                "logit for it (batch_eval_metrics=False); the streaming metrics are computed from them."
+                "StreamingMetrics: your %s takes no compute_result, so the trainer holds every logit for it "
+                "(batch_eval_metrics=False); the streaming metrics are computed from them.",
+                name,
             )
 
-        def compute_metrics(eval_pred: Any, compute_result: Optional[bool] = None) -> dict[str, Any]:
-            return self._compute_metrics(eval_pred, compute_result)
+    def _reset_at_evaluation_start(self, trainer: Any) -> None:
+        """Wrap the trainer's evaluation loop so every evaluation starts from empty metrics (no
+        callback event marks the start of an evaluation)."""
+        for name in _EVALUATION_STARTS:
+            method = getattr(trainer, name, None)
+            if not callable(method):
+                continue
 
-        setattr(compute_metrics, _INSTALLED_BY, self)
-        trainer.compute_metrics = compute_metrics
+            @functools.wraps(method)
+            def evaluation(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+                self._reset_eval()
+                return _method(*args, **kwargs)
 
-    def _bind_loop(self, trainer: Any) -> None:
-        if getattr(trainer.metrics_fn, _INSTALLED_BY, None) is self:
-            return
-        self.user_compute_metrics = trainer.metrics_fn
-        if trainer.metrics_fn is None:
-            trainer.args.batch_eval_metrics = True
-
-        def metrics_fn(outputs: list, compute_result: Optional[bool] = None) -> dict[str, Any]:
-            return self._loop_metrics(outputs, compute_result)
-
-        setattr(metrics_fn, _INSTALLED_BY, self)
-        trainer.metrics_fn = metrics_fn
-        if self.train_metrics is not None and trainer.train_step is not None:
-            user_step = trainer.train_step
-
-            def train_step(batch: Any) -> Any:
-                output = user_step(batch)
-                if isinstance(output, Mapping) and "logits" in output and "labels" in output:
-                    self._update_train(output["logits"], output["labels"])
-                    output = {k: v for k, v in output.items() if k not in ("logits", "labels")}
-                else:
-                    self._warn_once(
-                        "loop-train",
-                        "StreamingMetrics: train_step returns no 'logits' and 'labels', "
-                        "so there are no training metrics; return them in its dict.",
-                    )
-                return output
-
-            setattr(train_step, _INSTALLED_BY, self)
-            trainer.train_step = train_step
+            setattr(evaluation, _INSTALLED_BY, self)
+            setattr(trainer, name, evaluation)
 
     # -- evaluation ------------------------------------------------------------------------
     def _compute_metrics(self, eval_pred: Any, compute_result: Optional[bool]) -> dict[str, Any]:
         """The installed ``compute_metrics``: per batch (``compute_result`` given) or all at once."""
-        self._update_eval(eval_pred.predictions, eval_pred.label_ids)
-        user = self.user_compute_metrics
         if compute_result is None:
-            return self._merge(self._finish_eval(), user(eval_pred) if user is not None else {})
-        theirs = user(eval_pred, compute_result=compute_result) if user is not None else None
-        if not compute_result:
-            return {}
-        return self._merge(self._finish_eval(), theirs or {})
+            args = getattr(self.trainer, "args", None)
+            held = _held_batches(
+                eval_pred.predictions,
+                eval_pred.label_ids,
+                concatenated=getattr(args, "eval_do_concat_batches", True),
+                size=getattr(args, "eval_batch_size", None),
+            )
+            for logits, labels in held:
+                self._update_eval(logits, labels)
+        else:
+            self._update_eval(eval_pred.predictions, eval_pred.label_ids)
+        return self._result(eval_pred, compute_result)
 
     def _loop_metrics(self, outputs: list, compute_result: Optional[bool]) -> dict[str, Any]:
         for output in outputs:
@@ -237,23 +274,35 @@ class StreamingMetrics(TrainerCallback):
                     f"'logits' and 'labels' (and optionally 'loss'), got {type(output).__name__}."
                 )
             self._update_eval(output["logits"], output["labels"])
+        return self._result(outputs, compute_result)
+
+    def _result(self, predictions: Any, compute_result: Optional[bool]) -> dict[str, Any]:
+        """Call the user's function as the trainer calls it; on the last call, merge our metrics."""
         user = self.user_compute_metrics
         if compute_result is None:
-            return self._merge(self._finish_eval(), user(outputs) if user is not None else {})
+            return self._merge(self._finish_eval(), user(predictions) if user is not None else {})
+        theirs = user(predictions, compute_result=compute_result) if user is not None else None
         if not compute_result:
             return {}
-        return self._merge(self._finish_eval(), {})
+        return self._merge(self._finish_eval(), theirs or {})
 
     def _update_eval(self, logits: Any, labels: Any) -> None:
         scores, target = scored_pairs(logits, labels, self.task, self.ignore_index)
-        self.eval_metrics.update(scores, target, replicated=True)
+        self.eval_metrics.update(scores, target)
         if self.max_predictions and rank() == 0:
             if self._writer is None:
                 self._writer = _PredictionWriter(self._predictions_folder(), self.max_predictions)
             self._writer.add(logits, labels, self.task, self.ignore_index)
 
+    def _reset_eval(self) -> None:
+        """Forget a previous, interrupted evaluation: its counts and its predictions file."""
+        self.eval_metrics.reset()
+        if self._writer is not None:
+            self._writer.discard()
+            self._writer = None
+
     def _finish_eval(self) -> dict[str, float]:
-        values = self.eval_metrics.compute()
+        values = self.eval_metrics.compute(sync=False)  # every rank saw every (gathered) batch
         self.eval_metrics.reset()
         if self._writer is not None:
             step = getattr(getattr(self.trainer, "state", None), "global_step", 0)
@@ -291,7 +340,11 @@ class StreamingMetrics(TrainerCallback):
             target = path.with_name(f"{prefix}-step-{step}.jsonl")  # a re-run of this evaluation replaces it
             if path.exists():
                 path.replace(target)
-                self.prediction_files[self.prediction_files.index(path)] = target
+                index = self.prediction_files.index(path)
+                if target in self.prediction_files:  # replaced: listed once, where it first was
+                    del self.prediction_files[index]
+                else:
+                    self.prediction_files[index] = target
                 if self.log_predictions:
                     self._upload(target)
         self._unnamed = still[-8:]
@@ -329,11 +382,7 @@ class StreamingMetrics(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         """Start counting training batches (a fresh window, as the loss after a resume)."""
         if self.trainer is None:
-            raise RuntimeError(
-                "StreamingMetrics is not bound to a trainer. TrainerPlus and LightweightTrainer bind their "
-                "callbacks; with a stock transformers.Trainer (or a trl trainer), call "
-                "run_before_integrations(trainer) once after building it."
-            )
+            self._unbound()
         if self.train_metrics is None:
             return
         self.train_metrics.reset()
@@ -361,6 +410,11 @@ class StreamingMetrics(TrainerCallback):
         for key, value in values.items():
             logs.setdefault(key, value)
 
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Stop an evaluation at its first batch when this callback is not bound (no metrics)."""
+        if self.trainer is None:
+            self._unbound()
+
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Name the predictions files after the prefix of the record their metrics are in."""
         if self._unnamed and isinstance(logs, Mapping):
@@ -377,6 +431,14 @@ class StreamingMetrics(TrainerCallback):
             self._hook.remove()
             self._hook = None
 
+    @staticmethod
+    def _unbound() -> None:
+        raise RuntimeError(
+            "StreamingMetrics is not bound to a trainer, so it has no metrics to give. TrainerPlus and "
+            "LightweightTrainer bind their callbacks; with a stock transformers.Trainer (or a trl trainer), "
+            "call run_before_integrations(trainer) once after building it."
+        )
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -388,6 +450,24 @@ def _parameters(function: Callable[..., Any]) -> Mapping[str, Any]:
         return inspect.signature(function).parameters
     except (TypeError, ValueError):
         return {}
+
+
+def _first(values: Any) -> Any:
+    """Of a model's outputs ``(logits, hidden states, ...)`` (or labels ``(labels, ...)``), the first."""
+    return values[0] if isinstance(values, (tuple, list)) else values
+
+
+def _held_batches(predictions: Any, labels: Any, concatenated: bool, size: Optional[int]) -> Any:
+    """``(logits, labels)`` batch by batch from the predictions a Trainer holds for a non-streaming
+    ``compute_metrics``: one array per batch in a list (``eval_do_concat_batches=False``), else
+    slices of ``size`` rows of the concatenated arrays (so no step costs more than a batch)."""
+    if not concatenated:
+        yield from zip(predictions, labels)
+        return
+    logits, target = _first(predictions), _first(labels)
+    size = size or len(target) or 1
+    for start in range(0, len(target), size):
+        yield logits[start : start + size], target[start : start + size]
 
 
 def _prefix_of(values: Mapping[str, float], logged: Mapping[str, Any]) -> Optional[str]:
@@ -424,14 +504,12 @@ class _PredictionWriter:
     def add(self, logits: Any, labels: Any, task: str, ignore_index: int) -> None:
         import torch
 
-        scores = logits[0] if isinstance(logits, (tuple, list)) else logits
-        scores = torch.as_tensor(scores).detach()
-        target = torch.as_tensor(labels[0] if isinstance(labels, (tuple, list)) else labels)
+        scores = torch.as_tensor(_first(logits)).detach()
+        target = torch.as_tensor(_first(labels))
         count = int(target.shape[0])
         room = self.limit - self.rows
         if room > 0:
-            probabilities = torch.softmax(scores[:room].double(), dim=-1)
-            confidence, predicted = probabilities.max(dim=-1)
+            predicted, confidence = top_classes(scores[:room])
             for row in range(min(room, count)):
                 self.file.write(
                     json.dumps(
@@ -443,6 +521,11 @@ class _PredictionWriter:
                 )
             self.rows += min(room, count)
         self.seen += count
+
+    def discard(self) -> None:
+        """Close and delete the partial file (an evaluation that did not finish)."""
+        self.file.close()
+        self.path.unlink(missing_ok=True)
 
     def close(self, step: int) -> Path:
         self.file.close()

@@ -189,7 +189,8 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         uri: A tracking URI, a local path, or None (MLflow's default).
 
     Raises:
-        ValueError: The scheme is neither one MLflow knows nor one a plugin registers.
+        ValueError: The scheme is neither one MLflow knows nor one a plugin registers, or a
+            sqlite database cannot be created where the URI says.
     """
     if uri is None or uri == "":
         return None
@@ -200,12 +201,39 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         _refuse_file_store_if_disabled(uri)
         return uri
     base = scheme.split("+")[0]
+    if base == "sqlite":
+        _refuse_unusable_sqlite_path(uri)
     if base in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
         return uri
     raise ValueError(
         f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. Valid schemes: "
         f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an MLflow plugin."
     )
+
+
+def _refuse_unusable_sqlite_path(uri: str) -> None:
+    """A sqlite database MLflow cannot create (its folder is under a file, or not writable): say so
+    now, not as a run that could not start after the training (MLflow creates missing folders)."""
+    for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
+        require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
+    path = uri.split(":///", 1)[1].split("?", 1)[0] if ":///" in uri else ""
+    if not path or path == ":memory:":
+        return
+    path = os.path.abspath(path)
+    problem = "is a directory" if os.path.isdir(path) else None
+    ancestor = os.path.dirname(path)
+    while problem is None and not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if problem is None and not os.path.isdir(ancestor):
+        problem = f"cannot be created: {ancestor!r} is a file, not a folder"
+    elif problem is None and not os.access(ancestor, os.W_OK | os.X_OK):
+        problem = f"cannot be created: the folder {ancestor!r} is not writable"
+    if problem is not None:
+        raise ValueError(
+            f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} {problem}. Use "
+            "a path in a writable folder, e.g. tracking_uri='sqlite:///mlflow.db' (relative to the working "
+            "directory) or 'sqlite:////absolute/path/mlflow.db'."
+        )
 
 
 def _refuse_file_store_if_disabled(uri: str) -> None:

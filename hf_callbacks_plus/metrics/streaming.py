@@ -11,27 +11,35 @@ nothing grows with the number of samples.
 `standard_metrics` builds the usual set with torchmetrics (``pip install
 'hf-callbacks-plus[metrics]'``).
 
+Memory: beyond the batch's own logits, at most one float32 copy of them (the labelled rows)
+and a float64 block of `CHUNK_ELEMENTS` values at a time.
+
 This module knows no trainer: `hf_callbacks_plus.callbacks.streaming_metrics.StreamingMetrics`
 connects it to one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 from .._compat import require
 
 __all__ = [
+    "CHUNK_ELEMENTS",
     "IGNORE_INDEX",
     "TASKS",
     "MetricSet",
     "classification_scores",
+    "log_normalizers",
+    "predicted_classes",
     "rank",
     "scored_pairs",
     "standard_metrics",
+    "top_classes",
 ]
 
 #: The tasks `scored_pairs` knows, with what the model's logits and the labels look like.
@@ -43,6 +51,10 @@ TASKS = {
 
 #: The label of positions no metric counts (transformers' padding and prompt label).
 IGNORE_INDEX = -100
+
+#: Scores turned into float64 at a time (2 MiB), so a float64 result never costs a float64 copy of a
+#: batch's logits (a vocabulary of 32k x 256 tokens x 8 rows: 500 MB each).
+CHUNK_ELEMENTS = 2**18
 
 
 def check_task(task: Any, owner: str) -> str:
@@ -166,30 +178,34 @@ class MetricSet:
         twin.reset()
         return twin
 
-    def update(self, scores: Any, target: Any, *, replicated: bool = False) -> None:
+    def update(self, scores: Any, target: Any) -> None:
         """Add one batch (``scores [n, classes]``, ``target [n]``; n may be 0).
 
         Args:
             scores: Class scores (logits or probabilities), one row per labelled position.
             target: The labels.
-            replicated: Every rank of a distributed run holds this same batch (the Trainer's
-                gathered evaluation batch). Then only rank 0 counts it in the metrics that
-                synchronise across ranks (torchmetrics), so their totals count it once; the
-                others count it on every rank. Defaults to False (each rank its own batch).
         """
         if len(target) == 0:
             return
-        skip_synced = replicated and rank() != 0
         for metric in self.metrics.values():
-            if not (skip_synced and _synchronises(metric)):
-                metric.update(scores, target)
+            metric.update(scores, target)
         self.updates += 1
 
-    def compute(self) -> dict[str, float]:
-        """Every metric's value as floats (see `_to_floats` for vectors and matrices)."""
+    def compute(self, *, sync: bool = True) -> dict[str, float]:
+        """Every metric's value as floats (see `_to_floats` for vectors and matrices).
+
+        Args:
+            sync: Combine the states of every rank of a distributed run (torchmetrics'
+                synchronisation), when each rank saw its own batches (training). False when
+                every rank already saw every batch (the Trainer's gathered evaluation batches):
+                each rank then computes from its own state, which holds everything, whatever
+                the kind of state (sums, lists, maxima). Defaults to True.
+        """
         out: dict[str, float] = {}
         for name, metric in self.metrics.items():
-            out.update(_to_floats(name, metric.compute()))
+            with _synchronised(metric, sync):
+                value = metric.compute()
+            out.update(_to_floats(name, value))
         return out
 
     def reset(self) -> None:
@@ -199,9 +215,56 @@ class MetricSet:
         self.updates = 0
 
 
-def _synchronises(metric: Any) -> bool:
-    """A torchmetrics metric: ``compute()`` sums its state over the ranks."""
-    return callable(getattr(metric, "sync", None)) and hasattr(metric, "dist_sync_fn")
+@contextlib.contextmanager
+def _synchronised(metric: Any, sync: bool) -> Iterator[None]:
+    """Within the block, a torchmetrics metric's ``compute()`` synchronises across ranks only if
+    ``sync`` (its public ``distributed_available_fn`` says "not distributed" otherwise)."""
+    if sync or not hasattr(metric, "distributed_available_fn"):
+        yield
+        return
+    saved = metric.distributed_available_fn
+    metric.distributed_available_fn = _not_distributed
+    try:
+        yield
+    finally:
+        metric.distributed_available_fn = saved
+
+
+def _not_distributed() -> bool:
+    return False
+
+
+def predicted_classes(scores: Any) -> Any:
+    """The predicted class of each row of ``scores [..., classes]``: the arg-max (the first one on
+    a tie); with one column (a binary classifier's logit of class 1), 1 where it is > 0 (scikit-learn's
+    rule for a decision function, torchmetrics' ``sigmoid > 0.5``)."""
+    if scores.shape[-1] == 1:
+        return (scores[..., 0] > 0).long()
+    return scores.argmax(dim=-1)
+
+
+def log_normalizers(scores: Any) -> Any:
+    """``log(sum(exp(row)))`` of each row of ``scores [n, classes]``, in float64, `CHUNK_ELEMENTS`
+    scores at a time (never a float64 copy of them all)."""
+    import torch
+
+    rows = max(1, CHUNK_ELEMENTS // max(1, scores.shape[-1]))
+    starts = range(0, max(len(scores), 1), rows)  # one (empty) block for no rows
+    return torch.cat([torch.logsumexp(scores[start : start + rows].double(), dim=-1) for start in starts])
+
+
+def top_classes(scores: Any) -> tuple[Any, Any]:
+    """Each row's `predicted_classes` and its softmax probability (float64; with one column, the
+    sigmoid probability of the predicted class), for ``scores [..., classes]``."""
+    import torch
+
+    predicted = predicted_classes(scores)
+    if scores.shape[-1] == 1:
+        positive = torch.sigmoid(scores[..., 0].double())
+        return predicted, torch.where(predicted.bool(), positive, 1 - positive)
+    rows = scores.reshape(-1, scores.shape[-1])
+    best = rows.gather(1, predicted.reshape(-1, 1)).squeeze(1).double()
+    return predicted, torch.exp(best - log_normalizers(rows)).reshape(predicted.shape)
 
 
 def rank() -> int:
@@ -234,7 +297,8 @@ def standard_metrics(task: str, num_classes: Optional[int] = None) -> dict[str, 
         classification and token classification: one metric, ``classification``, whose
         result is `classification_scores` of its confusion matrix (``accuracy``,
         ``precision_micro``/``_macro``, ``recall_micro``/``_macro``, ``f1_micro``/``_macro``,
-        ``confusion_<label>_<prediction>``), over labelled positions only. causal LM:
+        ``confusion_<label>_<prediction>``), over labelled positions only; the scores must have
+        ``num_classes`` columns, or one with ``num_classes=2`` (see `predicted_classes`). causal LM:
         ``token_accuracy`` (labelled next tokens) and ``perplexity`` (exp of the mean negative
         log-likelihood per labelled token, summed in float64).
 
@@ -349,8 +413,9 @@ def _torchmetrics_classes() -> dict[str, Any]:
             self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
         def update(self, scores: Any, target: Any) -> None:
-            log_probs = torch.log_softmax(scores.double(), dim=-1)
-            self.nll += -log_probs.gather(1, target.unsqueeze(1)).sum()
+            # -log p(label) = log(sum(exp(row))) - row[label]
+            label_scores = scores.gather(1, target.unsqueeze(1)).squeeze(1).double()
+            self.nll += (log_normalizers(scores) - label_scores).sum()
             self.total += target.numel()
 
         def compute(self) -> Any:
@@ -372,16 +437,31 @@ def _torchmetrics_classes() -> dict[str, Any]:
             )
 
         def update(self, scores: Any, target: Any) -> None:
-            predicted = scores.argmax(dim=-1) if scores.ndim == target.ndim + 1 else scores
-            if int(target.max()) >= self.num_classes or int(target.min()) < 0:
-                raise ValueError(
-                    f"ClassificationCounts: labels must be in [0, {self.num_classes}), got "
-                    f"{int(target.min())}..{int(target.max())} (num_classes={self.num_classes})."
-                )
+            if scores.ndim == target.ndim + 1:
+                self._check_width(scores)
+                predicted = predicted_classes(scores)
+            else:
+                predicted = scores
+            for name, values in (("labels", target), ("predictions", predicted)):
+                if int(values.max()) >= self.num_classes or int(values.min()) < 0:
+                    raise ValueError(
+                        f"ClassificationCounts: {name} must be in [0, {self.num_classes}), got "
+                        f"{int(values.min())}..{int(values.max())} (num_classes={self.num_classes})."
+                    )
             pairs = target.long() * self.num_classes + predicted.long()
             self.confusion += torch.bincount(pairs, minlength=self.num_classes**2).reshape(
                 self.num_classes, self.num_classes
             )
+
+        def _check_width(self, scores: Any) -> None:
+            width = scores.shape[-1]
+            if width != self.num_classes and not (width == 1 and self.num_classes == 2):
+                raise ValueError(
+                    f"ClassificationCounts: scores {tuple(scores.shape)} (one row per labelled position) "
+                    f"have {width} class scores per row, but num_classes={self.num_classes}: the logits' "
+                    "last dimension must be num_classes (or 1 with num_classes=2, a binary classifier's "
+                    "logit of class 1)."
+                )
 
         def compute(self) -> Any:
             return classification_scores(self.confusion.cpu().numpy())

@@ -240,5 +240,5 @@ def test_monitor_none_reads_metric_for_best_model_as_transformers_does(metric, m
     from types import SimpleNamespace
 
     stopper = EarlyStopping(patience=1)
-    stopper._resolve_monitor(SimpleNamespace(metric_for_best_model=metric, greater_is_better=False))
+    stopper._check_settings(SimpleNamespace(metric_for_best_model=metric, greater_is_better=False))
     assert stopper.monitor_name == monitor

@@ -217,9 +217,15 @@ def test_metric_present_in_some_evaluations_only(tmp_path, first_has_it):
 
 
 def test_typo_with_mode_given_warns_at_construction(caplog):
+    from types import SimpleNamespace
+
+    from hf_callbacks_plus.core.state import TrainerControl, TrainerState
+
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         stopper = EarlyStopping("eval_los", mode="min")
-        stopper.patience = 5  # a later setting does not repeat the warning
+        stopper.patience = 5
+    stopper.on_train_begin(SimpleNamespace(eval_strategy="steps", output_dir=None), TrainerState(),
+                           TrainerControl())  # a later train begin does not repeat the warning
     assert caplog.text.count("looks like a misspelt 'eval_loss'") == 1
 
 

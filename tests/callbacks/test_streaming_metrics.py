@@ -52,6 +52,7 @@ def build(
     n_train=40,
     n_eval=30,
     eval_dataset=None,
+    model=None,
     **overrides,
 ):
     make_model, make_rows, _ = TASKS[task]
@@ -64,7 +65,7 @@ def build(
     }
     options.update(overrides)
     trainer = trainer_class(
-        model=make_model(),
+        model=model if model is not None else make_model(),
         args=training_args(tmp_path, **options),
         train_dataset=make_rows(n_train, seed=1),
         eval_dataset=eval_dataset or make_rows(n_eval, seed=2),

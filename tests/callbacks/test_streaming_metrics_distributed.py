@@ -1,7 +1,9 @@
-"""StreamingMetrics under ``torchrun --nproc_per_node 2`` (CPU, gloo): evaluation metrics equal the
-single-process reference over the whole eval set (the uneven last batch counted once), training
-metrics cover both ranks' micro-batches of each window, the same on every rank; predictions
-written once, by rank 0."""
+"""StreamingMetrics under ``torchrun --nproc_per_node 2`` (CPU, gloo; two scenarios of the
+suite's one launch, tests/distributed.py): evaluation metrics equal the single-process reference
+over the whole eval set (the uneven last batch counted once), training metrics cover both ranks'
+micro-batches of each window, the same on every rank; predictions written once, by rank 0. With
+the default metrics (sum states) and with the docs' MulticlassAUROC (list states) beside a
+metric with max and min states."""
 
 from __future__ import annotations
 
@@ -18,15 +20,18 @@ from tests.tiny_models import TinyClassifier, classification_rows
 
 pytestmark = [pytest.mark.transformers]
 pytest.importorskip("torchmetrics")
+from sklearn.metrics import roc_auc_score  # noqa: E402
+from torchmetrics import Metric  # noqa: E402
 
 
-def two_ranks_stream_metrics(out: Path) -> None:
-    """StreamingMetrics in a stock Trainer. Each rank records the logits and labels of its own
-    training forward passes and writes them, its log history and (rank 0) the final model."""
+def train_and_evaluate(out: Path, streaming) -> None:
+    """``streaming`` in a stock Trainer: 40 train rows, 30 eval rows in batches of 4 per rank
+    (uneven shards: the last gathered eval batch holds 6 rows, not 8). Each rank records the
+    logits and labels of its own training forward passes and writes them, its log history and
+    (rank 0) the final model."""
     from transformers import Trainer
 
     from hf_callbacks_plus import run_before_integrations
-    from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
     from tests.tiny_models import training_args
 
     rank = int(os.environ["RANK"])
@@ -42,9 +47,7 @@ def two_ranks_stream_metrics(out: Path) -> None:
                          logging_steps=2, eval_strategy="steps", eval_steps=5, learning_rate=0.05,
                          ddp_backend="gloo", gradient_accumulation_steps=1)
     trainer = Trainer(model=model, args=args, train_dataset=classification_rows(40, seed=1),
-                      eval_dataset=classification_rows(30, seed=2),
-                      callbacks=[StreamingMetrics(task="classification", num_classes=3,
-                                                  save_predictions=True)])
+                      eval_dataset=classification_rows(30, seed=2), callbacks=[streaming])
     run_before_integrations(trainer)
     trainer.train()
     if rank == 0:
@@ -53,12 +56,11 @@ def two_ranks_stream_metrics(out: Path) -> None:
     (out / f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
 
 
-@pytest.mark.distributed(scenario=two_ranks_stream_metrics)
-def test_two_ranks_count_every_example_once(distributed_outcome):
-    tmp_path = distributed_outcome.dir
-    outcomes = [json.loads((tmp_path / f"outcome-rank{rank}.json").read_text()) for rank in (0, 1)]
+def outcomes_of(folder):
+    """Both ranks' outcomes; their log histories agree (but timings and per-rank train_loss)."""
+    outcomes = [json.loads((folder / f"outcome-rank{rank}.json").read_text()) for rank in (0, 1)]
 
-    def same_on_every_rank(record):  # timings, and the Trainer's own per-rank train_loss, differ
+    def same_on_every_rank(record):
         return {
             k: v
             for k, v in record.items()
@@ -68,33 +70,54 @@ def test_two_ranks_count_every_example_once(distributed_outcome):
     assert [same_on_every_rank(r) for r in outcomes[0]["log_history"]] == [
         same_on_every_rank(r) for r in outcomes[1]["log_history"]
     ]
+    return outcomes
 
-    # training: each logged window holds both ranks' micro-batches (2 steps x 2 ranks x 4 rows)
-    records = [r for r in outcomes[0]["log_history"] if "loss" in r]
-    assert len(records) == 2
-    for index, record in enumerate(records):
-        batches = [b for outcome in outcomes for b in outcome["recorded"][2 * index : 2 * index + 2]]
-        expected = reference_values(
-            np.concatenate([np.array(b[0]) for b in batches]),
-            np.concatenate([np.array(b[1]) for b in batches]),
-            "classification",
-            3,
-        )
-        assert sum(v for k, v in record.items() if k.startswith("confusion_")) == 16
-        assert_same_metrics(record, expected, prefix="")
 
-    # evaluation: the 30 rows once each (the last gathered batch holds 6, not 8)
+def window(outcomes, index):
+    """The training forward passes of logging window ``index`` (2 steps) on both ranks."""
+    batches = [b for outcome in outcomes for b in outcome["recorded"][2 * index : 2 * index + 2]]
+    logits = np.concatenate([np.array(b[0]) for b in batches])
+    return logits, np.concatenate([np.array(b[1]) for b in batches])
+
+
+def eval_logits(folder):
+    """The final model's logits of the 30 eval rows, in the ranks' batches of 4 rows (so bit for
+    bit theirs), and the labels."""
     model = TinyClassifier()
-    model.load_state_dict(torch.load(tmp_path / "final.pt"))
+    model.load_state_dict(torch.load(folder / "final.pt"))
     rows = classification_rows(30, seed=2)
-    with torch.no_grad():  # in the ranks' batches of 4 rows, so the logits are bit for bit theirs
+    with torch.no_grad():
         logits = np.concatenate(
             [
                 model(torch.stack([r["features"] for r in rows[i : i + 4]]))["logits"].numpy()
                 for i in range(0, 30, 4)
             ]
         )
-    labels = np.array([int(r["labels"]) for r in rows])
+    return logits, np.array([int(r["labels"]) for r in rows])
+
+
+def two_ranks_stream_metrics(out: Path) -> None:
+    """The default metrics (a confusion matrix: sum states) and a predictions file."""
+    from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
+
+    train_and_evaluate(out, StreamingMetrics(task="classification", num_classes=3, save_predictions=True))
+
+
+@pytest.mark.distributed(scenario=two_ranks_stream_metrics)
+def test_two_ranks_count_every_example_once(distributed_outcome):
+    tmp_path = distributed_outcome.dir
+    outcomes = outcomes_of(tmp_path)
+
+    # training: each logged window holds both ranks' micro-batches (2 steps x 2 ranks x 4 rows)
+    records = [r for r in outcomes[0]["log_history"] if "loss" in r]
+    assert len(records) == 2
+    for index, record in enumerate(records):
+        expected = reference_values(*window(outcomes, index), "classification", 3)
+        assert sum(v for k, v in record.items() if k.startswith("confusion_")) == 16
+        assert_same_metrics(record, expected, prefix="")
+
+    # evaluation: the 30 rows once each (the last gathered batch holds 6, not 8)
+    logits, labels = eval_logits(tmp_path)
     evaluation = next(r for r in outcomes[0]["log_history"] if "eval_accuracy" in r)
     assert sum(v for k, v in evaluation.items() if k.startswith("eval_confusion_")) == 30
     expected = reference_values(logits, labels, "classification", 3)
@@ -106,3 +129,57 @@ def test_two_ranks_count_every_example_once(distributed_outcome):
     assert [p["id"] for p in predictions] == list(range(30))
     assert [p["label"] for p in predictions] == labels.tolist()
     assert [p["prediction"] for p in predictions] == logits.argmax(-1).tolist()
+
+
+class ScoreRange(Metric):
+    """The largest and the smallest score seen: states reduced across ranks by max and by min."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("high", default=torch.tensor(float("-inf")), dist_reduce_fx="max")
+        self.add_state("low", default=torch.tensor(float("inf")), dist_reduce_fx="min")
+
+    def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
+        self.high = torch.maximum(self.high, scores.max())
+        self.low = torch.minimum(self.low, scores.min())
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"max_score": self.high, "min_score": self.low}
+
+
+def two_ranks_stream_list_max_min_states(out: Path) -> None:
+    """The docs' MulticlassAUROC (list states) and `ScoreRange` (max and min states)."""
+    from torchmetrics.classification import MulticlassAUROC
+
+    from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
+
+    metrics = {"auroc": MulticlassAUROC(num_classes=3), "range": ScoreRange()}
+    train_and_evaluate(out, StreamingMetrics(metrics, task="classification"))
+
+
+def list_state_reference(logits, labels):
+    """scikit-learn's one-vs-rest macro AUROC (MulticlassAUROC's definition) and numpy's max/min."""
+    wide = logits.astype(np.float64)
+    probabilities = np.exp(wide - wide.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    auroc = roc_auc_score(labels, probabilities, multi_class="ovr", average="macro")
+    return {"auroc": auroc, "max_score": float(logits.max()), "min_score": float(logits.min())}
+
+
+@pytest.mark.distributed(scenario=two_ranks_stream_list_max_min_states)
+def test_list_max_and_min_states_under_two_ranks(distributed_outcome):
+    """Evaluation over the 30 rows and each training window over both ranks' micro-batches equal
+    scikit-learn and numpy (before: only rank 0 updated, and the gather of lists of different
+    lengths aborted both ranks)."""
+    folder = distributed_outcome.dir
+    outcomes = outcomes_of(folder)
+    records = [r for r in outcomes[0]["log_history"] if "loss" in r]
+    assert len(records) == 2
+    for index, record in enumerate(records):
+        for name, value in list_state_reference(*window(outcomes, index)).items():
+            assert record[name] == pytest.approx(value, rel=1e-6, abs=1e-6), (index, name)
+    evaluation = next(r for r in outcomes[0]["log_history"] if "eval_auroc" in r)
+    for name, value in list_state_reference(*eval_logits(folder)).items():
+        assert evaluation[f"eval_{name}"] == pytest.approx(value, rel=1e-6, abs=1e-6), name

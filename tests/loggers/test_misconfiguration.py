@@ -3,6 +3,8 @@ outage (issue 16 finding 9)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 
@@ -61,3 +63,32 @@ def test_the_stock_callback_for_the_same_tracker_is_named_at_train_begin(tmp_pat
         trainer.train()
     assert "TensorBoardCallback (report_to) runs in this trainer too" in caplog.text
     assert "replace_report_to_callbacks" in caplog.text
+
+
+def test_mlflow_sqlite_database_that_cannot_be_created_is_refused_at_construction(tmp_path):
+    """Issue 26, finding 11: it was reported after the training ("could not start the run"), with
+    every record in the spill file. A folder that does not exist yet is fine: MLflow creates it."""
+    pytest.importorskip("mlflow")
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match=r"cannot be created: .*notes.txt' is a file, not a folder.*sqlite:///"):
+        MLflowLogger(tracking_uri=f"sqlite:///{a_file}/mlflow.db")
+    with pytest.raises(ValueError, match=r"is a directory"):
+        MLflowLogger(tracking_uri=f"sqlite:///{tmp_path}")
+    fine = f"sqlite:///{tmp_path}/new/folder/mlflow.db"
+    assert MLflowLogger(tracking_uri=fine).tracking_uri == fine
+
+
+def test_mlflow_sqlite_store_without_sqlalchemy_names_the_extra(monkeypatch, tmp_path):
+    """The [mlflow] extra is mlflow-skinny (a tracking server's client), which lacks what a local
+    sqlite store needs: said at construction, naming [mlflow-local]."""
+    pytest.importorskip("mlflow")
+    from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+
+    monkeypatch.setitem(sys.modules, "sqlalchemy", None)  # as if not installed
+    expected = r"local sqlite store\) needs `sqlalchemy`.*\[mlflow-local\]"
+    with pytest.raises(ModuleNotFoundError, match=expected):
+        MLflowLogger(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    MLflowLogger(tracking_uri="http://127.0.0.1:5000")  # a server's client needs neither

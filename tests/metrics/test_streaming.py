@@ -14,10 +14,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hf_callbacks_plus.metrics.streaming import (  # noqa: E402
+    CHUNK_ELEMENTS,
     MetricSet,
     classification_scores,
+    log_normalizers,
     scored_pairs,
     standard_metrics,
+    top_classes,
 )
 from tests.streaming_reference import reference_values  # noqa: E402
 
@@ -135,3 +138,35 @@ def test_token_accuracy_breaks_ties_like_argmax():
     metrics = MetricSet({"acc": standard_metrics("causal_lm")["token_accuracy"]})
     metrics.update(scores, torch.tensor([1, 1]))  # row 0: tie, first max is 0 -> wrong; row 1: right
     assert metrics.compute() == {"acc": 0.5}
+
+
+def test_float64_results_block_by_block_equal_numpy():
+    """log-normalisers and top-class probabilities over rows spanning several float64 blocks
+    equal numpy's float64 softmax over all of them; one column is a binary logit (sigmoid)."""
+    rng = np.random.default_rng(1)
+    vocabulary = 32_000
+    rows = 2 * (CHUNK_ELEMENTS // vocabulary) + 3  # three blocks, the last one short
+    scores = rng.normal(scale=4, size=(rows, vocabulary)).astype(np.float32)
+    wide = scores.astype(np.float64)
+    expected = wide.max(-1) + np.log(np.exp(wide - wide.max(-1, keepdims=True)).sum(-1))
+    np.testing.assert_allclose(log_normalizers(torch.from_numpy(scores)).numpy(), expected, rtol=1e-14)
+    predicted, probability = top_classes(torch.from_numpy(scores).reshape(1, rows, vocabulary))
+    assert predicted.shape == probability.shape == (1, rows)
+    assert predicted[0].tolist() == scores.argmax(-1).tolist()
+    np.testing.assert_allclose(probability[0].numpy(), np.exp(wide.max(-1) - expected), rtol=1e-12)
+
+    logit = torch.tensor([[-2.0], [0.0], [3.0]])
+    predicted, probability = top_classes(logit)
+    assert predicted.tolist() == [0, 0, 1]  # 0 is not > 0: class 0, like sklearn and sigmoid > 0.5
+    np.testing.assert_allclose(probability.numpy(), [1 - 1 / (1 + np.exp(2)), 0.5, 1 / (1 + np.exp(-3))])
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_classification_counts_refuse_scores_of_another_width(width):
+    metrics = MetricSet(standard_metrics("classification", 3))
+    message = rf"scores \(5, {width}\) .* {width} class scores per row, but num_classes=3"
+    with pytest.raises(ValueError, match=message):
+        metrics.update(torch.zeros(5, width), torch.tensor([0, 1, 2, 0, 1]))
+    binary = MetricSet(standard_metrics("classification", 2))
+    binary.update(torch.tensor([[-1.0], [2.0], [0.5]]), torch.tensor([0, 1, 0]))
+    assert binary.compute()["confusion_0_1"] == 1.0 and binary.compute()["accuracy"] == 2 / 3
