@@ -16,6 +16,9 @@ Adding a scenario is one function and one test, in the test's own module:
         outcome = distributed_outcome  # a ScenarioOutcome: .dir, .output(rank), .outputs()
         ...
 
+The ranks run every scenario in one process: a scenario that patches a module puts it back
+(``try``/``finally``) and leaves the process group up.
+
 What the runner does for each scenario, on every rank:
 
 * runs it with the working directory set to its folder and its stdout and stderr (file
