@@ -83,8 +83,8 @@ MAXIMIZE_WORDS = frozenset(
 AMBIGUOUS_WORDS = frozenset({"gap", "delta", "diff", "difference"})
 
 #: The metrics trl's trainers log (trl 1.x ``DPOTrainer``, ``KTOTrainer``, ``RewardTrainer``,
-#: ``GRPOTrainer``, ``RLOOTrainer``, ``SFTTrainer``; each also under ``eval_`` and
-#: ``train_subset_``), by exact name: ``"max"``, ``"min"``, or None for a diagnostic with no
+#: ``GRPOTrainer``, ``RLOOTrainer``, ``SFTTrainer``, ``DistillationTrainer``; each also under
+#: ``eval_`` and ``train_subset_``), by exact name: ``"max"``, ``"min"``, or None for a diagnostic with no
 #: better direction (``mode`` must then be given; the error says why). They take precedence
 #: over the word lists: ``rewards/rejected`` holds "reward" but is not to be maximised.
 TRL_DIRECTIONS: dict[str, Optional[str]] = {
@@ -103,6 +103,11 @@ TRL_DIRECTIONS: dict[str, Optional[str]] = {
     "clip_ratio/low_mean": None, "clip_ratio/low_min": None, "clip_ratio/high_mean": None,
     "clip_ratio/high_max": None, "clip_ratio/region_mean": None,
     "tools/call_frequency": None, "tools/failure_frequency": "min",
+    "sampling/importance_sampling_ratio/min": None, "sampling/importance_sampling_ratio/mean": None,
+    "sampling/importance_sampling_ratio/max": None, "sampling/sampling_logp_difference/mean": None,
+    "sampling/sampling_logp_difference/max": None, "vespo/phi_seq_mean": None,
+    # DistillationTrainer: seconds per training step
+    "step_time": None,
     # SFT / DPO / GRPO: token accuracy; the mean entropy of the predictions is a diagnostic
     "mean_token_accuracy": "max", "entropy": None, "aux_loss": "min", "num_tokens": None,
 }

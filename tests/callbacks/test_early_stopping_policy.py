@@ -206,11 +206,18 @@ def test_flags_are_settable(name):
     assert stopper.state_args()[name] is getattr(stopper, name)
 
 
-def test_report_false_set_later_stops_reporting():
-    stopper = EarlyStopping("eval_loss")
-    stopper.report = False
-    stopper._queue_report()
-    assert stopper._pending_report == {}
+@pytest.mark.parametrize("report", [True, False])
+def test_report_set_after_construction_decides_what_the_log_records_hold(tmp_path, report):
+    from tests.callbacks.early_stopping_helpers import scripted_lightweight
+
+    stopper = EarlyStopping("eval_score", mode="min", patience=2)
+    stopper.report = report
+    trainer = scripted_lightweight(tmp_path, lambda step: 5.0 - (step == 2), callbacks=[stopper], max_steps=8)
+    trainer.train()
+    assert stopper.stopped_step == 6
+    reported = [key for record in trainer.state.log_history for key in record
+                if key.startswith("early_stopping/")]
+    assert bool(reported) is report
 
 
 def test_every_argument_is_an_attribute():

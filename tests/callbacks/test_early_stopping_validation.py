@@ -177,7 +177,8 @@ def test_plain_eval_metric_with_named_eval_sets(tmp_path):
 
 @pytest.mark.transformers
 def test_a_metric_of_an_evaluation_that_never_runs_warns_at_the_end_and_save_model_runs(tmp_path, caplog):
-    """Before: train() raised in on_train_end, after the whole run, and the save never happened."""
+    """A monitored metric no evaluation produced is a warning at the end of training, not an error
+    in on_train_end: the run ends normally and the model can still be saved."""
     stopper = EarlyStopping("train_subset_score", mode="min")  # no TrainSubsetEvaluation in callbacks
     trainer = scripted_trainer(tmp_path, lambda step: 1.0, callbacks=[stopper], max_steps=6)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):

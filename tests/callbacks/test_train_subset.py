@@ -275,7 +275,7 @@ def test_early_stopping_monitors_train_subset_and_gap_metrics(tmp_path, how):
     assert not on_gap.stopped
 
 
-# -- issue 12 item 9: misuse is said early, once ------------------------------------------------
+# -- misuse is said early, once ------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["stock", "plus"])
 @pytest.mark.transformers
 def test_eval_strategy_no_warns_once_at_train_begin(tmp_path, caplog, how):
@@ -441,3 +441,17 @@ def test_ignore_keys_of_evaluate_and_of_train_reach_the_subset(tmp_path):
     trainer.train(ignore_keys_for_eval=["extra"])
     record = next(r for r in trainer.state.log_history if "train_subset_outputs" in r and r["step"] == 2)
     assert record["eval_outputs"] == record["train_subset_outputs"] == 1.0
+
+
+@pytest.mark.parametrize(("labels", "size", "expected"), [
+    ([0] * 7 + [1] * 3, 4, {0: 3, 1: 1}),  # quotas 2.8 and 1.2: the spare goes to the larger remainder
+    ([0] * 5 + [1] * 5 + [2] * 2, 5, {0: 2, 1: 2, 2: 1}),  # 2.08, 2.08, 0.83: the small class gets it
+    (["b"] * 4 + ["a"] * 6, 5, {"a": 3, "b": 2}),  # exact quotas 3 and 2: no spare
+])
+def test_stratified_sizes_follow_the_largest_remainder_rule(labels, size, expected):
+    # Hamilton's method worked out by hand: each class gets the floor of its quota, the spares go
+    # to the largest remainders
+    for seed in range(5):
+        indices = choose_indices(len(labels), size, seed, labels=labels)
+        assert Counter(labels[i] for i in indices) == expected
+        assert indices == sorted(set(indices))
