@@ -26,4 +26,6 @@ trl_tests=()
 if "$venv/bin/python" -c "import trl, peft" 2>/dev/null; then trl_tests=(tests/trl_peft); fi
 "$venv/bin/python" -m pytest -q -m compat -p no:cacheprovider tests/integrations tests/callbacks/test_train_subset.py \
     tests/callbacks/test_streaming_metrics.py tests/loop/test_streaming_in_loop.py \
+    tests/callbacks/test_best_checkpoints.py tests/callbacks/test_best_checkpoints_resume.py \
+    tests/callbacks/test_best_checkpoints_properties.py \
     "${trl_tests[@]}"

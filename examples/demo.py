@@ -90,7 +90,8 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
         run_before_integrations,
     )
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if not os.environ.get("OMP_NUM_THREADS"):  # torchrun sets 1 per process; else at most 2
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     tokenizer = build_tokenizer()
     train_dataset, eval_dataset = build_datasets(tokenizer, n_train=options.n_train, n_eval=options.n_eval)
     runs_dir = Path(options.runs_dir).resolve()

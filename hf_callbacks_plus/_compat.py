@@ -40,6 +40,8 @@ EXTRA_FOR = {
     "accelerate": "transformers",
     "wandb": "wandb",
     "mlflow": "mlflow",
+    "sqlalchemy": "mlflow-local",
+    "alembic": "mlflow-local",
     "tqdm": "progress",
     "matplotlib": "plot",
     "tensorboard": "tensorboard",

@@ -9,7 +9,9 @@ confusion counts are not drawn), the generalization gap (the logged
 ``gap_<metric>`` on a right-hand axis, else the shaded area between the train-subset and eval
 curves), and vertical markers at the best step and at the early-stopping point
 (``early_stopping/best_step``, ``early_stopping/stopped_step``, else the trainer state's
-``best_global_step``/``best_model_checkpoint``). Every key is read through the key grammar;
+``best_global_step``/``best_model_checkpoint``), and triangles on the step axis at the
+checkpoints `KeepBestCheckpoints` kept (its ``best_checkpoints/...`` summary keys, else its
+state in the trainer state). Every key is read through the key grammar;
 every series has its own colour, the same on every panel; the legend sits outside the panels.
 Needs matplotlib (``pip install 'hf-callbacks-plus[plot]'``).
 """
@@ -17,6 +19,7 @@ Needs matplotlib (``pip install 'hf-callbacks-plus[plot]'``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -25,10 +28,12 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ._compat import require
-from .metrics.keys import TIMING_NAMES, TRAIN_SUBSET_PREFIX, KeyGrammar
+from .metrics.keys import BEST_CHECKPOINTS_SECTION, TIMING_NAMES, TRAIN_SUBSET_PREFIX, KeyGrammar
 from .metrics.numbers import to_float
 
 __all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learning_curves", "series_colors"]
+
+logger = logging.getLogger("hf_callbacks_plus")
 
 #: Metric names that are timings, not learning curves.
 _TIMING = {*TIMING_NAMES, "epoch", "step", "total_flos"}
@@ -49,12 +54,14 @@ class LearningCurves:
             custom prefix.
         best_step: The best step, or None.
         stopped_step: The step at which early stopping stopped training, or None.
+        kept_steps: The steps of the checkpoints ``KeepBestCheckpoints`` kept, ascending.
     """
 
     def __init__(self) -> None:
         self.series: dict[str, dict[str, list[tuple[int, float]]]] = {}
         self.best_step: Optional[int] = None
         self.stopped_step: Optional[int] = None
+        self.kept_steps: list[int] = []
 
     def add(self, metric: str, label: str, step: int, value: float) -> None:
         self.series.setdefault(metric, {}).setdefault(label, []).append((step, value))
@@ -121,29 +128,50 @@ def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
         if is_log and isinstance(event.get("curves"), Mapping):
             values = {key: _NON_FINITE.get(value, value) if isinstance(value, str) else value
                       for key, value in event["curves"].items()}
-            records.append({**values, "step": event.get("step")})
+            summary = event.get("summary") if isinstance(event.get("summary"), Mapping) else {}
+            kept = {key: value for key, value in summary.items()
+                    if key.startswith(f"{BEST_CHECKPOINTS_SECTION}/")}
+            records.append({**values, **kept, "step": event.get("step")})
     return records
 
 
+def _newest_checkpoint_state(folder: Path) -> Optional[Path]:
+    found = folder.glob("checkpoint-*/trainer_state.json")
+    checkpoints = sorted((p for p in found if p.parent.name.split("-")[-1].isdigit()),
+                         key=lambda p: int(p.parent.name.split("-")[-1]))
+    return checkpoints[-1] if checkpoints else None
+
+
+#: Where a run's trainer state is: a stock Trainer writes it into checkpoints only.
+_WHERE = ("a Trainer writes trainer_state.json into each checkpoint-N folder (and into output_dir only "
+          "with trainer.save_state())")
+
+
 def _state_path(path: Path) -> Path:
+    """The file to read for ``path``: itself, or in a run folder its ``trainer_state.json``, its
+    ``metrics.jsonl`` or the newest checkpoint's state (also for ``<run folder>/trainer_state.json``
+    when that file does not exist, with a warning naming the file read)."""
     if path.is_dir():
         for name in ("trainer_state.json", "metrics.jsonl"):
             if (path / name).is_file():
                 return path / name
-        found = path.glob("checkpoint-*/trainer_state.json")
-        checkpoints = sorted(
-            (p for p in found if p.parent.name.split("-")[-1].isdigit()),
-            key=lambda p: int(p.parent.name.split("-")[-1]),
-        )
-        if checkpoints:
-            return checkpoints[-1]
+        newest = _newest_checkpoint_state(path)
+        if newest is not None:
+            return newest
         raise FileNotFoundError(
-            f"plot_learning_curves: no trainer_state.json or metrics.jsonl in {str(path)!r} or its "
-            "checkpoints."
+            f"plot_learning_curves: no trainer_state.json or metrics.jsonl in {str(path)!r} or in a "
+            f"checkpoint-N folder of it; {_WHERE}. Pass the output_dir of a run that saved checkpoints, "
+            "a checkpoint folder, or a JsonlLogger's metrics.jsonl."
         )
-    if not path.is_file():
-        raise FileNotFoundError(f"plot_learning_curves: {str(path)!r} does not exist.")
-    return path
+    if path.is_file():
+        return path
+    newest = _newest_checkpoint_state(path.parent) if path.parent.is_dir() else None
+    if path.name == "trainer_state.json" and newest is not None:
+        logger.warning("plot_learning_curves: %s does not exist (%s); plotting the newest checkpoint's, %s.",
+                       path, _WHERE, newest)
+        return newest
+    hint = f" Pass the run folder ({str(path.parent)!r}) instead." if path.parent.is_dir() else ""
+    raise FileNotFoundError(f"plot_learning_curves: {str(path)!r} does not exist ({_WHERE}).{hint}")
 
 
 def collect_curves(
@@ -168,7 +196,9 @@ def collect_curves(
     for record in log_history:
         grammar.learn_from_metrics(record)
     curves = LearningCurves()
+    kept: set[int] = set()
     for record in log_history:
+        kept.update(int(value) for key, value in record.items() if _is_kept_step(grammar, key, value))
         if grammar.is_summary_record(record):
             continue
         step = record.get("step")
@@ -202,7 +232,25 @@ def collect_curves(
             curves.add(parsed.name, label, step, value)
     if curves.best_step is None and state:
         curves.best_step = _best_step_from_state(state)
+    curves.kept_steps = sorted(kept or _kept_steps_from_state(state or {}))
     return curves
+
+
+def _is_kept_step(grammar: KeyGrammar, key: Any, value: Any) -> bool:
+    parsed = grammar.parse(key)
+    return parsed.section == BEST_CHECKPOINTS_SECTION and parsed.name.endswith("_step") \
+        and to_float(value) is not None
+
+
+def _kept_steps_from_state(state: Mapping[str, Any]) -> set[int]:
+    """The kept steps saved in a checkpoint's state by ``KeepBestCheckpoints`` (every instance)."""
+    saved = (state.get("stateful_callbacks") or {}).get("KeepBestCheckpoints") or []
+    steps: set[int] = set()
+    for entry in saved if isinstance(saved, list) else [saved]:
+        attributes = entry.get("attributes", {}) if isinstance(entry, Mapping) else {}
+        entries = attributes.get("entries") or []
+        steps.update(int(kept["step"]) for kept in entries if isinstance(kept, Mapping))
+    return steps
 
 
 def _best_step_from_state(state: Mapping[str, Any]) -> Optional[int]:
@@ -308,10 +356,11 @@ def _panels_for(metrics: Sequence[str], curves: LearningCurves, grammar: KeyGram
     return chosen
 
 
-#: Fixed colours of the series every run has; markers: best step green, early stop red.
+#: Fixed colours of the series every run has; markers: best step green, early stop red, kept
+#: checkpoints blue triangles on the step axis.
 FIXED_COLORS = {"training loss": "#7f7f7f", "training": "#8c564b", "train subset": "#1f77b4",
                 "eval": "#ff7f0e", "gap": "#9467bd"}
-_BEST_COLOR, _STOP_COLOR = "#2ca02c", "#d62728"
+_BEST_COLOR, _STOP_COLOR, _KEPT_COLOR = "#2ca02c", "#d62728", "#1f3a93"
 #: Colours for the other series (eval datasets, custom prefixes), none equal to a fixed one.
 _MORE_COLORS = ("#e377c2", "#17becf", "#bcbd22", "#ad494a", "#637939", "#7b4173", "#8c6d31", "#e6550d",
                 "#31a354", "#000000", "#ce6dbd", "#843c39")
@@ -365,6 +414,10 @@ def _draw_panel(axis: Any, name: str, curves: LearningCurves,
     if curves.stopped_step is not None:
         axis.axvline(curves.stopped_step, color=_STOP_COLOR, linestyle="-.", linewidth=1,
                      label=f"early stop {curves.stopped_step}")
+    if curves.kept_steps:
+        axis.plot(curves.kept_steps, [0.0] * len(curves.kept_steps), linestyle="none", marker="^",
+                  markersize=7, color=_KEPT_COLOR, transform=axis.get_xaxis_transform(), clip_on=False,
+                  label=f"kept checkpoints ({len(curves.kept_steps)})")
     axis.set_title(name)
     axis.set_xlabel("step")
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))

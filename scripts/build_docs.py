@@ -3,7 +3,8 @@
 The stamp (``site/.inputs-sha256``) is the digest of everything the build reads (``mkdocs.yml``,
 ``docs/``, the package sources that mkdocstrings renders). ``tests/test_docs_site.py`` checks the
 built site when its stamp matches the sources and builds into a temporary folder otherwise, so
-``make test`` (``make docs``, then pytest) builds the site once.
+``make test`` (``make docs``, then pytest) builds the site once. :func:`files_digest` also keys
+the cached venv of ``tests/loop/test_standalone_venv.py``.
 
 Run: ``.venv/bin/python scripts/build_docs.py [site_dir]`` (what ``make docs`` does).
 """
@@ -15,20 +16,32 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = ".inputs-sha256"
 
 
-def inputs_digest(root: Path = ROOT) -> str:
-    """SHA-256 over the path and bytes of every file the docs build reads."""
-    files = [root / "mkdocs.yml"]
-    files += sorted(path for path in (root / "docs").rglob("*") if path.is_file())
-    files += sorted((root / "hf_callbacks_plus").rglob("*.py"))
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+#: What the docs build reads.
+INPUTS = ("mkdocs.yml", "docs", "hf_callbacks_plus")
+
+
+def files_digest(root: Path, names: Iterable[str], salt: str = "") -> str:
+    """SHA-256 over ``salt`` and the path and bytes of each file named (a folder: every file in it,
+    ``__pycache__`` left out), relative to ``root``."""
+    digest = hashlib.sha256(salt.encode() + b"\0")
+    for name in names:
+        top = root / name
+        files = [top] if top.is_file() else sorted(path for path in top.rglob("*")
+                                                   if path.is_file() and "__pycache__" not in path.parts)
+        for path in files:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def inputs_digest(root: Path = ROOT) -> str:
+    """The digest of everything the docs build reads."""
+    return files_digest(root, INPUTS)
 
 
 def build(site_dir: Path) -> None:

@@ -3,16 +3,33 @@
 ``make test`` runs the first tier (``pytest``); ``make check`` adds the second
 (``pytest --tier 2``): tests marked ``second_tier``, slow by nature and never the only test
 of a feature. ``pytest --tier all`` runs both.
+
+Hypothesis draws its examples derandomized (seeded from each test), like every other random
+choice in the suite: a failure is the same on every run and every machine.
+
+torch runs on one thread (``OMP_NUM_THREADS=1`` unless set, inherited by every subprocess and
+torchrun rank): the tests' models are tiny, and a second thread costs more in synchronisation
+than it computes (a 4-step trl run: about 1 s on one thread, 4-10 s on two on the shared 2-core
+machine).
 """
 
 import os
 
 import pytest
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before anything imports torch
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ModuleNotFoundError:  # the compat venvs may not have it
+    pass
+else:
+    _hypothesis_settings.register_profile("seeded", derandomize=True)
+    _hypothesis_settings.load_profile("seeded")
 
 TIERS = ("1", "2", "all")
 

@@ -16,6 +16,9 @@ Adding a scenario is one function and one test, in the test's own module:
         outcome = distributed_outcome  # a ScenarioOutcome: .dir, .output(rank), .outputs()
         ...
 
+The ranks run every scenario in one process: a scenario that patches a module puts it back
+(``try``/``finally``) and leaves the process group up.
+
 What the runner does for each scenario, on every rank:
 
 * runs it with the working directory set to its folder and its stdout and stderr (file
@@ -190,10 +193,20 @@ def run_scenarios(root: Path, specs: list[str]) -> None:
     dist.destroy_process_group()
 
 
+def save_coverage() -> None:
+    """Write this rank's coverage data when coverage measures the run (``os._exit`` skips atexit)."""
+    coverage = sys.modules.get("coverage")
+    current = coverage.Coverage.current() if coverage is not None else None
+    if current is not None:
+        current.stop()
+        current.save()
+
+
 def main() -> None:
     run_scenarios(Path(sys.argv[1]), sys.argv[2:])
     # gloo's threads can abort a rank in the interpreter's teardown ("terminate called without an
     # active exception"), after every outcome is written (pytorch#190489): leave without it
+    save_coverage()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.build_docs import ROOT, STAMP, build, inputs_digest, is_fresh
+from scripts.build_docs import INPUTS, ROOT, STAMP, build, files_digest, inputs_digest, is_fresh
 
 ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|data|exc|obj|ref):(?:`|<code>)")
 SOURCE_ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|data|exc|obj):`")
@@ -46,18 +46,25 @@ def test_a_stamp_names_the_sources_it_was_built_from(tmp_path):
     assert not is_fresh(tmp_path)
     (tmp_path / STAMP).write_text(inputs_digest() + "\n", encoding="utf-8")
     assert is_fresh(tmp_path)
-    # every input counts: the config, any docs file, any package module, added or changed
-    root = tmp_path / "root"
-    for name in ("mkdocs.yml", "docs/index.md", "docs/images/a.png", "hf_callbacks_plus/a.py"):
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(name, encoding="utf-8")
-    digests = {inputs_digest(root)}
+
+
+def test_a_digest_changes_with_any_file_it_covers(tmp_path):
+    # the docs stamp and the standalone venv's cache key (tests/loop/test_standalone_venv.py)
+    names = ("mkdocs.yml", "docs/index.md", "docs/images/a.png", "hf_callbacks_plus/a.py")
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name, encoding="utf-8")
+    digests = {inputs_digest(tmp_path)}
+    (tmp_path / "hf_callbacks_plus" / "__pycache__").mkdir()
+    (tmp_path / "hf_callbacks_plus" / "__pycache__" / "a.pyc").write_text("bytecode", encoding="utf-8")
+    assert inputs_digest(tmp_path) in digests  # bytecode is not a source
     for name in ("mkdocs.yml", "docs/images/a.png", "hf_callbacks_plus/a.py"):
-        (root / name).write_text("changed", encoding="utf-8")
-        digests.add(inputs_digest(root))
-    (root / "hf_callbacks_plus" / "b.py").write_text("", encoding="utf-8")
-    digests.add(inputs_digest(root))
-    assert len(digests) == 5
+        (tmp_path / name).write_text("changed", encoding="utf-8")
+        digests.add(inputs_digest(tmp_path))
+    (tmp_path / "hf_callbacks_plus" / "b.py").write_text("", encoding="utf-8")
+    digests.add(inputs_digest(tmp_path))
+    digests.add(files_digest(tmp_path, INPUTS, salt="another python"))
+    assert len(digests) == 6
 
 
 def test_no_sphinx_roles_in_package_docstrings():

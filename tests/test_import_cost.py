@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 CODE = ("import json, sys; from hf_callbacks_plus import EarlyStopping, TrainSubsetEvaluation, "
-        "LightweightTrainer; print(json.dumps(sorted(m for m in ('torch', 'transformers', 'peft') "
-        "if m in sys.modules)))")
+        "ThroughputMonitor, LightweightTrainer; "
+        "print(json.dumps(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules)))")
 
 
 def loaded(standalone: bool) -> list[str]:

@@ -40,6 +40,7 @@ def test_no_import_cycle_between_modules():
 FEATURES = (
     "hf_callbacks_plus.callbacks.early_stopping",
     "hf_callbacks_plus.callbacks.train_subset",
+    "hf_callbacks_plus.callbacks.throughput",
     "hf_callbacks_plus.loggers.jsonl",
 )
 #: Run in one fresh interpreter: what importing the features loads, then (after that) the module

@@ -254,3 +254,33 @@ def test_a_binary_file_gets_a_clear_error_naming_it(tmp_path):
     path.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(ValueError, match=r"model\.safetensors.*not a text file"):
         plot_learning_curves(str(path))
+
+
+def test_the_quickstarts_plot_command_on_a_stock_trainer_run(tmp_path, capsys, caplog):
+    """Issue 26, finding 11: a stock Trainer writes trainer_state.json only into its checkpoints, so
+    ``hf-callbacks-plus plot runs/my-run/trainer_state.json`` failed ("does not exist", no hint). The
+    run folder and that path now plot the newest checkpoint's state (the path with a warning naming
+    the file read); a folder without any says where a Trainer writes the file."""
+    import logging
+
+    run = tmp_path / "my-run"
+    stock = make_trainer(run, eval_strategy="steps", eval_steps=4, logging_steps=2, max_steps=8,
+                         save_strategy="steps", save_steps=4)
+    stock.train()
+    assert not (run / "trainer_state.json").exists()
+    assert (run / "checkpoint-8" / "trainer_state.json").exists()
+    for given in (run, run / "trainer_state.json"):
+        output = tmp_path / f"{given.name}.png"
+        with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+            assert main(["plot", str(given), "-o", str(output)]) == 0
+        assert output.read_bytes().startswith(PNG_MAGIC)
+    assert "plotting the newest checkpoint's" in caplog.text and "checkpoint-8" in caplog.text
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    capsys.readouterr()
+    assert main(["plot", str(empty / "trainer_state.json")]) == 1
+    error = capsys.readouterr().err
+    assert "does not exist" in error and "checkpoint-N" in error
+    assert f"Pass the run folder ({str(empty)!r})" in error
+    assert main(["plot", str(empty)]) == 1
+    assert "save_state()" in capsys.readouterr().err

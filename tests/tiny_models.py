@@ -6,6 +6,7 @@ Importing this module needs torch and transformers.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,15 @@ def lm_rows(n: int, seed: int = 0, length: int = 10, vocab_size: int = 48) -> li
         mask = torch.ones(length, dtype=torch.long)
         rows.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
     return rows
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run tiny models on one intra-op thread: on a loaded machine, several threads contend for
+    the cores and a forward pass of a 16-wide model takes 10x longer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -22,9 +22,6 @@ without them is refused at train begin.
 
 A model whose parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3) is refused
 with a clear error: a copy taken on one rank would hold only its shard.
-
-A model whose parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3) is refused
-with a clear error: a copy taken on one rank would hold only its shard.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""Make every rank take rank 0's decision (when ``torch.distributed`` is initialized)."""
+"""The two collectives callbacks use (when ``torch.distributed`` is initialized): rank 0's
+decision on every rank, and a sum over ranks."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-__all__ = ["broadcast_from_rank0", "distributed_world_size"]
+__all__ = ["broadcast_from_rank0", "distributed_world_size", "from_rank0", "sum_over_ranks"]
+
+T = TypeVar("T")
 
 
 def _dist() -> Any:
@@ -24,20 +27,64 @@ def distributed_world_size() -> int:
     return dist.get_world_size() if dist is not None else 1
 
 
-def broadcast_from_rank0(values: Sequence[float]) -> list[float]:
-    """Return rank 0's ``values`` on every rank (unchanged when not distributed).
-
-    Every rank must call this at the same point with a sequence of the same length (a
-    collective). Uses a float64 tensor on CPU, or on the current CUDA device for NCCL.
-    """
-    dist = _dist()
-    if dist is None or dist.get_world_size() <= 1:
-        return list(values)
+def _tensor(dist: Any, values: Sequence[float]) -> Any:
+    """``values`` as a float64 tensor on CPU, or on the current CUDA device for NCCL."""
     import torch
 
     device = torch.device("cpu")
     if dist.get_backend() == "nccl" and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
-    tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
+    return torch.tensor(list(values), dtype=torch.float64, device=device)
+
+
+def broadcast_from_rank0(values: Sequence[float]) -> list[float]:
+    """Return rank 0's ``values`` on every rank (unchanged when not distributed).
+
+    Every rank must call this at the same point with a sequence of the same length (a
+    collective).
+    """
+    dist = _dist()
+    if dist is None or dist.get_world_size() <= 1:
+        return list(values)
+    tensor = _tensor(dist, values)
     dist.broadcast(tensor, src=0)
+    return [float(v) for v in tensor.cpu().tolist()]
+
+
+def from_rank0(compute: Callable[[], T]) -> T:
+    """Run ``compute()`` on rank 0 only and return its result on every rank (a collective: every
+    rank calls it at the same point). Not distributed: ``compute()``.
+
+    The result travels pickled (``broadcast_object_list``). When ``compute`` raises on rank 0,
+    rank 0 raises it and the other ranks raise a RuntimeError quoting it, instead of waiting.
+    """
+    dist = _dist()
+    if dist is None or dist.get_world_size() <= 1:
+        return compute()
+    box: list[Any] = [None]
+    error: Any = None
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("value", compute())
+        except Exception as raised:  # noqa: BLE001 - handed to every rank below
+            error, box[0] = raised, ("error", f"{type(raised).__name__}: {raised}")
+    dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    kind, value = box[0]
+    if kind == "error":
+        raise RuntimeError(f"rank 0 failed: {value}")
+    return value
+
+
+def sum_over_ranks(values: Sequence[float]) -> list[float]:
+    """Return the element-wise sum of every rank's ``values`` (unchanged when not distributed).
+
+    A collective, like `broadcast_from_rank0`: one ``all_reduce`` of one small tensor.
+    """
+    dist = _dist()
+    if dist is None or dist.get_world_size() <= 1:
+        return list(values)
+    tensor = _tensor(dist, values)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return [float(v) for v in tensor.cpu().tolist()]

@@ -1,11 +1,10 @@
 """Stateful early stopping for ``transformers.Trainer``, ``TrainerPlus`` and ``LightweightTrainer``.
 
-The callback is the I/O part: it finds the metric in what the trainer reports, asks the pure
-`StoppingPolicy` (``early_stopping_policy.py``) what one observation means, stores the
-answer, reports it and tells the user. What counts as an improvement is the `Monitor`'s
-(``metrics/monitor.py``); the checks of the run against the metric are in
-``early_stopping_diagnosis.py``; ``StopReason``/``Decision`` and the stop sentence in
-``stop_reason.py``.
+The callback is the I/O around two pure pieces: the `Monitor` (``metrics/monitor.py``: which
+key, which direction, what counts as better, did-you-mean, can this run produce the metric)
+and the `StoppingPolicy` (``early_stopping_policy.py``: what one observation means). It feeds
+them observations, stores the answer, reports it, tells the user, keeps the best weights when
+asked (``best_weights.py``) and saves its state in every checkpoint (`SelfRestoringState`).
 
 See ``docs/early_stopping.md`` for the feature table against transformers, Lightning and
 Keras, and the migration from ``transformers.EarlyStoppingCallback``.
@@ -13,99 +12,39 @@ Keras, and the migration from ``transformers.EarlyStoppingCallback``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, grammar_for
-from ..metrics.monitor import Monitor, check_mode, infer_mode
+from ..metrics.monitor import Monitor, check_mode
 from ..metrics.numbers import to_float
 from .best_weights import BestWeights, step_checkpoint
 from .console import tell
 from .distributed import broadcast_from_rank0, distributed_world_size
-from .early_stopping_diagnosis import (
-    check_against_args,
-    check_against_trainer,
-    expected_prefix,
-    missing_metric_problem,
-    misspelt_against_args,
-    monitor_from_args,
-    typo_suggestion,
+from .early_stopping_policy import (
+    Decision,
+    Progress,
+    StoppingPolicy,
+    StopReason,
+    stop_message,
+    summary_message,
 )
-from .early_stopping_policy import Progress, StoppingPolicy
-from .stop_reason import Decision, StopReason, stop_message, summary_message
 
 __all__ = ["Decision", "EarlyStopping", "StopReason"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
-_ARGUMENTS = (
-    "monitor", "mode", "patience", "min_delta", "min_delta_mode", "baseline", "start_from_step",
-    "start_from_epoch", "stopping_threshold", "divergence_threshold", "check_finite", "strict",
-    "restore_best", "reset_on_resume", "sync_decision", "report", "log_name", "verbose",
-)
+_OWNER = "EarlyStopping"
 _FLAGS = ("strict", "restore_best", "reset_on_resume", "sync_decision", "report", "verbose")
-#: The settings of the rule (`StoppingPolicy`) and of the improvement test (`Monitor`).
-_POLICY = ("patience", "baseline", "stopping_threshold", "divergence_threshold", "start_from_step",
-           "start_from_epoch", "check_finite")
 #: The state keys claimed at the train begin of the current ``train()`` (duplicates refused).
 _CLAIMS = TrainBeginClaims()
 _SAME_KEY = ("the same monitor and mode, so their states would mix on resume and their reports would "
              "overwrite each other. Give each a distinct log_name, e.g. EarlyStopping(..., "
              "log_name='patient') and EarlyStopping(..., log_name='strict').")
-
-
-def _setting(name: str) -> property:
-    """A constructor argument as an attribute: read from the one store (``_options``); a write is
-    validated like the constructor argument and takes effect at the next observation."""
-
-    def get(self: EarlyStopping) -> Any:
-        return self._options[name]
-
-    def set_(self: EarlyStopping, value: Any) -> None:
-        self._configure({name: value})
-
-    return property(get, set_, doc=f"The ``{name}`` argument (settable; validated, effective at once).")
-
-
-def _fixed(name: str) -> property:
-    """A constructor argument that names the instance's saved state: read-only."""
-
-    def get(self: EarlyStopping) -> Any:
-        return self._options[name]
-
-    def set_(self: EarlyStopping, value: Any) -> None:
-        raise AttributeError(
-            f"EarlyStopping.{name} is read-only: with monitor, mode and log_name it names the instance's "
-            f"saved state (state_key={self.state_key!r}). Create a new EarlyStopping({name}={value!r}, ...)."
-        )
-
-    return property(get, set_, doc=f"The ``{name}`` argument (read-only: part of ``state_key``).")
-
-
-def _check_own_arguments(monitor: Any, flags: dict[str, Any], log_name: Any) -> None:
-    """The callback's own arguments (the metric's and the rule's are checked where they live)."""
-    if monitor is not None and (not isinstance(monitor, str) or not monitor):
-        raise TypeError(
-            f"EarlyStopping: monitor must be a non-empty string (e.g. 'eval_loss') or None "
-            f"(use args.metric_for_best_model), got {monitor!r}."
-        )
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"EarlyStopping: {name} must be True or False, got {value!r}.")
-    if log_name is not None and (not isinstance(log_name, str) or not log_name or "/" in log_name):
-        raise ValueError(f"EarlyStopping: log_name must be None or a non-empty string without '/', "
-                         f"got {log_name!r}.")
-
-
-def _weak(trainer: Any) -> Callable[[], Any]:
-    """A weak reference to the trainer (a strong one for objects that refuse weak references)."""
-    try:
-        return weakref.ref(trainer)
-    except TypeError:
-        return lambda: trainer
 
 
 class EarlyStopping(SelfRestoringState):
@@ -162,15 +101,14 @@ class EarlyStopping(SelfRestoringState):
             logger at DEBUG. False: the stop line is only logged (INFO, WARNING for a
             non-finite or diverging value) and there is no summary. Defaults to True.
 
-    Every argument is also an attribute: settings can be changed later (validated like the
-    argument, effective at the next observation); ``monitor``, ``mode`` and ``log_name`` name
-    the saved state (`state_key`) and are read-only.
+    Every argument is a plain attribute of the same name, validated at construction and again
+    at every train begin (a setting changed in between takes effect, or raises, there).
 
     Raises:
-        TypeError, ValueError: At construction for bad arguments (a misspelt monitor gets a
-            "did you mean"); at train begin for a metric the trainer cannot produce, two
-            instances with one ``state_key`` or one instance listed twice. Messages name the
-            argument, the value and the valid choices.
+        TypeError, ValueError: At construction (and train begin) for bad arguments (a misspelt
+            monitor gets a "did you mean"); at train begin for a metric the trainer cannot
+            produce, two instances with one ``state_key`` or one instance listed twice.
+            Messages name the argument, the value and the valid choices.
 
     Example:
         >>> stopper = EarlyStopping("eval_loss", patience=2, min_delta=0.01)
@@ -199,82 +137,60 @@ class EarlyStopping(SelfRestoringState):
         log_name: Optional[str] = None,
         verbose: bool = True,
     ) -> None:
-        # the constructor arguments, saved with the state (``state_args``): first statement
-        options = dict(locals())
+        self.monitor, self.mode, self.patience = monitor, mode, patience
+        self.min_delta, self.min_delta_mode, self.baseline = min_delta, min_delta_mode, baseline
+        self.start_from_step, self.start_from_epoch = start_from_step, start_from_epoch
+        self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
+        self.check_finite, self.strict, self.restore_best = check_finite, strict, restore_best
+        self.reset_on_resume, self.sync_decision, self.report = reset_on_resume, sync_decision, report
+        self.log_name, self.verbose = log_name, verbose
         self.grammar = KeyGrammar()
         self._trainer: Any = None
-        self._given_name: Optional[str] = None  # metric_for_best_model as written (monitor=None)
         self._monitor: Optional[Monitor] = None
-        #: The one store of the settings; ``policy`` and the monitor are derived from it.
-        self._options: dict[str, Any] = {}
-        self._configure({name: options[name] for name in _ARGUMENTS})
+        self._given_name: Optional[str] = None  # metric_for_best_model as written (monitor=None)
         self._best_weights = BestWeights()
-        self._pending_report: dict[str, Any] = {}
+        self._check_settings()
+        if self._monitor is not None and mode != "auto":
+            self._monitor.warn_if_misspelt()
         self.reset()
 
-    monitor = _fixed("monitor")
-    mode = _fixed("mode")
-    log_name = _fixed("log_name")
-    patience = _setting("patience")
-    min_delta = _setting("min_delta")
-    min_delta_mode = _setting("min_delta_mode")
-    baseline = _setting("baseline")
-    start_from_step = _setting("start_from_step")
-    start_from_epoch = _setting("start_from_epoch")
-    stopping_threshold = _setting("stopping_threshold")
-    divergence_threshold = _setting("divergence_threshold")
-    check_finite = _setting("check_finite")
-    strict = _setting("strict")
-    restore_best = _setting("restore_best")
-    reset_on_resume = _setting("reset_on_resume")
-    sync_decision = _setting("sync_decision")
-    report = _setting("report")
-    verbose = _setting("verbose")
-
-    @property
-    def policy(self) -> StoppingPolicy:
-        """The stopping rule built from the settings (read-only; set ``patience``... instead)."""
-        return self._policy
-
-    def _configure(self, changes: dict[str, Any]) -> None:
-        """Validate ``changes`` to the settings with the others, then store them (all or nothing)."""
-        options = {**self._options, **changes}
-        flags = {name: options[name] for name in _FLAGS}
-        _check_own_arguments(options["monitor"], flags, options["log_name"])
-        check_mode(options["mode"], options["min_delta"], options["min_delta_mode"], owner="EarlyStopping")
-        policy = StoppingPolicy(**{name: options[name] for name in _POLICY})
-        monitor = self._monitor
-        if monitor is not None:  # keep the resolved name and mode (from args when monitor=None)
-            monitor = self._build_monitor(monitor.monitor, monitor.mode, options)
-        elif options["monitor"] is not None:
-            monitor = self._build_monitor(options["monitor"], options["mode"], options)
-        policy.check_for(monitor.mode if monitor is not None
-                         else None if options["mode"] == "auto" else options["mode"])
-        self._options, self._policy, self._monitor = options, policy, monitor
+    def _check_settings(self, args: Any = None) -> None:
+        """Validate every setting; build the `Monitor` (from ``args`` when ``monitor=None``) and
+        the `StoppingPolicy` from them. Called at construction and at train begin."""
+        monitor, log_name = self.monitor, self.log_name
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise TypeError(f"EarlyStopping: monitor must be a non-empty string (e.g. 'eval_loss') or None "
+                            f"(use args.metric_for_best_model), got {monitor!r}.")
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"EarlyStopping: {name} must be True or False, got {getattr(self, name)!r}.")
+        if log_name is not None and (not isinstance(log_name, str) or not log_name or "/" in log_name):
+            raise ValueError(f"EarlyStopping: log_name must be None or a non-empty string without '/', "
+                             f"got {log_name!r}.")
+        check_mode(self.mode, self.min_delta, self.min_delta_mode, owner=_OWNER)
+        policy = StoppingPolicy(self.patience, self.baseline, self.stopping_threshold,
+                                self.divergence_threshold, self.start_from_step, self.start_from_epoch,
+                                self.check_finite)
+        settings = {"mode": self.mode, "min_delta": self.min_delta, "min_delta_mode": self.min_delta_mode,
+                    "grammar": self.grammar, "owner": _OWNER}
+        if monitor is not None:
+            self._monitor = Monitor(monitor, **settings)
+        elif args is not None:
+            self._monitor = Monitor.from_args(args, **settings)
+            self._given_name = getattr(args, "metric_for_best_model", None)
+        policy.check_for(self.resolved_mode or (None if self.mode == "auto" else self.mode))
+        self.policy = policy
 
     def bind(self, trainer: Any) -> EarlyStopping:
         """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        self._trainer = _weak(trainer)
+        try:
+            self._trainer = weakref.ref(trainer)
+        except TypeError:  # an object that refuses weak references
+            self._trainer = lambda: trainer
         self.grammar = grammar_for(trainer)
         if self._monitor is not None:
             self._monitor.grammar = self.grammar
         return self
-
-    def _build_monitor(self, monitor: str, mode: str, options: Optional[dict[str, Any]] = None) -> Monitor:
-        options = self._options if options is None else options
-        if infer_mode(monitor) is None:
-            suggestion = typo_suggestion(monitor, self.grammar)
-            if suggestion is not None and mode == "auto":  # a typo first: "cannot tell" would mislead
-                raise ValueError(
-                    f"EarlyStopping: monitor={monitor!r} looks like a misspelt metric name. Did you mean "
-                    f"{suggestion!r}? (If {monitor!r} is your own metric, pass mode='min' or mode='max'.)"
-                )
-            if suggestion is not None and not self._options:  # at construction only (mode given)
-                logger.warning("EarlyStopping: monitor=%r looks like a misspelt %r (ignore this if it is "
-                               "your own metric; a missing metric raises at the first evaluation).",
-                               monitor, suggestion)
-        return Monitor(monitor, mode=mode, min_delta=options["min_delta"],
-                       min_delta_mode=options["min_delta_mode"], grammar=self.grammar, owner="EarlyStopping")
 
     # -- state ---------------------------------------------------------------------------
     def reset(self) -> None:
@@ -290,13 +206,12 @@ class EarlyStopping(SelfRestoringState):
         self.best_checkpoint: Optional[str] = None
         self._last_observed: Optional[tuple[int, str]] = None
         self._bare_means_eval = False  # set at train begin (see _observe)
-        self._found = False
-        self._first_checked = False
+        self._first_checked = False  # the first record that should hold the metric was checked
         self._warned_missing = False
         self._keys_seen: set[str] = set()
         self._evaluations_seen = 0
         self._best_weights.drop_snapshot()
-        self._pending_report = {}
+        self._pending_report: dict[str, Any] = {}
 
     @property
     def monitor_name(self) -> Optional[str]:
@@ -316,13 +231,15 @@ class EarlyStopping(SelfRestoringState):
         ``"eval_loss"`` give one key (see ``KeyGrammar.canonical``).
         """
         name = self.monitor_name
-        monitor = self.grammar.canonical(name) if name else "metric_for_best_model"
-        suffix = "" if self.log_name is None else f",{self.log_name}"
-        return f"EarlyStopping[{monitor},{self.resolved_mode or self.mode}{suffix}]"
+        return self._key(self.grammar.canonical(name) if name else "metric_for_best_model")
 
     @state_key.setter
     def state_key(self, value: str) -> None:
         """Ignored (derived); transformers' restore flag sets every saved attribute, this one too."""
+
+    def _key(self, monitor: str) -> str:
+        suffix = "" if self.log_name is None else f",{self.log_name}"
+        return f"EarlyStopping[{monitor},{self.resolved_mode or self.mode}{suffix}]"
 
     def find_saved_state(self, trainer_state: Any) -> Optional[dict[str, Any]]:
         """This instance's saved attributes; also under the key of a checkpoint written before the
@@ -330,36 +247,28 @@ class EarlyStopping(SelfRestoringState):
         ``metric_for_best_model="accuracy"``), so such a run resumes with its state."""
         found = super().find_saved_state(trainer_state)
         given = self._given_name or self.monitor
-        if found is not None or not given or self.resolved_mode is None:
+        if found is not None or not given or self.resolved_mode is None or self._key(given) == self.state_key:
             return found
-        suffix = "" if self.log_name is None else f",{self.log_name}"
-        old_key = f"{type(self).__name__}[{given},{self.resolved_mode}{suffix}]"
-        entries = (getattr(trainer_state, "stateful_callbacks", None) or {}).get(type(self).__name__)
-        if old_key == self.state_key or entries is None:
-            return None
+        entries = (getattr(trainer_state, "stateful_callbacks", None) or {}).get(type(self).__name__) or []
         for entry in reversed(entries if isinstance(entries, list) else [entries]):
             attributes = entry.get("attributes", {}) if isinstance(entry, dict) else {}
-            if attributes.get(self.STATE_KEY_FIELD) == old_key:
+            if attributes.get(self.STATE_KEY_FIELD) == self._key(given):
                 return attributes
         return None
 
     def state_args(self) -> dict[str, Any]:
-        return dict(self._options)
+        return {name: getattr(self, name) for name in ARGUMENTS}
 
     def state_attributes(self) -> dict[str, Any]:
+        best_checkpoint = None  # as it stands now: rotation may have deleted the folder
+        if self.best_step is not None:
+            best_checkpoint = step_checkpoint(self.best_step, getattr(self, "_output_dir", None),
+                                              self.best_checkpoint)
         return {
             "wait": self.wait, "best_value": self.best_value, "best_step": self.best_step,
             "best_epoch": self.best_epoch, "stopped": self.stopped, "stopped_step": self.stopped_step,
-            "reason": self.reason.value, "message": self.message,
-            "best_checkpoint": self._live_best_checkpoint(),
+            "reason": self.reason.value, "message": self.message, "best_checkpoint": best_checkpoint,
         }
-
-    def _live_best_checkpoint(self) -> Optional[str]:
-        """The checkpoint holding the best step's weights as it stands now (the trainer exports
-        the state while it saves, before ``on_save``; rotation may have deleted the folder)."""
-        if self.best_step is None:
-            return None
-        return step_checkpoint(self.best_step, getattr(self, "_output_dir", None), self.best_checkpoint)
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         self.wait = int(attributes.get("wait", 0))
@@ -391,12 +300,6 @@ class EarlyStopping(SelfRestoringState):
             raise RuntimeError("EarlyStopping.decide() needs a resolved monitor (call it after train begin).")
         return self.policy.decide(self._monitor, value, step, epoch, self.progress)
 
-    def _synchronized(self, decision: Decision) -> Decision:
-        """Rank 0's decision on every rank (unchanged when not distributed)."""
-        if not self.sync_decision or distributed_world_size() <= 1:
-            return decision
-        return Decision.from_floats(broadcast_from_rank0(decision.to_floats()))
-
     # -- observing metrics ---------------------------------------------------------------
     def _observe(self, values: Any, state: Any, control: Any, model: Any, from_evaluate: bool) -> None:
         if self._monitor is None or not isinstance(values, dict):
@@ -410,11 +313,11 @@ class EarlyStopping(SelfRestoringState):
         if key is not None and not from_evaluate and self._bare_means_eval and key == self._monitor.monitor \
                 and "loss" in values:
             return  # a bare name means eval_<name> in a run that evaluates, never the training record's
-        step = int(getattr(state, "global_step", 0))
         if key is None:
             self._check_missing(values, from_evaluate)
             return
-        self._found = self._first_checked = True
+        self._first_checked = True
+        step = int(getattr(state, "global_step", 0))
         if self.stopped:
             control.should_training_stop = True
             return
@@ -426,7 +329,9 @@ class EarlyStopping(SelfRestoringState):
             self._fail(TypeError, f"EarlyStopping: the monitored metric {key!r} is not a number: "
                                   f"{raw!r} ({type(raw).__name__}).")
             return
-        decision = self._synchronized(self.decide(value, step, float(getattr(state, "epoch", 0) or 0.0)))
+        decision = self.decide(value, step, float(getattr(state, "epoch", 0) or 0.0))
+        if self.sync_decision and distributed_world_size() > 1:  # rank 0's decision on every rank
+            decision = Decision.from_floats(broadcast_from_rank0(decision.to_floats()))
         self.wait, self.best_value, self.best_step, self.best_epoch = (
             decision.wait, decision.best_value, decision.best_step, decision.best_epoch)
         if decision.improved and self.restore_best:
@@ -435,7 +340,7 @@ class EarlyStopping(SelfRestoringState):
             self.stopped, self.stopped_step, self.reason = True, step, decision.reason
             self.message = stop_message(decision.reason, self.monitor_name, value, step, wait=self.wait,
                                         best_value=self.best_value, best_step=self.best_step,
-                                        options=self._options)
+                                        options=self.state_args())
             control.should_training_stop = True
             warn = decision.reason in (StopReason.NON_FINITE, StopReason.DIVERGENCE_THRESHOLD)
             tell(self.message, state, verbose=self.verbose, level=logging.WARNING if warn else logging.INFO)
@@ -447,11 +352,9 @@ class EarlyStopping(SelfRestoringState):
         head = "early_stopping" if self.log_name is None else f"early_stopping/{self.log_name}"
         report: dict[str, Any] = {f"{head}/wait": self.wait}
         if self.best_value is not None:
-            report[f"{head}/best_value"] = self.best_value
-            report[f"{head}/best_step"] = self.best_step
+            report.update({f"{head}/best_value": self.best_value, f"{head}/best_step": self.best_step})
         if self.stopped:
-            report[f"{head}/stopped_step"] = self.stopped_step
-            report[f"{head}/reason"] = self.reason.value
+            report.update({f"{head}/stopped_step": self.stopped_step, f"{head}/reason": self.reason.value})
         self._pending_report = report
 
     def _inject_report(self, logs: Any) -> None:
@@ -467,28 +370,16 @@ class EarlyStopping(SelfRestoringState):
             logger.warning("%s (strict=False: early stopping ignores it.)", message)
 
     def _check_missing(self, values: dict, from_evaluate: bool) -> None:
-        if self._monitor is not None:
-            problem = missing_metric_problem(self._monitor, self.grammar, values, from_evaluate)
-            if problem is None:
-                return
-            if not self._first_checked:  # the first record that should hold it: the strict check
-                self._first_checked = True
-                self._fail(RuntimeError, problem)
-            else:  # later records without it: skipped observations (documented rule)
-                logger.debug("%s (a skipped observation: the metric was seen before.)", problem)
+        problem = None if self._monitor is None else self._monitor.missing_problem(values, from_evaluate)
+        if problem is None:
+            return
+        if not self._first_checked:  # the first record that should hold it: the strict check
+            self._first_checked = True
+            self._fail(RuntimeError, problem)
+        else:  # later records without it: skipped observations (documented rule)
+            logger.debug("%s (a skipped observation: the metric was seen before.)", problem)
 
     # -- events --------------------------------------------------------------------------
-    def _resolve_monitor(self, args: Any) -> str:
-        """Build the monitor (from ``args.metric_for_best_model`` when ``monitor=None``); its name."""
-        if self.monitor is None:
-            monitor, mode = monitor_from_args(args, self.mode)
-            self._monitor = self._build_monitor(monitor, mode)
-            self.policy.check_for(self._monitor.mode)
-            self._given_name = getattr(args, "metric_for_best_model", None)
-        if self._monitor is None:
-            raise RuntimeError("EarlyStopping: monitor could not be resolved.")
-        return self._monitor.monitor
-
     def on_resume_check(self, args: Any, state: Any, control: Any, reasons: Any = None,
                         **kwargs: Any) -> None:
         """(TrainerPlus / LightweightTrainer) before a resumed run trains: veto it if it already stopped.
@@ -497,7 +388,7 @@ class EarlyStopping(SelfRestoringState):
         ``control.should_training_stop`` (the trainer then runs no step at all), restores the
         saved state into this instance and appends the reason to ``reasons``.
         """
-        self._resolve_monitor(args)
+        self._check_settings(args)
         saved = self.find_saved_state(state)
         if not saved or not saved.get("stopped") or self.reset_on_resume:
             return
@@ -509,15 +400,14 @@ class EarlyStopping(SelfRestoringState):
             reasons.append(f"{said} Pass EarlyStopping(..., reset_on_resume=True) to continue training.")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Resolve the monitor from ``args``, validate, restore the state when resuming."""
+        """Validate the settings, resolve the monitor, check the run can produce it, restore the
+        state when resuming."""
         self.reset()
-        name = self._resolve_monitor(args)
-        problem = check_against_args(name, expected_prefix(name, self.grammar), args)
-        if problem is None:
-            problem = misspelt_against_args(name, self.grammar, args)
-        if problem is None:
-            trainer = self._trainer() if self._trainer is not None else None
-            problem = check_against_trainer(name, self.grammar, trainer)
+        self._check_settings(args)
+        monitor = self._monitor
+        if monitor is None:
+            raise RuntimeError("EarlyStopping: monitor could not be resolved.")
+        problem = monitor.check_run(args, self._trainer() if self._trainer is not None else None)
         if problem is not None:
             if self.strict:
                 raise ValueError(problem)
@@ -525,36 +415,33 @@ class EarlyStopping(SelfRestoringState):
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
         strategy = getattr(args, "eval_strategy", "no")
         evaluates = str(getattr(strategy, "value", strategy)) != "no"
-        self._bare_means_eval = evaluates and not self.grammar.has_section(name)
+        self._bare_means_eval = evaluates and not self.grammar.has_section(monitor.monitor)
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         if self.restore_best:
             self._best_weights.key = self.state_key
             self._best_weights.on_train_begin(args, state, kwargs.get("model"), self.best_step)
-        if self.stopped:
-            if self.reset_on_resume:
-                logger.info("EarlyStopping[%s]: the resumed run had stopped at step %s (%s); "
-                            "reset_on_resume=True, training on.", self.monitor_name, self.stopped_step,
-                            self.reason.value)
-                self.stopped, self.stopped_step, self.wait = False, None, 0
-                self.reason, self.message = StopReason.NOT_STOPPED, ""
-            else:  # a stock Trainer (no on_resume_check) still runs one step before it stops
-                logger.warning(
-                    "EarlyStopping[%s]: this run already stopped early at step %s (%s); stopping again at "
-                    "once. Pass EarlyStopping(..., reset_on_resume=True) to continue training.",
-                    self.monitor_name, self.stopped_step, self.reason.value)
-                control.should_training_stop = True
-                self._queue_report()
+        if not self.stopped:
+            return
+        where = (self.monitor_name, self.stopped_step, self.reason.value)
+        if self.reset_on_resume:
+            logger.info("EarlyStopping[%s]: the resumed run had stopped at step %s (%s); "
+                        "reset_on_resume=True, training on.", *where)
+            self.stopped, self.stopped_step, self.wait = False, None, 0
+            self.reason, self.message = StopReason.NOT_STOPPED, ""
+        else:  # a stock Trainer (no on_resume_check) still runs one step before it stops
+            logger.warning("EarlyStopping[%s]: this run already stopped early at step %s (%s); stopping "
+                           "again at once. Pass EarlyStopping(..., reset_on_resume=True) to continue "
+                           "training.", *where)
+            control.should_training_stop = True
+            self._queue_report()
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """(TrainerPlus / LightweightTrainer) observe the record and add the report to it."""
         self._observe(logs, state, control, kwargs.get("model"), from_evaluate=False)
         self._inject_report(logs)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        """Observe the record; add a pending report (seen by callbacks that run after this one)."""
-        self._observe(logs, state, control, kwargs.get("model"), from_evaluate=False)
-        self._inject_report(logs)
+    on_log = on_pre_log  # observe the record; a pending report reaches the callbacks after this one
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         """Observe evaluation metrics (each evaluation counts once even if also logged)."""
@@ -574,24 +461,28 @@ class EarlyStopping(SelfRestoringState):
         if self.verbose and self._monitor is not None:
             tell(summary_message(self.monitor_name, reason=self.reason, stopped_step=self.stopped_step,
                                  last_step=int(getattr(state, "global_step", 0)), best_value=self.best_value,
-                                 best_step=self.best_step, label=self.log_name, options=self._options),
+                                 best_step=self.best_step, label=self.log_name, options=self.state_args()),
                  state, verbose=True)
         _CLAIMS.release(state, self.state_key, self)
-        if self._monitor is not None and not self._first_checked and self._evaluations_seen > 0:
-            if expected_prefix(self._monitor.monitor, self.grammar) != "":
-                # never raise here: the training is done and the user's save_model() comes next
-                logger.warning("EarlyStopping: no evaluation of this run returned the monitored metric, so "
-                               "early stopping never acted. %s",
-                               self._monitor.explain_missing(self._keys_seen))
+        monitor = self._monitor
+        if monitor is not None and not self._first_checked and self._evaluations_seen > 0 and monitor.prefix:
+            # never raise here: the training is done and the user's save_model() comes next
+            logger.warning("EarlyStopping: no evaluation of this run returned the monitored metric, so early "
+                           "stopping never acted. %s", monitor.explain_missing(self._keys_seen))
         model = kwargs.get("model")
-        if self.restore_best and self.best_step is not None and model is not None:
-            checkpoint = BestWeights.checkpoint_for(self.best_step, args, state, self.best_checkpoint)
-            source = self._best_weights.restore(model, self.best_step, checkpoint)
-            if source:
-                logger.info("EarlyStopping: restored the best weights (step %s, %s=%r) from %s.",
-                            self.best_step, self.monitor_name, self.best_value, source)
-            else:
-                logger.warning("EarlyStopping: cannot restore the best weights of step %s: no checkpoint "
-                               "of that step is left in %s and no copy of them was found in memory or in "
-                               "the checkpoint this run resumed from; the model keeps its last weights.",
-                               self.best_step, getattr(args, "output_dir", None))
+        if not (self.restore_best and self.best_step is not None and model is not None):
+            return
+        checkpoint = BestWeights.checkpoint_for(self.best_step, args, state, self.best_checkpoint)
+        source = self._best_weights.restore(model, self.best_step, checkpoint)
+        if source:
+            logger.info("EarlyStopping: restored the best weights (step %s, %s=%r) from %s.",
+                        self.best_step, self.monitor_name, self.best_value, source)
+        else:
+            logger.warning("EarlyStopping: cannot restore the best weights of step %s: no checkpoint of that "
+                           "step is left in %s and no copy of them was found in memory or in the checkpoint "
+                           "this run resumed from; the model keeps its last weights.",
+                           self.best_step, getattr(args, "output_dir", None))
+
+
+#: The constructor arguments, saved with the state (``state_args``) and attributes of the same name.
+ARGUMENTS = tuple(inspect.signature(EarlyStopping.__init__).parameters)[1:]

@@ -10,8 +10,9 @@ their own numbers. `isolated_evaluate` avoids this in general:
 
 * the subset is evaluated by the trainer's **own** ``evaluate`` (its ``prediction_step``,
   ``compute_loss``, ``compute_metrics`` and the metrics its ``log`` adds), so the subset's
-  metrics are the trainer's metrics on the subset, **from its own dataloader**: built once by
-  the trainer's ``get_eval_dataloader`` from the rows as they were prepared for training
+  metrics are the trainer's metrics on the subset, **from its own dataloader**: built at each
+  evaluation by the trainer's ``get_eval_dataloader`` (as ``evaluate`` builds one per call),
+  from the rows as they were prepared for training
   (tokenized, packed with their ``seq_lengths``, with precomputed reference log-probs), never
   placed in the trainer's loader cache (persistent workers), and handed to ``evaluate`` under
   a split name, so a subclass's ``evaluate`` does not prepare the rows a second time (trl's
@@ -20,9 +21,12 @@ their own numbers. `isolated_evaluate` avoids this in general:
   `TRAINER_ACCUMULATORS` are replaced by empty ones of the same shape for the
   duration and the originals restored after (the single place that knows trainer-specific
   attributes; `register_trainer_accumulator` adds your own), ``state.log_history``,
-  the ``control`` flags, the train/eval mode of every module, and the random number
-  generators (Python, NumPy, torch CPU and CUDA): a run with the subset evaluation trains
-  exactly like the same run without it;
+  the ``control`` flags, the train/eval mode of every module, and every random generator the
+  training observes: the global ones (Python, NumPy, torch CPU and CUDA) and the private ones
+  of its collator, datasets and dataloader (`random_state_kept`): a run with the subset
+  evaluation trains exactly like the same run without it;
+* the user's arguments of the evaluation in progress (``ignore_keys``, a ``Seq2SeqTrainer``'s
+  generation settings) apply to the subset too (`evaluation_arguments`);
 * the callbacks see nothing of it (no ``on_log``, ``on_evaluate``, ``on_pre_log``) except
   ``on_prediction_step``, so progress bars show the subset's progress.
 
@@ -34,13 +38,13 @@ requested prefix (inside the sandbox every metric is the subset's).
 from __future__ import annotations
 
 import contextlib
-import random
 import sys
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..metrics.keys import TIMING_NAMES
+from .random_state import random_state_kept
 
 __all__ = [
     "ISOLATED_SPLIT",
@@ -49,6 +53,7 @@ __all__ = [
     "TRAINER_SWITCHES",
     "accumulators_set_aside",
     "close_prediction_bars",
+    "evaluation_arguments",
     "isolated_evaluate",
     "register_trainer_accumulator",
     "isolated_dataloader",
@@ -177,20 +182,6 @@ def close_prediction_bars(handler: Any) -> None:
             callback.prediction_bar = None
 
 
-def _rng_states() -> list[tuple[Any, Any]]:
-    """(restore function, state) for every random generator an evaluation might draw from."""
-    states: list[tuple[Any, Any]] = [(random.setstate, random.getstate())]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        states.append((numpy.random.set_state, numpy.random.get_state()))
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        states.append((torch.set_rng_state, torch.get_rng_state()))
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            states.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
-    return states
-
-
 def _module_modes(trainer: Any) -> list[tuple[Any, bool]]:
     seen: dict[int, tuple[Any, bool]] = {}
     for name in ("model", "model_wrapped"):
@@ -221,13 +212,14 @@ def accumulators_set_aside(trainer: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def trainer_sandbox(trainer: Any) -> Iterator[None]:
+def trainer_sandbox(trainer: Any, *data: Any) -> Iterator[None]:
     """Within this block the trainer may evaluate; afterwards it is as it was before.
 
     Restores: the accumulators of `TRAINER_ACCUMULATORS` (emptied during the block
     for the ``"fresh"`` ones), ``state.log_history``, the ``control`` flags, every module's
-    train/eval mode and the random generators. Callbacks receive only
-    ``on_prediction_step`` during the block.
+    train/eval mode and every random generator the training observes: the global ones and
+    those of its collator, datasets and training dataloader (and of ``data``), see
+    `random_state_kept`. Callbacks receive only ``on_prediction_step`` during the block.
     """
     state = getattr(trainer, "state", None)
     history = getattr(state, "log_history", None)
@@ -236,7 +228,8 @@ def trainer_sandbox(trainer: Any) -> Iterator[None]:
     control_flags = dict(vars(control)) if control is not None and hasattr(control, "__dict__") else None
     handler = getattr(trainer, "callback_handler", None)
     modes = _module_modes(trainer)
-    rng = _rng_states()
+    roots = (getattr(trainer, "data_collator", None), getattr(trainer, "train_dataset", None),
+             getattr(trainer, "eval_dataset", None), getattr(handler, "train_dataloader", None), *data)
     if handler is not None:
         close_prediction_bars(handler)  # the subset gets its own bar, sized to it
         trainer.callback_handler = _MutedHandler(handler)
@@ -247,7 +240,7 @@ def trainer_sandbox(trainer: Any) -> Iterator[None]:
     previous_mark = vars(trainer).get("_isolated_evaluation")
     trainer._isolated_evaluation = True  # TrainerPlus: no key-grammar learning from these logs
     try:
-        with accumulators_set_aside(trainer):
+        with random_state_kept(*roots), accumulators_set_aside(trainer):
             yield
     finally:
         for name, value in switches.items():
@@ -259,8 +252,6 @@ def trainer_sandbox(trainer: Any) -> Iterator[None]:
         if handler is not None:
             close_prediction_bars(handler)
             trainer.callback_handler = handler
-        for restore, value in rng:
-            restore(value)
         for module, training in modes:
             module.training = training
         if control_flags is not None and getattr(trainer, "control", None) is not None:
@@ -290,7 +281,8 @@ def isolated_dataloader(trainer: Any, dataset: Any) -> Any:
     the subset never gets the eval loader and the eval set never gets the subset's. The
     subset (a few hundred rows) is loaded in the main process (no dataloader worker processes,
     persistent or not, beside the trainer's own); the rows, collator and batches are the
-    trainer's. Build it once and reuse it.
+    trainer's. Build one per evaluation, as ``evaluate`` does: a sampler of its own (e.g. the
+    ``LengthGroupedSampler`` of ``group_by_length``) then draws the same order at each one.
     """
     saved = vars(trainer).pop("_eval_dataloaders", _MISSING)
     args = trainer.args
@@ -328,40 +320,68 @@ def _serving(trainer: Any, dataloader: Any) -> Iterator[None]:
             trainer.get_eval_dataloader = own
 
 
-def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str, *,
-                      dataloader: Any = None) -> dict[str, float]:
+def evaluation_arguments(trainer: Any) -> dict[str, Any]:
+    """The user's arguments of the ``evaluate()`` call of ``trainer`` in progress, for an extra
+    evaluation to use the same ones: ``ignore_keys`` (also ``train(ignore_keys_for_eval=...)``)
+    and a ``Seq2SeqTrainer``'s generation settings (``evaluate(max_new_tokens=6, num_beams=2)``,
+    ``generation_max_length``...: what its ``evaluate`` recorded in ``_gen_kwargs`` for this call).
+    Empty when ``trainer`` is not evaluating (read from the call stack)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if (code.co_name == "evaluate" and frame.f_locals.get("self") is trainer
+                and "ignore_keys" in code.co_varnames[:code.co_argcount]):
+            break
+        frame = frame.f_back
+    if frame is None:
+        return {}
+    arguments: dict[str, Any] = {}
+    if frame.f_locals.get("ignore_keys") is not None:
+        arguments["ignore_keys"] = frame.f_locals["ignore_keys"]
+    generation = vars(trainer).get("_gen_kwargs")
+    if isinstance(generation, dict):
+        arguments.update(generation)
+    return arguments
+
+
+def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str, *, prepared: bool = False,
+                      **evaluate_kwargs: Any) -> dict[str, float]:
     """The trainer's own ``evaluate`` of ``dataset``, inside `trainer_sandbox`.
 
-    Works with any ``transformers.Trainer`` subclass (trl's, ``Seq2SeqTrainer``, yours). With a
-    ``dataloader`` from `isolated_dataloader` (rows already prepared as the trainer prepares
-    its data, e.g. a selection of ``trainer.train_dataset``), the rows are evaluated from it,
-    handed to ``evaluate`` under the split name `ISOLATED_SPLIT`, so a subclass's ``evaluate``
-    does not prepare them again. Without one, ``dataset`` goes to ``evaluate`` as any eval
-    dataset would (a trl trainer prepares raw rows), with the trainer's loader cache hidden.
+    Works with any ``transformers.Trainer`` subclass (trl's, ``Seq2SeqTrainer``, yours). The
+    trainer's loader cache is hidden during the call and restored unchanged after.
 
     Args:
         trainer: The trainer.
         dataset: The rows to evaluate.
         metric_key_prefix: Prefix of the returned metrics.
-        dataloader: A dataloader from `isolated_dataloader` for ``dataset``. Defaults to None.
+        prepared: ``dataset`` holds rows as the trainer prepared them for training (e.g. a
+            selection of ``trainer.train_dataset``): they are evaluated from a new dataloader
+            built by `isolated_dataloader` for this call (as ``evaluate`` builds one per call),
+            handed to ``evaluate`` under the split name `ISOLATED_SPLIT`, so a subclass's
+            ``evaluate`` does not prepare them again. Defaults to False: ``dataset`` goes to
+            ``evaluate`` as any eval dataset would (a trl trainer prepares raw rows).
+        **evaluate_kwargs: More arguments of ``evaluate`` (``ignore_keys``, a
+            ``Seq2SeqTrainer``'s generation settings; see `evaluation_arguments`).
 
     Returns:
         ``{"<prefix>_<metric>": value}``: every metric the trainer's evaluation reports for
         ``dataset`` (also those its ``log`` adds), without timing keys, ``epoch`` and run
         counters such as trl's ``num_tokens``.
     """
-    with trainer_sandbox(trainer):
-        if dataloader is not None:
-            with _serving(trainer, dataloader):
-                raw = dict(trainer.evaluate(ISOLATED_SPLIT, metric_key_prefix=metric_key_prefix))
-        else:
-            cache = vars(trainer).pop("_eval_dataloaders", _MISSING)
-            try:
-                raw = dict(trainer.evaluate(dataset, metric_key_prefix=metric_key_prefix))
-            finally:
-                vars(trainer).pop("_eval_dataloaders", None)
-                if cache is not _MISSING:
-                    trainer._eval_dataloaders = cache
+    with trainer_sandbox(trainer, dataset):
+        cache = vars(trainer).pop("_eval_dataloaders", _MISSING)
+        try:
+            if prepared:
+                with _serving(trainer, isolated_dataloader(trainer, dataset)):
+                    raw = dict(trainer.evaluate(ISOLATED_SPLIT, metric_key_prefix=metric_key_prefix,
+                                                **evaluate_kwargs))
+            else:
+                raw = dict(trainer.evaluate(dataset, metric_key_prefix=metric_key_prefix, **evaluate_kwargs))
+        finally:
+            vars(trainer).pop("_eval_dataloaders", None)
+            if cache is not _MISSING:
+                trainer._eval_dataloaders = cache
     return relabel_metrics(raw, metric_key_prefix)
 
 

@@ -30,10 +30,9 @@ from typing import Any, Optional, Union
 from ..core.callback import TrainerCallback
 from .isolated_evaluation import (
     accumulators_set_aside,
-    isolated_dataloader,
+    evaluation_arguments,
     isolated_evaluate,
     relabel_metrics,
-    trainer_sandbox,
 )
 from .subset_sampling import take_subset
 
@@ -148,7 +147,6 @@ class TrainSubsetEvaluation(TrainerCallback):
         self.indices: Optional[list[int]] = None
         self._subset: Any = None
         self._running = False
-        self._loader: Any = None
         self._handled: Optional[dict] = None
         self._warned_unfired = False
         self._warned_empty = False
@@ -164,7 +162,6 @@ class TrainSubsetEvaluation(TrainerCallback):
         if self.trainer is not None and self.trainer is not trainer:
             self._subset = None
             self.indices = None
-            self._loader = None
         self.trainer = trainer
         return self
 
@@ -238,20 +235,19 @@ class TrainSubsetEvaluation(TrainerCallback):
         The metrics are the trainer's own evaluation metrics on the subset (for trl's
         ``SFTTrainer``: loss, mean token accuracy, entropy...), computed without any trace in
         the trainer: no log record, no ``on_evaluate``, ``control``, accumulators, module
-        modes and random generators as they were. A trainer offering ``isolated_evaluate``
-        (``TrainerPlus``, ``LightweightTrainer``) does it itself; for any other
-        ``transformers.Trainer`` it is
-        `hf_callbacks_plus.callbacks.isolated_evaluation.isolated_evaluate`.
+        modes and every random generator as they were. For a ``transformers.Trainer`` (any
+        subclass) it is `hf_callbacks_plus.callbacks.isolated_evaluation.isolated_evaluate` of
+        the rows as prepared for training, from a dataloader built for this evaluation, with
+        the arguments of the ``evaluate()`` call in progress (``ignore_keys``, generation
+        settings); ``LightweightTrainer`` evaluates with its own ``isolated_evaluate``.
         """
         trainer = self._require_trainer()
         subset = self.subset()
         self._running = True
         try:
             if callable(getattr(trainer, "get_eval_dataloader", None)):  # a transformers.Trainer
-                if self._loader is None:  # built once, outside the trainer's loader cache
-                    with trainer_sandbox(trainer):
-                        self._loader = isolated_dataloader(trainer, subset)
-                metrics = isolated_evaluate(trainer, subset, self.prefix, dataloader=self._loader)
+                metrics = isolated_evaluate(trainer, subset, self.prefix, prepared=True,
+                                            **evaluation_arguments(trainer))
             else:  # LightweightTrainer: whatever it returns keeps only what a subset reports
                 metrics = relabel_metrics(trainer.isolated_evaluate(subset, metric_key_prefix=self.prefix),
                                           self.prefix)

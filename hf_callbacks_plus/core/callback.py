@@ -6,6 +6,7 @@ callback author reads.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from .._compat import TrainerCallbackBase
@@ -119,5 +120,17 @@ def bind_trainer(callback: Any, trainer: Any) -> None:
         trainer: The trainer it runs in.
     """
     bind = getattr(callback, "bind", None)
-    if callable(bind):
+    if callable(bind) and _takes_one_argument(bind):
         bind(trainer)
+
+
+def _takes_one_argument(function: Any) -> bool:
+    """Our protocol is ``bind(trainer)``; a callback's own ``bind`` with another signature
+    (``bind()``) is none of ours and is left alone, as a stock Trainer leaves it."""
+    try:
+        inspect.signature(function).bind(object())
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): called as before
+        return True
+    return True

@@ -86,7 +86,9 @@ def newest_complete_checkpoint(output_dir: Union[str, os.PathLike], *, trainer_n
         The folder's path, or None when ``output_dir`` holds no ``checkpoint-N`` folder.
 
     Raises:
-        ValueError: Every ``checkpoint-N`` folder is incomplete (the message lists them).
+        FileNotFoundError: Every ``checkpoint-N`` folder is incomplete and the newest has no
+            state file (what transformers raises loading it); the message lists them.
+        ValueError: Every folder is incomplete and the newest one's state does not read.
     """
     skipped: list[str] = []
     for step in checkpoint_steps(output_dir):
@@ -103,7 +105,9 @@ def newest_complete_checkpoint(output_dir: Union[str, os.PathLike], *, trainer_n
             return folder
         skipped.append(f"{folder} ({reason})")
     if skipped:
-        raise ValueError(
+        # the type transformers raises reading the newest folder's state: a missing file, or bad JSON
+        error = FileNotFoundError if skipped[0].endswith(f"(no {TRAINER_STATE_NAME})") else ValueError
+        raise error(
             f"{trainer_name}.train(resume_from_checkpoint=True): no complete checkpoint in "
             f"output_dir={os.fspath(output_dir)!r}; every checkpoint-N folder is incomplete: "
             f"{'; '.join(skipped)}. Pass resume_from_checkpoint=None to start over, or a folder path."

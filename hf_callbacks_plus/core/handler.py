@@ -25,7 +25,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional, Union
 
-from .._compat import CallbackHandlerBase
+from .._compat import CallbackHandlerBase, TrainerCallbackBase
 from .callback import EVENTS, TrainerCallback
 from .state import TrainerControl, TrainerState
 
@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("hf_callbacks_plus")
+#: transformers' handler warns on this logger (silenced by ``transformers.logging.set_verbosity_error``).
+_TRANSFORMERS_LOGGER = logging.getLogger("transformers.trainer_callback")
 
 #: The keyword arguments every event receives, in transformers' order.
 EVENT_KWARGS = (
@@ -80,6 +82,9 @@ def listens(callback: Any, event: str) -> bool:
 
 #: transformers' own events: their results replace ``control`` exactly as in transformers.
 _STANDARD_EVENTS = frozenset(EVENTS)
+
+#: Classes whose instances are callbacks even without a method for every event.
+_CALLBACK_BASES = tuple(base for base in (TrainerCallback, TrainerCallbackBase) if base is not object)
 
 #: A callback given as an instance or as a class.
 CallbackRef = Union[Any, type]
@@ -165,12 +170,10 @@ class CallbackHandler(*_HANDLER_BASES):  # type: ignore[misc]
             )
         instance = callback() if isinstance(callback, type) else callback
         cb_class = callback if isinstance(callback, type) else callback.__class__
-        if cb_class in [existing.__class__ for existing in self.callbacks]:
-            logger.warning(
-                "You are adding a %s to the callbacks of this trainer, but there is already one. "
-                "The current list of callbacks is:\n%s",
-                cb_class,
-                self.callback_list,
+        if cb_class in [existing.__class__ for existing in self.callbacks]:  # transformers' own warning
+            _TRANSFORMERS_LOGGER.warning(
+                f"You are adding a {cb_class} to the callbacks of this Trainer, but there is already one. "
+                "The current" + "list of callbacks is\n:" + self.callback_list
             )
         if first:
             self.callbacks.insert(0, instance)
@@ -229,7 +232,10 @@ class CallbackHandler(*_HANDLER_BASES):  # type: ignore[misc]
         """Call ``event`` on every callback, in order, as transformers' handler does.
 
         The live list is walked (changes made during the event take effect as in
-        transformers); callbacks without the method are skipped (custom events). A callback
+        transformers); callbacks without the method are skipped in a custom event, and in a
+        transformers event when they derive from a callback base class (an older transformers'
+        base may lack a newer event); any other object raises ``AttributeError`` there, as in
+        transformers. A callback
         may return a new ``control`` (None keeps the current one); in a custom event
         (``on_pre_log``, ``on_training_loss``...), only a control object of the same class
         does, so a ``unittest.mock`` callback, which answers every custom event with a mock,
@@ -246,7 +252,9 @@ class CallbackHandler(*_HANDLER_BASES):  # type: ignore[misc]
         for callback in self.callbacks:
             method = getattr(callback, event, None)
             if method is None:
-                continue
+                if custom or isinstance(callback, _CALLBACK_BASES):  # (an older transformers' base)
+                    continue
+                getattr(callback, event)  # not a callback at all: transformers' AttributeError
             result = method(
                 args,
                 state,

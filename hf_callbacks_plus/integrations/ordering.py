@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.callback import bind_trainer
 from ..core.handler import CallbackHandler
+from .notebook import fit_notebook_table
 
 __all__ = [
     "bind_trainer",
@@ -65,7 +66,8 @@ def fires_pre_log(trainer: Any) -> bool:
 
 def use_our_handler(trainer: Any) -> CallbackHandler:
     """Give ``trainer`` our `CallbackHandler` in place of its own (same callbacks, same order,
-    same event keyword arguments); a no-op when it already has one.
+    same event keyword arguments); a no-op when it already has one. In a notebook, transformers'
+    table then shows our values beside the trainer's columns (see `fit_notebook_table`).
 
     Args:
         trainer: A ``transformers.Trainer`` (or subclass).
@@ -73,6 +75,7 @@ def use_our_handler(trainer: Any) -> CallbackHandler:
     Returns:
         The trainer's handler.
     """
+    fit_notebook_table(trainer)  # in a notebook: our values beside the trainer's columns
     old = trainer.callback_handler
     if isinstance(old, CallbackHandler):
         return old

@@ -33,6 +33,7 @@ from ..callbacks.isolated_evaluation import isolated_evaluate
 from ..core.checkpoint_folders import newest_complete_checkpoint
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
+from .notebook import fit_notebook_table
 from .ordering import bind_trainer, is_integration_callback, run_before_integrations, use_our_handler
 
 transformers = require("transformers", "TrainerPlus")
@@ -89,6 +90,7 @@ class TrainerPlusMixin:
         super().add_callback(callback)
         added = self.callback_handler.callbacks[-1]
         bind_trainer(added, self)
+        fit_notebook_table(self)
 
     # -- logging ---------------------------------------------------------------------------
     def log(self, logs: dict[str, Any], *args: Any, **kwargs: Any) -> None:

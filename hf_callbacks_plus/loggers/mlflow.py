@@ -110,7 +110,8 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
     that cannot be created); return it unchanged.
 
     Raises:
-        ValueError: The URI cannot work; the message names it and what would.
+        ValueError: The URI cannot work (an unknown scheme, a file store the installed mlflow refuses, a
+            sqlite database that cannot be created where the URI says); the message names it.
         TypeError: ``uri`` is not a string.
     """
     if uri is None or uri == "":
@@ -121,9 +122,10 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
     if len(scheme) <= 1 or scheme == "file":  # a plain path, a Windows drive letter, file:
         _refuse_file_store_if_disabled(uri)
         return uri
-    if scheme == "sqlite":
+    base = scheme.split("+")[0]
+    if base == "sqlite":
         _refuse_unusable_sqlite_path(uri)
-    if scheme.split("+")[0] in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
+    if base in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
         return uri
     raise ValueError(
         f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. Valid schemes: "
@@ -132,23 +134,28 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
 
 
 def _refuse_unusable_sqlite_path(uri: str) -> None:
-    """``sqlite:///<path>``: the database file must exist and be writable, or its folder must."""
-    path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-    if path is None or str(path) in ("", ":memory:"):
+    """A sqlite database MLflow cannot create (its folder is under a file, or not writable): say so
+    now, not as a run that could not start after the training (MLflow creates missing folders)."""
+    for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
+        require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
+    path = uri.split(":///", 1)[1].split("?", 1)[0] if ":///" in uri else ""
+    if not path or path == ":memory:":
         return
-    problem = None
-    if path.is_dir():
-        problem = "is a directory"
-    elif path.exists():
-        problem = None if os.access(path, os.W_OK) else "is not writable"
-    elif not path.parent.is_dir():
-        problem = f"cannot be created: the folder {str(path.parent.resolve())!r} does not exist"
-    elif not os.access(path.parent, os.W_OK):
-        problem = f"cannot be created: the folder {str(path.parent.resolve())!r} is not writable"
-    if problem:
-        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {mask_url_credentials(uri)!r}: the sqlite "
-                         f"database {str(path)!r} {problem}. Use a path in a writable folder, e.g. "
-                         "'sqlite:///mlflow.db' (relative to the working directory) or 'sqlite:////abs/mlflow.db'.")
+    path = os.path.abspath(path)
+    problem = "is a directory" if os.path.isdir(path) else None
+    ancestor = os.path.dirname(path)
+    while problem is None and not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if problem is None and not os.path.isdir(ancestor):
+        problem = f"cannot be created: {ancestor!r} is a file, not a folder"
+    elif problem is None and not os.access(ancestor, os.W_OK | os.X_OK):
+        problem = f"cannot be created: the folder {ancestor!r} is not writable"
+    if problem is not None:
+        raise ValueError(
+            f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} {problem}. Use "
+            "a path in a writable folder, e.g. tracking_uri='sqlite:///mlflow.db' (relative to the working "
+            "directory) or 'sqlite:////absolute/path/mlflow.db'."
+        )
 
 
 def _refuse_file_store_if_disabled(uri: str) -> None:

@@ -107,16 +107,7 @@ def rotate_checkpoints(
 
 
 class CheckpointMixin:
-    """Checkpoint methods of `LightweightTrainer`."""
-
-    args: Any
-    state: TrainerState
-    control: TrainerControl
-    callback_handler: Any
-    model: Any
-    save_model_fn: Any
-    load_model_fn: Any
-    store_flos: Any
+    """Checkpoint methods of `LightweightTrainer` (its ``__init__`` sets the attributes they read)."""
 
     # -- model weights -------------------------------------------------------------------
     def _save_model(self, output_dir: str) -> None:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
-from ..core.state import TrainerControl, TrainerState
 from ..metrics.keys import add_prefix, did_you_mean
 from ..metrics.numbers import to_float
 
@@ -78,21 +77,7 @@ def _output_loss(output: Any) -> Optional[float]:
 
 
 class EvaluationMixin:
-    """``evaluate``/``predict`` of `LightweightTrainer`."""
-
-    args: Any
-    state: TrainerState
-    control: TrainerControl
-    callback_handler: Any
-    eval_data: Any
-    eval_step: Any
-    eval_fn: Any
-    metrics_fn: Any
-    log: Any
-    #: Set by the first `evaluate`/`predict` of a trainer that has not trained yet (see
-    #: `_prepare_model_for_evaluation`); from then on every evaluation reports it.
-    model_preparation_time: Optional[float] = None
-    _model_prepared: bool = False
+    """``evaluate``/``predict`` of `LightweightTrainer` (its ``__init__`` sets the attributes they read)."""
 
     def evaluate(self, eval_data: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate, log the metrics and fire ``on_evaluate``.
@@ -139,7 +124,9 @@ class EvaluationMixin:
         """Evaluate ``eval_data`` and return its metrics, leaving no trace in the trainer.
 
         No log record, no ``on_evaluate``; callbacks see only ``on_prediction_step`` (the
-        progress bar); ``control`` and the handler's ``eval_dataloader`` are as before.
+        progress bar); ``control``, the handler's ``eval_dataloader`` and every random generator
+        the training observes (global, and those of ``train_data`` and ``eval_data``: a
+        ``collate_fn`` with its own generator...) are as before.
         ``TrainSubsetEvaluation`` uses it.
 
         Args:
@@ -150,6 +137,7 @@ class EvaluationMixin:
             The prefixed metrics, without timing keys and run counters (`relabel_metrics`).
         """
         from ..callbacks.isolated_evaluation import close_prediction_bars, relabel_metrics
+        from ..callbacks.random_state import random_state_kept
 
         handler = self.callback_handler
         control, flags = self.control, dict(vars(self.control))
@@ -157,7 +145,8 @@ class EvaluationMixin:
         preparation = (self._model_prepared, self.model_preparation_time)
         close_prediction_bars(handler)
         try:
-            metrics, _, _ = self._evaluation_loop(eval_data, metric_key_prefix, "isolated_evaluate")
+            with random_state_kept(self.train_data, eval_data):
+                metrics, _, _ = self._evaluation_loop(eval_data, metric_key_prefix, "isolated_evaluate")
         finally:
             close_prediction_bars(handler)
             self.control = control

@@ -8,9 +8,8 @@ fired before a record reaches ``state.log_history`` and ``on_log``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-from ..core.state import TrainerControl, TrainerState
 from .evaluation import speed_metrics
 from .plan import TrainOutput
 
@@ -18,24 +17,8 @@ __all__ = ["LoggingMixin"]
 
 
 class LoggingMixin:
-    """``log``, ``store_flos`` and the log/evaluate/save decisions of ``LightweightTrainer``."""
-
-    args: Any
-    state: TrainerState
-    control: TrainerControl
-    callback_handler: Any
-    current_flos: float
-    _tr_loss: float
-    _total_loss_scalar: float
-    _globalstep_last_logged: int
-    _initial_global_step: int
-    _initial_num_input_tokens_seen: int
-    _get_learning_rate: Any
-    evaluate: Any
-    _determine_best_metric: Any
-    _save_checkpoint: Any
-    _load_best_model: Any
-    _finalize_checkpoints: Any
+    """``log``, ``store_flos`` and the log/evaluate/save point of `LightweightTrainer` (its
+    ``__init__`` sets the attributes they read)."""
 
     def _maybe_log_save_evaluate(
         self, grad_norm: Optional[float], start_time: float, learning_rate: Optional[float]

@@ -13,35 +13,20 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Optional
 
-from ..core.state import TrainerControl, TrainerState
 from ..metrics.numbers import to_float
 
 __all__ = ["StepsMixin"]
 
 
 class StepsMixin:
-    """The step loops and optimizer hooks of `LightweightTrainer`."""
+    """The step loop and optimizer hooks of `LightweightTrainer` (whose ``__init__`` sets the
+    attributes every part of the loop reads)."""
 
-    args: Any
-    state: TrainerState
-    control: TrainerControl
-    callback_handler: Any
-    train_step: Any
-    num_tokens_fn: Any
-    optimizer: Any
-    lr_scheduler: Any
-    optimizer_step_fn: Any
-    learning_rate_fn: Any
-    current_gradient_accumulation_steps: int
-    _tr_loss: float
-    _globalstep_last_logged: int
-    _maybe_log_save_evaluate: Any
+    # The loop fires every event through the handler at every step, as transformers.Trainer
+    # does (no event is skipped for callbacks that seem not to listen: a mock, a patched method
+    # or a callback added mid-step must see it).
 
-    # The two step loops fire every event through the handler at every step, as
-    # transformers.Trainer does (no event is skipped for callbacks that seem not to listen:
-    # a mock, a patched method or a callback added mid-step must see it).
-
-    def _run_single_batch_steps(
+    def _run_steps(
         self,
         iterator: Any,
         epoch: int,
@@ -51,70 +36,14 @@ class StepsMixin:
         batches_per_epoch: int,
         start_time: float,
     ) -> tuple[int, Optional[float], Optional[float]]:
-        """The steps of an epoch with ``gradient_accumulation_steps == 1``: one batch per step."""
-        args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
-        isfinite = math.isfinite
-        nan_filter = args.logging_nan_inf_filter
-        count_tokens = self.num_tokens_fn is not None and args.include_num_input_tokens_seen != "no"
-        plain_hooks, track_lr = self._optimizer_hooks()
-        grad_norm: Optional[float] = None
-        learning_rate: Optional[float] = None
-        tr_loss = self._tr_loss
-        if steps_per_epoch > first_update:
-            self.current_gradient_accumulation_steps = 1
-        for inputs in islice(iterator, steps_per_epoch - first_update):
-            step += 1
-            control = self.control = handler.on_step_begin(args, state, self.control)
-            output = train_step(inputs)
-            step_grad_norm = None
-            if type(output) is not float:
-                if isinstance(output, Mapping):
-                    step_grad_norm = output.get("grad_norm")
-                    output = output["loss"]
-                output = to_float(output, strict=True, what="the loss returned by train_step")
-            control = self.control = handler.call_event("on_training_loss", args, state, control, loss=output)
-            if nan_filter and not isfinite(output):
-                tr_loss += tr_loss / (1 + state.global_step - self._globalstep_last_logged)
-            else:
-                tr_loss += output
-            if count_tokens:
-                state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
+        """The optimizer steps of one epoch: each takes ``gradient_accumulation_steps`` micro-batches
+        (the last step of an epoch that does not divide evenly takes the rest); ``on_substep_end``
+        between micro-batches, the optimizer and the log/evaluate/save point after the last one.
 
-            grad_norm = (None if step_grad_norm is None
-                         else to_float(step_grad_norm, strict=True, what="grad_norm"))
-            control = self.control = handler.on_pre_optimizer_step(args, state, control)
-            if plain_hooks:
-                self._optimizer_step()
-            control = self.control = handler.on_optimizer_step(args, state, control)
-            learning_rate = self._get_learning_rate() if track_lr else None
-            if plain_hooks:
-                self._after_optimizer_step()
-            state.global_step += 1
-            state.epoch = epoch + (step + 1) / batches_per_epoch
-            control = self.control = handler.on_step_end(args, state, control)
-            if control.should_log or control.should_evaluate or control.should_save:
-                self._tr_loss = tr_loss
-                self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
-                tr_loss, control = self._tr_loss, self.control
-            if control.should_epoch_stop or control.should_training_stop:
-                break
-        else:
-            if step + 1 < steps_per_epoch:  # the data ran out: the remaining steps got no batch
-                self.current_gradient_accumulation_steps = 0
-        self._tr_loss = tr_loss
-        return step, grad_norm, learning_rate
-
-    def _run_accumulated_steps(
-        self,
-        iterator: Any,
-        epoch: int,
-        step: int,
-        first_update: int,
-        steps_per_epoch: int,
-        batches_per_epoch: int,
-        start_time: float,
-    ) -> tuple[int, Optional[float], Optional[float]]:
-        """The steps of an epoch with gradient accumulation (micro-batches, ``on_substep_end``)."""
+        Returns:
+            The index of the last batch (-1 when the data yielded none), the last grad norm and
+            learning rate.
+        """
         args, state, handler, train_step = self.args, self.state, self.callback_handler, self.train_step
         accumulation = args.gradient_accumulation_steps
         remainder = batches_per_epoch % accumulation or accumulation
@@ -123,6 +52,8 @@ class StepsMixin:
         plain_hooks, track_lr = self._optimizer_hooks()
         grad_norm: Optional[float] = None
         learning_rate: Optional[float] = None
+        tr_loss = self._tr_loss
+        control = self.control  # always self.control, read back after each event (as Trainer)
         for update_step in range(first_update, steps_per_epoch):
             num_batches = accumulation if update_step != steps_per_epoch - 1 else remainder
             batch_samples = list(islice(iterator, num_batches))
@@ -130,7 +61,7 @@ class StepsMixin:
             for inputs in batch_samples:
                 step += 1
                 if step % accumulation == 0:
-                    self.control = handler.on_step_begin(args, state, self.control)
+                    control = self.control = handler.on_step_begin(args, state, self.control)
                 output = train_step(inputs)
                 step_grad_norm = None
                 if type(output) is not float:
@@ -139,21 +70,22 @@ class StepsMixin:
                         output = output["loss"]
                     output = to_float(output, strict=True, what="the loss returned by train_step")
                 loss = output / scale
-                self.control = handler.call_event("on_training_loss", args, state, self.control, loss=loss)
+                control = self.control = handler.call_event(
+                    "on_training_loss", args, state, self.control, loss=loss)
                 if nan_filter and not math.isfinite(loss):
-                    self._tr_loss += self._tr_loss / (1 + state.global_step - self._globalstep_last_logged)
+                    tr_loss += tr_loss / (1 + state.global_step - self._globalstep_last_logged)
                 else:
-                    self._tr_loss += loss
+                    tr_loss += loss
                 if count_tokens:
                     state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
 
-                if (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch:  # sync step
+                if (step + 1) % accumulation == 0 or (step + 1) == batches_per_epoch:  # the sync step
                     grad_norm = (None if step_grad_norm is None
                                  else to_float(step_grad_norm, strict=True, what="grad_norm"))
-                    self.control = handler.on_pre_optimizer_step(args, state, self.control)
+                    control = self.control = handler.on_pre_optimizer_step(args, state, self.control)
                     if plain_hooks:
                         self._optimizer_step()
-                    self.control = handler.on_optimizer_step(args, state, self.control)
+                    control = self.control = handler.on_optimizer_step(args, state, self.control)
                     learning_rate = self._get_learning_rate() if track_lr else None
                     if plain_hooks:
                         self._after_optimizer_step()
@@ -161,13 +93,16 @@ class StepsMixin:
                     state.epoch = epoch + (step + 1) / batches_per_epoch
                     control = self.control = handler.on_step_end(args, state, self.control)
                     if control.should_log or control.should_evaluate or control.should_save:
+                        self._tr_loss = tr_loss
                         self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
+                        tr_loss, control = self._tr_loss, self.control
                 else:
-                    self.control = handler.on_substep_end(args, state, self.control)
-                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    control = self.control = handler.on_substep_end(args, state, self.control)
+                if control.should_epoch_stop or control.should_training_stop:
                     break
-            if self.control.should_epoch_stop or self.control.should_training_stop:
+            if control.should_epoch_stop or control.should_training_stop:
                 break
+        self._tr_loss = tr_loss
         return step, grad_norm, learning_rate
 
     # -- optimizer hooks -------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The flow is a port of ``transformers.Trainer`` 5.23 (``_inner_training_loop``,
 ``_run_epoch``, ``_maybe_log_save_evaluate``, ``_finalize_training``, ``log``; the step
-loops live in ``steps.py``, logging and the final train log in ``logs.py``): the same
+loop lives in ``steps.py``, logging and the final train log in ``logs.py``, evaluation in
+``evaluation.py``, checkpoints in ``checkpoints.py``, each a part of the class whose
+``__init__`` sets every attribute they read): the same
 events with the same ``global_step``/``epoch``/control flags, the same log keys, the same
 checkpoint folders. Parity is tested against a real Trainer in
 ``tests/loop/test_parity_transformers.py``. The model, the optimizer and the data are
@@ -146,6 +148,10 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
         self._globalstep_last_logged = 0
         self._initial_global_step = 0
         self._initial_num_input_tokens_seen = 0
+        #: Set by the first evaluation of a trainer that has not trained (see
+        #: ``_prepare_model_for_evaluation``); from then on every evaluation reports it.
+        self.model_preparation_time: Optional[float] = None
+        self._model_prepared = False
         for callback in list(self.callback_handler.callbacks):
             bind_trainer(callback, self)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
@@ -249,8 +255,7 @@ class LightweightTrainer(StepsMixin, LoggingMixin, EvaluationMixin, CheckpointMi
             for _ in islice(iterator, skip):
                 pass
             step, first_update = skip - 1, skip // accumulation
-        run_steps = self._run_single_batch_steps if accumulation == 1 else self._run_accumulated_steps
-        step, grad_norm, learning_rate = run_steps(
+        step, grad_norm, learning_rate = self._run_steps(
             iterator, epoch, step, first_update, steps_per_epoch, batches_per_epoch, start_time
         )
         if step < 0:

@@ -21,6 +21,7 @@ known)
 (``TrainSubsetEvaluation``)
 ``gap_loss`` (train subset minus eval)  gap / -                    ``gap/loss``
 ``early_stopping/best_value``          early_stopping / -          unchanged
+``best_checkpoints/eval_loss/rank1_step``  best_checkpoints / -    unchanged (run summary)
 ``val_acc`` (prefix ``val`` learned    val / -                     ``val/acc``
 or declared)
 end-of-training record: ``train_loss``,  train_summary / -         ``train_summary/loss``,
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 __all__ = [
+    "BEST_CHECKPOINTS_SECTION",
     "BUILTIN_SECTIONS",
     "METRIC_FAMILIES",
     "NESTED_SEPARATOR",
@@ -174,8 +176,13 @@ SUMMARY_KEYS = frozenset(
     }
 )
 
+#: Section of the ranking of ``KeepBestCheckpoints`` (``best_checkpoints/eval_loss/rank1_step``): a
+#: run summary, like ``train_summary/``.
+BEST_CHECKPOINTS_SECTION = "best_checkpoints"
+
 #: Sections every grammar knows. Custom ones are added by ``declare_prefix``.
-BUILTIN_SECTIONS = ("eval", "test", "train", TRAIN_SUBSET_PREFIX, "gap", "early_stopping", SUMMARY_SECTION)
+BUILTIN_SECTIONS = ("eval", "test", "train", TRAIN_SUBSET_PREFIX, "gap", "early_stopping", SUMMARY_SECTION,
+                    BEST_CHECKPOINTS_SECTION)
 
 #: Timing metrics ``Trainer.evaluate``/``predict`` (and ``LightweightTrainer``) add after
 #: ``<metric_key_prefix>_``: measurements of the run, not of the model (never a learning curve,
@@ -214,8 +221,8 @@ class MetricKey:
 
     @property
     def is_summary(self) -> bool:
-        """True for end-of-training totals that belong in a run summary, not a curve."""
-        return self.section == SUMMARY_SECTION
+        """True for end-of-training totals and the kept checkpoints' ranking: a run summary, not a curve."""
+        return self.section in (SUMMARY_SECTION, BEST_CHECKPOINTS_SECTION)
 
     @property
     def is_training_loop(self) -> bool:
@@ -500,7 +507,8 @@ class KeyGrammar:
             ('eval_loss', 'eval_loss')
         """
         head, slash, rest = monitor.partition("/")
-        if not slash or not rest or head not in self._sections or head in ("early_stopping", SUMMARY_SECTION):
+        if not slash or not rest or head not in self._sections or head in ("early_stopping", SUMMARY_SECTION,
+                                                                             BEST_CHECKPOINTS_SECTION):
             return monitor
         if head == "train":  # the training loop's bare keys render to train/<key>
             return rest

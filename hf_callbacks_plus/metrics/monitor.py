@@ -1,35 +1,48 @@
-"""Monitor: metric lookup, mode, ``min_delta`` and finiteness, in one reusable piece.
+"""Monitor: one watched metric: its key, its direction, what counts as better, and what to
+tell the user when the run cannot produce it.
 
-Every component that watches a metric (``EarlyStopping``, best-model logic, schedulers)
-uses `Monitor`, so "is this value better than that one" has one definition:
+Every component that watches a metric (``EarlyStopping``, a best-checkpoint keeper, a
+scheduler) uses `Monitor`, so "which key", "is this value better" and "why is it missing"
+have one definition. How a new callback uses it (``EarlyStopping`` does exactly this)::
 
-* lookup goes through `KeyGrammar` (``"accuracy"``
-  finds ``eval_accuracy``; ``"eval/accuracy"`` finds it through rendering);
-* ``mode`` is ``"min"``, ``"max"`` or ``"auto"`` (decided from the metric name, like Keras
-  and Composer; a name that says nothing raises an error telling what to pass);
-* ``min_delta`` is an absolute amount or a fraction of the best value
-  (``min_delta_mode="relative"``);
+    monitor = Monitor("eval_loss", min_delta=0.01, owner="MyCallback")  # mode, typos: raises
+    monitor.warn_if_misspelt()              # mode given and a near miss of a known name
+    monitor = Monitor.from_args(args, ...)  # or: args.metric_for_best_model, as transformers reads it
+    # bind(trainer):    monitor.grammar = grammar_for(trainer)
+    # on_train_begin:   problem = monitor.check_run(args, trainer)     # None, or why it never shows up
+    # on_evaluate/log:  key, value = monitor.lookup(metrics)
+    #                   if key is None: problem = monitor.missing_problem(metrics, from_evaluate=True)
+    #                   elif monitor.is_improvement(value, best): ...
+
+* lookup goes through `KeyGrammar` (``"accuracy"`` finds ``eval_accuracy``; ``"eval/accuracy"``
+  finds it through rendering); a missing metric's message lists the keys present with a
+  "did you mean" (`explain_missing`);
+* ``mode`` is ``"min"``, ``"max"`` or ``"auto"`` (from the name, like Keras; a misspelt name
+  raises "did you mean", a name that says nothing raises telling what to pass);
+* ``min_delta`` is an absolute amount or a fraction of the best value (``min_delta_mode``);
 * a non-finite value (NaN, +-Inf) is never an improvement, so it never becomes "best";
-* the settings are validated here and nowhere else: `check_mode` (mode, ``min_delta``,
-  ``min_delta_mode``) and `check_thresholds` (baseline / stopping / divergence thresholds on
-  the right side of each other), with messages naming the argument, the value and the choices.
+* the settings are validated here: `check_mode` and `check_thresholds` (baseline / stopping /
+  divergence thresholds on the right side of each other), messages naming the argument, the
+  value and the choices.
 
 `Monitor.is_improvement` is a pure function of its two arguments.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-from .keys import KeyGrammar
+from .keys import SPEED_SUFFIXES, TRAINING_LOOP_KEYS, KeyGrammar
 
 logger = logging.getLogger("hf_callbacks_plus")
 
 __all__ = [
+    "KNOWN_NAMES",
     "MAXIMIZE_WORDS",
     "MINIMIZE_WORDS",
     "MIN_DELTA_MODES",
@@ -70,8 +83,8 @@ MAXIMIZE_WORDS = frozenset(
 AMBIGUOUS_WORDS = frozenset({"gap", "delta", "diff", "difference"})
 
 #: The metrics trl's trainers log (trl 1.x ``DPOTrainer``, ``KTOTrainer``, ``RewardTrainer``,
-#: ``GRPOTrainer``, ``RLOOTrainer``, ``SFTTrainer``; each also under ``eval_`` and
-#: ``train_subset_``), by exact name: ``"max"``, ``"min"``, or None for a diagnostic with no
+#: ``GRPOTrainer``, ``RLOOTrainer``, ``SFTTrainer``, ``DistillationTrainer``; each also under
+#: ``eval_`` and ``train_subset_``), by exact name: ``"max"``, ``"min"``, or None for a diagnostic with no
 #: better direction (``mode`` must then be given; the error says why). They take precedence
 #: over the word lists: ``rewards/rejected`` holds "reward" but is not to be maximised.
 TRL_DIRECTIONS: dict[str, Optional[str]] = {
@@ -90,6 +103,11 @@ TRL_DIRECTIONS: dict[str, Optional[str]] = {
     "clip_ratio/low_mean": None, "clip_ratio/low_min": None, "clip_ratio/high_mean": None,
     "clip_ratio/high_max": None, "clip_ratio/region_mean": None,
     "tools/call_frequency": None, "tools/failure_frequency": "min",
+    "sampling/importance_sampling_ratio/min": None, "sampling/importance_sampling_ratio/mean": None,
+    "sampling/importance_sampling_ratio/max": None, "sampling/sampling_logp_difference/mean": None,
+    "sampling/sampling_logp_difference/max": None, "vespo/phi_seq_mean": None,
+    # DistillationTrainer: seconds per training step
+    "step_time": None,
     # SFT / DPO / GRPO: token accuracy; the mean entropy of the predictions is a diagnostic
     "mean_token_accuracy": "max", "entropy": None, "aux_loss": "min", "num_tokens": None,
 }
@@ -234,6 +252,19 @@ def check_thresholds(mode: Optional[str], *, baseline: Any = None, stopping_thre
         )
 
 
+#: Metric names a monitor is likely to mean: the words `infer_mode` knows, trl's metrics and the
+#: training loop's keys. A name close to one of them (but not equal) is probably a typo.
+KNOWN_NAMES = tuple(sorted(MINIMIZE_WORDS | MAXIMIZE_WORDS | set(TRL_DIRECTIONS) | TRAINING_LOOP_KEYS))
+
+#: Methods whose override can add evaluation metrics beyond ``compute_metrics`` (trl's trainers
+#: add theirs in ``log``; a custom ``evaluate`` may add anything).
+_EVALUATION_METHODS = ("log", "evaluate", "evaluation_loop", "prediction_step", "compute_loss")
+
+
+def _choice(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
 class Monitor:
     """Finds a metric in a metrics dict and decides whether a value improves on the best.
 
@@ -254,7 +285,8 @@ class Monitor:
     Raises:
         TypeError: An argument has the wrong type.
         ValueError: Unknown ``mode``/``min_delta_mode``, negative ``min_delta``, or
-            ``mode="auto"`` with a name that does not tell the direction.
+            ``mode="auto"`` with a misspelt name ("did you mean") or a name that does not tell
+            the direction.
 
     Example:
         >>> m = Monitor("eval_loss", min_delta=0.01)
@@ -275,26 +307,53 @@ class Monitor:
         if not isinstance(monitor, str) or not monitor:
             raise TypeError(f"{owner}: monitor must be a non-empty string, got {monitor!r}.")
         delta = check_mode(mode, min_delta, min_delta_mode, owner=owner)
-        if mode == "auto":
-            inferred = infer_mode(monitor)
-            if inferred is None:
-                known = trl_metric(monitor)
-                why = (f" trl's {known!r} is a diagnostic with no better direction." if known is not None
-                       else "")
-                raise ValueError(
-                    f"{owner}: mode='auto' cannot tell whether {monitor!r} should go down or up.{why} "
-                    f"Pass mode='min' (lower is better, e.g. a loss) or mode='max' (higher is better, "
-                    f"e.g. an accuracy)."
-                )
-            mode = inferred
         if grammar is not None and not isinstance(grammar, KeyGrammar):
             raise TypeError(f"{owner}: grammar must be a KeyGrammar or None, got {type(grammar).__name__}.")
         self.monitor = monitor
+        self.grammar = grammar if grammar is not None else KeyGrammar()
+        self.owner = owner
+        if mode == "auto":
+            mode = infer_mode(monitor) or self._unknown_direction()
         self.mode = mode
         self.min_delta = delta
         self.min_delta_mode = min_delta_mode
-        self.grammar = grammar if grammar is not None else KeyGrammar()
-        self.owner = owner
+
+    def _unknown_direction(self) -> str:
+        suggestion = self.suggestion()
+        if suggestion is not None:  # a typo first: "cannot tell" would mislead
+            raise ValueError(
+                f"{self.owner}: monitor={self.monitor!r} looks like a misspelt metric name. Did you mean "
+                f"{suggestion!r}? (If {self.monitor!r} is your own metric, pass mode='min' or mode='max'.)"
+            )
+        known = trl_metric(self.monitor)
+        why = f" trl's {known!r} is a diagnostic with no better direction." if known is not None else ""
+        raise ValueError(
+            f"{self.owner}: mode='auto' cannot tell whether {self.monitor!r} should go down or up.{why} "
+            f"Pass mode='min' (lower is better, e.g. a loss) or mode='max' (higher is better, e.g. an "
+            f"accuracy)."
+        )
+
+    @classmethod
+    def from_args(cls, args: Any, mode: str = "auto", **kwargs: Any) -> Monitor:
+        """The monitor of ``args.metric_for_best_model``, read as transformers reads it (``"loss"``
+        is ``eval_loss``); ``mode="auto"`` takes ``args.greater_is_better``.
+
+        Raises:
+            ValueError: ``args.metric_for_best_model`` is not set.
+        """
+        owner = kwargs.get("owner", "Monitor")
+        monitor = getattr(args, "metric_for_best_model", None)
+        if not monitor:
+            raise ValueError(
+                f"{owner}: monitor=None takes the metric from args.metric_for_best_model, which is "
+                "None. Pass monitor='eval_loss' (or another metric) or set metric_for_best_model."
+            )
+        if mode == "auto":
+            mode = "max" if getattr(args, "greater_is_better", None) else "min"
+        if not monitor.startswith("eval_") and monitor.partition("/")[0] not in ("eval", "train_subset",
+                                                                                  "gap"):
+            monitor = f"eval_{monitor}"
+        return cls(monitor, mode, **kwargs)
 
     def __repr__(self) -> str:
         return (
@@ -316,6 +375,151 @@ class Monitor:
         """Message for a missing metric: the keys available and a "did you mean"."""
         return self.grammar.explain_missing(self.monitor, metrics)
 
+    # -- did you mean, and can this run produce it ----------------------------------
+    def suggestion(self) -> Optional[str]:
+        """A likely intended spelling of the monitor (``"eval_los"`` -> ``"eval_loss"``), or None.
+
+        The metric name inside its section is compared with `KNOWN_NAMES`; only a close miss
+        (similarity >= 0.8, not equal) counts, so a user's own metric name is left alone.
+        """
+        raw = self.grammar.canonical(self.monitor)
+        name = self.grammar.parse(raw).name
+        if not raw.endswith(name):
+            return None
+        pieces = name.split("_")  # "squad_acuracy": an unknown dataset's name may come first
+        for start in range(len(pieces)):
+            tail = "_".join(pieces[start:])
+            if tail in KNOWN_NAMES:
+                return None
+            close = difflib.get_close_matches(tail, list(KNOWN_NAMES), n=1, cutoff=0.8)
+            if close:
+                return raw[: len(raw) - len(tail)] + close[0]
+        return None
+
+    def warn_if_misspelt(self) -> None:
+        """Log a WARNING when the name is a near miss of a known metric (``mode`` was given, so
+        it may be the user's own metric; ``mode="auto"`` raised instead)."""
+        suggestion = self.suggestion()
+        if suggestion is not None:
+            logger.warning("%s: monitor=%r looks like a misspelt %r (ignore this if it is your own metric; "
+                           "a missing metric raises at the first evaluation).", self.owner, self.monitor,
+                           suggestion)
+
+    @property
+    def prefix(self) -> str:
+        """The ``metric_key_prefix`` of the evaluation that produces the metric (``"eval"``,
+        ``"eval_squad"``, ``"train_subset"``...), or ``""`` for training-loop keys (``loss``)."""
+        raw = self.grammar.candidates(self.monitor)[0]
+        if raw in TRAINING_LOOP_KEYS:
+            return ""
+        parsed = self.grammar.parse(raw)
+        if parsed.section == "train" and parsed.dataset is None and (
+            parsed.raw == parsed.name or parsed.name in TRAINING_LOOP_KEYS
+        ):
+            return ""  # logged by the training loop (``loss``, ``train/loss``) or a bare user key
+        return parsed.section if parsed.dataset is None else f"{parsed.section}_{parsed.dataset}"
+
+    def check_run(self, args: Any, trainer: Any = None) -> Optional[str]:
+        """Why the run configured by ``args`` (and ``trainer``, when known) can never produce the
+        metric, or None. Knowable before training: an eval metric with ``eval_strategy="no"``, a
+        ``test_*`` metric, a near miss of ``args.metric_for_best_model``, a plain ``eval_*``
+        metric while ``trainer.eval_dataset`` is a dict, an eval metric other than the loss from
+        a stock ``Trainer`` without ``compute_metrics``. Messages end with a "did you mean" where
+        one exists.
+        """
+        return self._against_args(args) or self._misspelt_against_args(args) or self._against_trainer(trainer)
+
+    def _against_args(self, args: Any) -> Optional[str]:
+        prefix, monitor, owner = self.prefix, self.monitor, self.owner
+        if args is None:
+            return None
+        if prefix == "":
+            if _choice(getattr(args, "logging_strategy", "steps")) == "no":
+                return (f"{owner} monitors the training-loop key {monitor!r}, but args.logging_strategy='no' "
+                        f"never logs it. Set logging_strategy to 'steps' or 'epoch'.")
+            return None
+        section = prefix.split("_")[0]
+        if section == "test":
+            return (f"{owner}: monitor={monitor!r} is a test_* metric; the Trainer produces test_* metrics "
+                    f"only in predict(), never during training. Monitor an eval_* metric instead.")
+        if section != "eval":
+            return None
+        if _choice(getattr(args, "eval_strategy", "steps")) == "no":
+            return (f"{owner}: monitor={monitor!r} is an evaluation metric but args.eval_strategy='no', so "
+                    f"the Trainer never evaluates during training. Set eval_strategy to one of "
+                    f"['steps', 'epoch'].")
+        name = KeyGrammar().parse(self.grammar.candidates(monitor)[0]).name
+        if getattr(args, "prediction_loss_only", False) and name != "loss":
+            return (f"{owner}: monitor={monitor!r} needs compute_metrics, but args.prediction_loss_only=True "
+                    f"makes evaluation return only eval_loss. Monitor 'eval_loss' or set "
+                    f"prediction_loss_only=False.")
+        return None
+
+    def _misspelt_against_args(self, args: Any) -> Optional[str]:
+        """A near miss of ``args.metric_for_best_model`` (``"eval_acuracy"`` while the trainer
+        selects on ``"accuracy"``) that is not a known metric name itself."""
+        wanted = getattr(args, "metric_for_best_model", None)
+        if not isinstance(wanted, str) or not wanted:
+            return None
+        target = wanted if wanted.startswith("eval_") else f"eval_{wanted}"
+        raw = self.grammar.canonical(self.grammar.candidates(self.monitor)[0])
+        if raw == target or self.grammar.parse(raw).name in KNOWN_NAMES:
+            return None
+        if difflib.SequenceMatcher(None, raw, target).ratio() < 0.85:
+            return None
+        return (f"{self.owner}: monitor={self.monitor!r} is not produced under that name; the trainer "
+                f"selects its best model on args.metric_for_best_model={wanted!r}. Did you mean {target!r}?")
+
+    def _against_trainer(self, trainer: Any) -> Optional[str]:
+        if trainer is None:
+            return None
+        eval_dataset = getattr(trainer, "eval_dataset", None)
+        datasets = sorted(name for name in eval_dataset if isinstance(name, str) and name) if isinstance(
+            eval_dataset, dict) else []
+        for name in datasets:  # the trainer's datasets, also those assigned after construction
+            self.grammar.declare_dataset(name)
+        parsed = self.grammar.parse(self.grammar.canonical(self.grammar.candidates(self.monitor)[0]))
+        if parsed.section != "eval":
+            return None
+        if datasets and parsed.dataset is None:
+            suggestions = " or ".join(repr(f"eval_{name}_{parsed.name}") for name in datasets)
+            return (f"{self.owner}: monitor={self.monitor!r} is never produced: the trainer evaluates a dict "
+                    f"of datasets {datasets}, so its metrics are eval_<dataset>_<metric>. Did you mean "
+                    f"{suggestions}?")
+        if parsed.name != "loss" and getattr(trainer, "compute_metrics", None) is None \
+                and _evaluates_like_stock_trainer(trainer):
+            loss = "eval_loss" if parsed.dataset is None else f"eval_{parsed.dataset}_loss"
+            return (f"{self.owner}: monitor={self.monitor!r} is never produced: the trainer has no "
+                    f"compute_metrics, so its evaluations return only {loss!r} (and timings). Did you mean "
+                    f"{loss!r}? Or pass compute_metrics=... to the trainer.")
+        return None
+
+    def missing_problem(self, values: Mapping[str, Any], from_evaluate: bool) -> Optional[str]:
+        """Why a record that should hold the metric does not (keys present, "did you mean"), or
+        None when this record may lack it.
+
+        A training record (``loss``/``learning_rate``) must hold a training-loop metric; an
+        evaluation of the monitor's `prefix` (it reports ``<prefix>_runtime``...) must hold an
+        evaluation metric. Other records may lack it.
+        """
+        prefix, owner = self.prefix, self.owner
+        if prefix == "":
+            training_record = bool({"loss", "learning_rate"} & set(values)) and "train_runtime" not in values
+            missing = not from_evaluate and training_record
+            return f"{owner}: {self.explain_missing(values)}" if missing else None
+        if not from_evaluate:
+            return None
+        prefixes = {key[: -len(suffix)] for key in values if isinstance(key, str)
+                    for suffix in SPEED_SUFFIXES if key.endswith(suffix)}
+        if prefix in prefixes:
+            return f"{owner}: the {prefix!r} evaluation did not return it. {self.explain_missing(values)}"
+        name = self.grammar.parse(self.grammar.candidates(self.monitor)[0]).name
+        if prefix == "eval" and any(p.startswith("eval_") and f"{p}_{name}" in values for p in prefixes):
+            # several eval datasets: every evaluation is eval_<name>_..., a plain eval_* never comes
+            return (f"{owner}: the trainer evaluates named datasets ({sorted(prefixes)}), never a plain "
+                    f"'eval' set. {self.explain_missing(values)}")
+        return None
+
     # -- comparisons (pure) ------------------------------------------------------------
     @property
     def worst(self) -> float:
@@ -324,10 +528,10 @@ class Monitor:
 
     def check_thresholds(self, *, baseline: Optional[float] = None,
                          stopping_threshold: Optional[float] = None,
-                         divergence_threshold: Optional[float] = None, owner: str = "Monitor") -> None:
+                         divergence_threshold: Optional[float] = None) -> None:
         """`check_thresholds` for this monitor's mode."""
         check_thresholds(self.mode, baseline=baseline, stopping_threshold=stopping_threshold,
-                         divergence_threshold=divergence_threshold, owner=owner)
+                         divergence_threshold=divergence_threshold, owner=self.owner)
 
     def reaches(self, current: float, threshold: float) -> bool:
         """``current`` is at least as good as ``threshold`` (``<=`` for min, ``>=`` for max)."""
@@ -377,3 +581,16 @@ class Monitor:
         if not finite:
             return None
         return min(finite) if self.mode == "min" else max(finite)
+
+
+def _evaluates_like_stock_trainer(trainer: Any) -> bool:
+    """True when ``trainer`` evaluates as ``transformers.Trainer`` does: its metrics are
+    ``<prefix>_loss`` plus what ``compute_metrics`` returns (no subclass adds any)."""
+    mro = type(trainer).__mro__
+    if not any(cls.__name__ == "Trainer" and cls.__module__.startswith("transformers.") for cls in mro):
+        return False
+    for method in _EVALUATION_METHODS:
+        owner = next((cls for cls in mro if method in vars(cls)), None)
+        if owner is None or not owner.__module__.startswith(("transformers.", "hf_callbacks_plus.")):
+            return False
+    return True

@@ -129,7 +129,7 @@ def test_a_checkpoint_saved_under_the_old_key_still_restores(stopper, old_key, a
     from hf_callbacks_plus.core.state import TrainerState
 
     instance = stopper()
-    instance._resolve_monitor(SimpleNamespace(**args))
+    instance._check_settings(SimpleNamespace(**args))
     assert instance.state_key != old_key
     saved = {"args": {}, "attributes": {"state_key": old_key, "wait": 2, "best_value": 1.5, "best_step": 4}}
     state = TrainerState(global_step=8, stateful_callbacks={"EarlyStopping": [saved]})

@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from hf_callbacks_plus.callbacks.early_stopping import _ARGUMENTS, EarlyStopping
-from hf_callbacks_plus.callbacks.early_stopping_policy import Progress, StoppingPolicy
-from hf_callbacks_plus.callbacks.stop_reason import Decision, StopReason
+from hf_callbacks_plus.callbacks.early_stopping import ARGUMENTS, EarlyStopping
+from hf_callbacks_plus.callbacks.early_stopping_policy import Decision, Progress, StoppingPolicy, StopReason
 
 NAN, INF = math.nan, math.inf
 R = StopReason
@@ -112,11 +111,21 @@ def test_decision_survives_the_broadcast_encoding():
 
 def test_saved_arguments_are_the_constructor_signature():
     names = [name for name in inspect.signature(EarlyStopping.__init__).parameters if name != "self"]
-    assert list(_ARGUMENTS) == names
+    assert list(ARGUMENTS) == names
     assert EarlyStopping("eval_loss", patience=7).state_args()["patience"] == 7
 
 
-# -- each setting lives in one place: public attributes take effect, are validated, or are read-only --
+# -- settings are plain attributes: a change takes effect, or raises, at the next train begin --------
+
+def begin(stopper):
+    """Fire on_train_begin as a trainer does (validates the settings, builds the rule)."""
+    from types import SimpleNamespace
+
+    from hf_callbacks_plus.core.state import TrainerControl, TrainerState
+
+    stopper.on_train_begin(SimpleNamespace(eval_strategy="steps", output_dir=None), TrainerState(),
+                           TrainerControl())
+
 
 #: setting -> (new value, (value, step, epoch) observed after best 1.0@2 and wait 0,
 #: expected reason or improved)
@@ -134,7 +143,7 @@ EFFECTS = {
 
 
 @pytest.mark.parametrize("name", sorted(EFFECTS))
-def test_a_setting_changed_after_construction_takes_effect(name):
+def test_a_setting_changed_after_construction_takes_effect_at_train_begin(name):
     value, (observed, step, epoch), expected = EFFECTS[name]
     stopper = EarlyStopping("eval_loss", patience=3, min_delta=0.1 if name == "min_delta_mode" else 0.0)
     if name != "baseline":
@@ -143,6 +152,10 @@ def test_a_setting_changed_after_construction_takes_effect(name):
         stopper.best_value = 10.0
     before = stopper.decide(observed, step, epoch)
     setattr(stopper, name, value)
+    progress = stopper.progress
+    begin(stopper)  # the train begin validates the settings and builds the rule (and resets progress)
+    stopper.wait, stopper.best_value, stopper.best_step, stopper.best_epoch = (
+        progress.wait, progress.best_value, progress.best_step, progress.best_epoch)
     after = stopper.decide(observed, step, epoch)
     assert getattr(stopper, name) == value and stopper.state_args()[name] == value
     assert after != before
@@ -172,14 +185,17 @@ def test_a_setting_changed_after_construction_takes_effect(name):
      ("report", "x", TypeError, r"report must be True or False"),
      ("verbose", 2, TypeError, r"verbose must be True or False")],
 )
-def test_a_bad_setting_is_refused_like_the_constructor_and_changes_nothing(name, value, error, message):
+def test_a_bad_setting_is_refused_like_the_constructor_at_train_begin(tmp_path, name, value, error, message):
+    from tests.callbacks.early_stopping_helpers import scripted_loop
+
     stopper = EarlyStopping("eval_loss", baseline=2.0)
-    before = (getattr(stopper, name), stopper.policy, stopper.state_args())
+    setattr(stopper, name, value)
+    loop = scripted_loop(tmp_path, lambda step: 1.0, callbacks=[stopper], name="loss")
     with pytest.raises(error, match=message):
-        setattr(stopper, name, value)
+        loop.train()
+    assert loop.state.global_step == 0
     with pytest.raises(error, match=message):
         EarlyStopping("eval_loss", **{"baseline": 2.0, name: value})
-    assert (getattr(stopper, name), stopper.policy, stopper.state_args()) == before
 
 
 @pytest.mark.parametrize("name", ["strict", "restore_best", "reset_on_resume", "sync_decision", "report",
@@ -190,23 +206,20 @@ def test_flags_are_settable(name):
     assert stopper.state_args()[name] is getattr(stopper, name)
 
 
-@pytest.mark.parametrize(("name", "value"), [("monitor", "eval_accuracy"), ("mode", "max"),
-                                             ("log_name", "other"), ("policy", StoppingPolicy())])
-def test_what_names_the_saved_state_is_read_only(name, value):
-    stopper = EarlyStopping("eval_loss")
-    key = stopper.state_key
-    with pytest.raises(AttributeError, match=rf"{name}|can't set|has no setter"):
-        setattr(stopper, name, value)
-    assert stopper.state_key == key
+@pytest.mark.parametrize("report", [True, False])
+def test_report_set_after_construction_decides_what_the_log_records_hold(tmp_path, report):
+    from tests.callbacks.early_stopping_helpers import scripted_lightweight
 
-
-def test_report_false_set_later_stops_reporting():
-    stopper = EarlyStopping("eval_loss")
-    stopper.report = False
-    stopper._queue_report()
-    assert stopper._pending_report == {}
+    stopper = EarlyStopping("eval_score", mode="min", patience=2)
+    stopper.report = report
+    trainer = scripted_lightweight(tmp_path, lambda step: 5.0 - (step == 2), callbacks=[stopper], max_steps=8)
+    trainer.train()
+    assert stopper.stopped_step == 6
+    reported = [key for record in trainer.state.log_history for key in record
+                if key.startswith("early_stopping/")]
+    assert bool(reported) is report
 
 
 def test_every_argument_is_an_attribute():
     stopper = EarlyStopping("eval_loss", patience=4)
-    assert {name: getattr(stopper, name) for name in _ARGUMENTS} == stopper.state_args()
+    assert {name: getattr(stopper, name) for name in ARGUMENTS} == stopper.state_args()

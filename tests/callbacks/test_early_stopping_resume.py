@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -98,31 +97,41 @@ def test_stock_trainer_resuming_a_stopped_run_stops_after_one_step_unless_reset(
     assert (stopper.best_step, stopper.stopped_step, trainer.state.global_step) == (BEST_STEP, 22, 22)
 
 
-@pytest.mark.slow
-def test_sigkill_at_a_random_step_then_resume_from_newest_checkpoint(tmp_path):
+#: Where the run is killed: after step 7 (checkpoint-6 complete, none being written) and inside the
+#: save of checkpoint-8 (its folder there, its trainer_state.json not yet): both resume from 6.
+KILL_POINTS = [pytest.param("7:between", marks=pytest.mark.second_tier), "8:mid-save"]
+
+
+@pytest.mark.parametrize("pause", KILL_POINTS)
+def test_sigkill_then_resume_from_newest_complete_checkpoint(tmp_path, pause):
     script = str(Path(__file__).with_name("early_stopping_kill_script.py"))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([sys.executable, script, str(tmp_path)], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    stderr = (tmp_path / "stderr.txt").open("w")
+    process = subprocess.Popen([sys.executable, script, str(tmp_path), pause], cwd=REPO, env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
-        deadline = time.monotonic() + 60
-        while len(checkpoint_steps(tmp_path)) < 2:
-            assert process.poll() is None, "the training process ended before it could be killed"
-            assert time.monotonic() < deadline, "no checkpoints within 60 s"
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "paused").exists():
+            if process.poll() is not None:
+                output = (tmp_path / "stderr.txt").read_text()[-3000:]
+                pytest.fail(f"the run ended before the kill point: {output}")
+            assert time.monotonic() < deadline, "the run did not reach the kill point within 120 s"
             time.sleep(0.05)
-        time.sleep(random.uniform(0.0, 0.6))
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait()
+        process.stdin.close()
+        stderr.close()
     assert process.returncode == -signal.SIGKILL
     complete = [step for step in checkpoint_steps(tmp_path)
                 if (tmp_path / f"checkpoint-{step}" / "trainer_state.json").exists()]
-    newest = complete[-1]
-    assert 2 <= newest < STOP_STEP
+    assert complete == [2, 4, 6]
+    assert checkpoint_steps(tmp_path)[-1] == (8 if pause.endswith("mid-save") else 6)
     from tests.callbacks.early_stopping_kill_script import run
 
-    trainer, stopper = run(str(tmp_path / "resumed"), resume=str(tmp_path / f"checkpoint-{newest}"))
+    trainer, stopper = run(str(tmp_path / "resumed"), resume=str(tmp_path / "checkpoint-6"))
     outcome = (trainer.state.global_step, stopper.stopped_step, stopper.best_value, stopper.best_step)
-    assert outcome == (STOP_STEP, STOP_STEP, BEST_VALUE, BEST_STEP), newest
+    assert outcome == (STOP_STEP, STOP_STEP, BEST_VALUE, BEST_STEP)

@@ -41,7 +41,7 @@ def run(tmp_path, loop: str, script, stopper: EarlyStopping, **args):
 @pytest.mark.parametrize("loop", ALL_LOOPS)
 def test_patience_counts_evaluations_and_reports(tmp_path, loop):
     stopper = EarlyStopping("eval_score", mode="min", patience=2)
-    trainer = run(tmp_path, "lightweight", by_eval(5, 4, 3, 3.5, 3.2, 1.0), stopper)
+    trainer = run(tmp_path, loop, by_eval(5, 4, 3, 3.5, 3.2, 1.0), stopper)
     assert trainer.state.global_step == 10  # evaluations at 2,4,6 improve; 8 and 10 do not
     assert (stopper.best_value, stopper.best_step, stopper.stopped_step) == (3.0, 6, 10)
     assert stopper.reason is StopReason.PATIENCE and stopper.stopped
@@ -236,5 +236,5 @@ def test_monitor_none_reads_metric_for_best_model_as_transformers_does(metric, m
     from types import SimpleNamespace
 
     stopper = EarlyStopping(patience=1)
-    stopper._resolve_monitor(SimpleNamespace(metric_for_best_model=metric, greater_is_better=False))
+    stopper._check_settings(SimpleNamespace(metric_for_best_model=metric, greater_is_better=False))
     assert stopper.monitor_name == monitor

@@ -177,7 +177,8 @@ def test_plain_eval_metric_with_named_eval_sets(tmp_path):
 
 @pytest.mark.transformers
 def test_a_metric_of_an_evaluation_that_never_runs_warns_at_the_end_and_save_model_runs(tmp_path, caplog):
-    """Before: train() raised in on_train_end, after the whole run, and the save never happened."""
+    """A monitored metric no evaluation produced is a warning at the end of training, not an error
+    in on_train_end: the run ends normally and the model can still be saved."""
     stopper = EarlyStopping("train_subset_score", mode="min")  # no TrainSubsetEvaluation in callbacks
     trainer = scripted_trainer(tmp_path, lambda step: 1.0, callbacks=[stopper], max_steps=6)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
@@ -216,9 +217,15 @@ def test_metric_present_in_some_evaluations_only(tmp_path, first_has_it):
 
 
 def test_typo_with_mode_given_warns_at_construction(caplog):
+    from types import SimpleNamespace
+
+    from hf_callbacks_plus.core.state import TrainerControl, TrainerState
+
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         stopper = EarlyStopping("eval_los", mode="min")
-        stopper.patience = 5  # a later setting does not repeat the warning
+        stopper.patience = 5
+    stopper.on_train_begin(SimpleNamespace(eval_strategy="steps", output_dir=None), TrainerState(),
+                           TrainerControl())  # a later train begin does not repeat the warning
     assert caplog.text.count("looks like a misspelt 'eval_loss'") == 1
 
 

@@ -275,7 +275,7 @@ def test_early_stopping_monitors_train_subset_and_gap_metrics(tmp_path, how):
     assert not on_gap.stopped
 
 
-# -- issue 12 item 9: misuse is said early, once ------------------------------------------------
+# -- misuse is said early, once ------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["stock", "plus"])
 @pytest.mark.transformers
 def test_eval_strategy_no_warns_once_at_train_begin(tmp_path, caplog, how):
@@ -355,3 +355,103 @@ def test_training_is_identical_with_and_without_the_subset_evaluation(tmp_path, 
     plain = run(Trainer, [], tmp_path / "plain")
     ours = run(TrainerPlus, [TrainSubsetEvaluation(size=16, every=every)], tmp_path / "ours")
     assert ours == plain
+
+
+# -- the arguments of the evaluation in progress reach the subset (issue 26, finding 4) ----------------
+
+def gen_len(eval_pred):
+    import numpy
+
+    return {"gen_len": float(numpy.mean([(numpy.asarray(row) != 0).sum() for row in eval_pred.predictions]))}
+
+
+@pytest.mark.transformers
+@pytest.mark.parametrize("generation", [{"max_new_tokens": 6, "num_beams": 2}, {}])
+def test_seq2seq_generation_settings_of_evaluate_reach_the_subset(tmp_path, generation):
+    """``Seq2SeqTrainer.evaluate(max_new_tokens=6, num_beams=2)``: the subset generates with the same
+    settings; its metrics equal a stock ``evaluate`` of the rows with them (before: the defaults,
+    train_subset_gen_len 0.0 vs 3.75)."""
+    from datasets import Dataset
+    from transformers import (
+        DataCollatorForSeq2Seq,
+        Seq2SeqTrainer,
+        Seq2SeqTrainingArguments,
+        T5Config,
+        T5ForConditionalGeneration,
+    )
+
+    from tests.tiny_models import one_torch_thread
+    from tests.trl_peft import tiny_lm
+
+    tok = tiny_lm.tokenizer()
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(
+        vocab_size=len(tok), d_model=16, d_ff=32, d_kv=8, num_layers=1, num_decoder_layers=1, num_heads=2,
+        pad_token_id=0, eos_token_id=3, decoder_start_token_id=0))
+    ids = [tok(text)["input_ids"] for text in tiny_lm.texts()[:24]]
+    rows = Dataset.from_list([{"input_ids": row[:12], "labels": row[1:6]} for row in ids])
+    subset = TrainSubsetEvaluation(size=8)
+    trainer = Seq2SeqTrainer(
+        model=model, args=Seq2SeqTrainingArguments(str(tmp_path), predict_with_generate=True, use_cpu=True,
+                                                   per_device_eval_batch_size=4, report_to="none",
+                                                   disable_tqdm=True),
+        train_dataset=rows.select(range(16)), eval_dataset=rows.select(range(16, 24)),
+        data_collator=DataCollatorForSeq2Seq(tok, model=model), compute_metrics=gen_len, processing_class=tok,
+        callbacks=[subset])
+    run_before_integrations(trainer)
+    with one_torch_thread():
+        metrics = trainer.evaluate(**generation)
+        stock = trainer.evaluate(trainer.train_dataset.select(subset.indices), metric_key_prefix="stock",
+                                 **generation)
+    assert metrics["train_subset_gen_len"] == stock["stock_gen_len"]
+    assert metrics["train_subset_loss"] == stock["stock_loss"]
+    if generation:
+        assert metrics["train_subset_gen_len"] > 0
+
+
+class WithExtraOutput(torch.nn.Module):
+    """The regression model returning one more output, which ``ignore_keys`` drops."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, input_x, labels=None):
+        y = input_x * self.a
+        return {"loss": torch.nn.functional.mse_loss(y, labels), "logits": y, "extra": y * 2}
+
+
+def output_count(eval_pred):
+    predictions = eval_pred.predictions
+    return {"outputs": float(len(predictions) if isinstance(predictions, tuple) else 1)}
+
+
+@pytest.mark.transformers
+def test_ignore_keys_of_evaluate_and_of_train_reach_the_subset(tmp_path):
+    from tests.tiny_models import training_args
+
+    subset = TrainSubsetEvaluation(size=8)
+    args = training_args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2)
+    trainer = TrainerPlus(model=WithExtraOutput(), args=args, train_dataset=RegressionDataset(16, seed=1),
+                          eval_dataset=RegressionDataset(8, seed=2), compute_metrics=output_count,
+                          callbacks=[subset])
+    metrics = trainer.evaluate(ignore_keys=["extra"])
+    assert metrics["eval_outputs"] == metrics["train_subset_outputs"] == 1.0  # before: 2.0 for the subset
+    assert trainer.evaluate()["train_subset_outputs"] == 2.0
+    trainer.train(ignore_keys_for_eval=["extra"])
+    record = next(r for r in trainer.state.log_history if "train_subset_outputs" in r and r["step"] == 2)
+    assert record["eval_outputs"] == record["train_subset_outputs"] == 1.0
+
+
+@pytest.mark.parametrize(("labels", "size", "expected"), [
+    ([0] * 7 + [1] * 3, 4, {0: 3, 1: 1}),  # quotas 2.8 and 1.2: the spare goes to the larger remainder
+    ([0] * 5 + [1] * 5 + [2] * 2, 5, {0: 2, 1: 2, 2: 1}),  # 2.08, 2.08, 0.83: the small class gets it
+    (["b"] * 4 + ["a"] * 6, 5, {"a": 3, "b": 2}),  # exact quotas 3 and 2: no spare
+])
+def test_stratified_sizes_follow_the_largest_remainder_rule(labels, size, expected):
+    # Hamilton's method worked out by hand: each class gets the floor of its quota, the spares go
+    # to the largest remainders
+    for seed in range(5):
+        indices = choose_indices(len(labels), size, seed, labels=labels)
+        assert Counter(labels[i] for i in indices) == expected
+        assert indices == sorted(set(indices))

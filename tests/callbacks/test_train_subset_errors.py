@@ -1,4 +1,4 @@
-"""TrainSubsetEvaluation says what is wrong at the earliest moment it is knowable (issue 17):
+"""TrainSubsetEvaluation says what is wrong at the earliest moment it is knowable:
 at construction, or at train begin before any training step, never at the first evaluation.
 """
 

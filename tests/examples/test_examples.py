@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.conftest import EXAMPLES, ROOT, run_command, run_main
+from tests.examples.conftest import EXAMPLES, ROOT, load_example, run_command, run_main
 
 HERE = Path(__file__).resolve().parent
 #: The scripts with a command line (demo_pipeline is their shared library; the pytest file is run by pytest).
@@ -59,9 +59,11 @@ def test_trainer_plus_example(tmp_path, monkeypatch, capsys):
 def test_custom_callback_example_passes_without_transformers_or_torch(tmp_path):
     # The example's pytest file runs with torch/transformers/accelerate/datasets unimportable
     # (a new interpreter: here they are imported already).
-    run_command(tmp_path, [sys.executable, str(HERE / "block_heavy_imports.py"), "-m", "pytest",
-                           str(EXAMPLES / "test_custom_callback_example.py"), "-q", "-p", "no:cacheprovider",
-                           "--rootdir", str(ROOT)])
+    command = [sys.executable, str(HERE / "block_heavy_imports.py"), "-m", "pytest",
+               str(EXAMPLES / "test_custom_callback_example.py"), "-q", "-p", "no:cacheprovider",
+               "--rootdir", str(ROOT)]
+    out = run_command(tmp_path, command).stdout
+    assert "3 passed" in out and "heavy modules" not in out, out
 
 
 def test_custom_callback_example_fails_when_the_callback_is_broken(tmp_path):
@@ -100,6 +102,28 @@ def test_lightweight_loop_example(tmp_path, monkeypatch, capsys):
 def test_resume_example_same_stop_step_same_tracker_runs(tmp_path, monkeypatch, capsys):
     # min_delta=10: evaluations after the first never improve; patience 2 stops at the 3rd
     # evaluation (step 9). Interrupted after step 6 (wait=1): only a restored counter stops at 9.
+    module = load_example("resume")
+    build = module.build
+
+    def build_with_a_gate(output_dir, options, interrupt_at=None):
+        # a gate before the simulated preemption: the tracker runs are open and hold steps 3 and 6
+        # (a run that takes longer to open than a crash leaves, e.g. on a loaded machine, is another
+        # case, tested in tests/loggers: its records go to their own run)
+        trainer, callbacks = build(output_dir, options, interrupt_at)
+        interrupt = next((cb for cb in trainer.callback_handler.callbacks
+                          if isinstance(cb, module.InterruptAfterSave)), None)
+        if interrupt is not None:
+            preempt = interrupt.on_save
+
+            def on_save(args, state, control, **kwargs):
+                if state.global_step == interrupt.step:
+                    assert callbacks["mlflow"].flush(timeout=120) and callbacks["wandb"].flush(timeout=120)
+                preempt(args, state, control, **kwargs)
+
+            interrupt.on_save = on_save
+        return trainer, callbacks
+
+    monkeypatch.setattr(module, "build", build_with_a_gate)
     _, out = run_main("resume", [str(tmp_path), "--interrupt-at", "6", "--patience", "2", "--min-delta", "10",
                                  "--compare"], tmp_path, monkeypatch, capsys)
     lines = {line.split(":")[0]: line for line in out.splitlines() if line.startswith(("phase", "uninterr"))}

@@ -370,3 +370,34 @@ def test_isolated_evaluate_leaves_no_trace_even_before_training(tmp_path):
     assert trainer.state.log_history == []
     # the first real evaluation before training is still the one that "prepares the model"
     assert trainer.evaluate()["eval_model_preparation_time"] == 0.0
+
+
+def test_the_train_subset_evaluation_leaves_a_collate_generator_untouched(tmp_path):
+    """Issue 26 finding 2's class in the loop: the subset's DataLoader collates with the training
+    DataLoader's ``collate_fn``, which adds noise from a generator of its own; the training
+    losses are identical with and without ``TrainSubsetEvaluation``."""
+    torch = pytest.importorskip("torch")
+    from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation
+
+    class NoisyCollate:
+        def __init__(self):
+            self.generator = torch.Generator().manual_seed(0)
+
+        def __call__(self, rows):
+            return torch.tensor(rows) + torch.rand(len(rows), generator=self.generator)
+
+    def losses(with_subset):
+        loader = torch.utils.data.DataLoader([float(i) for i in range(16)], batch_size=4,
+                                             collate_fn=NoisyCollate())
+        callbacks = [TrainSubsetEvaluation(size=8)] if with_subset else []
+        trainer = make(tmp_path / str(with_subset), callbacks, max_steps=8, logging_steps=1, eval_steps=2,
+                       eval_strategy="steps", eval_data=[torch.ones(2)], train_data=loader,
+                       train_step=lambda batch: float(batch.mean()),
+                       eval_step=lambda batch: float(batch.mean()))
+        trainer.train()
+        return [record["loss"] for record in trainer.state.log_history if "loss" in record], trainer
+
+    expected, _ = losses(False)
+    got, trainer = losses(True)
+    assert any("train_subset_loss" in record for record in trainer.state.log_history)
+    assert got == expected

@@ -588,7 +588,7 @@ def _random_config(draw):
     return config
 
 
-@settings(max_examples=15, deadline=None, derandomize=True)
+@settings(max_examples=15, deadline=None)
 @given(st.data(), st.sampled_from([None, 2, 4]), st.sampled_from([None, 3]))
 def test_random_configurations(data, stop_at, epoch_stop_at):
     config = _random_config(data.draw)

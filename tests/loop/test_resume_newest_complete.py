@@ -67,7 +67,7 @@ def test_resume_true_skips_incomplete_newer_checkpoints_with_one_warning(tmp_pat
 def test_every_checkpoint_incomplete_or_none_at_all_is_a_clear_error(tmp_path):
     make(tmp_path, max_steps=2).train()
     interrupt_save(tmp_path / "checkpoint-2")
-    with pytest.raises(ValueError, match=r"no complete checkpoint in output_dir=.*every checkpoint-N "
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint in output_dir=.*every checkpoint-N "
                                          r"folder is incomplete: .*checkpoint-2 \(no trainer_state.json\)"):
         make(tmp_path, max_steps=4).train(resume_from_checkpoint=True)
     with pytest.raises(ValueError, match="no valid checkpoint-N folder found"):

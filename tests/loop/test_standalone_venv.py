@@ -12,7 +12,6 @@ a run with unchanged sources reuses it; any change to the package builds a new o
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -22,6 +21,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from scripts.build_docs import files_digest
 
 pytestmark = pytest.mark.slow
 
@@ -88,15 +89,8 @@ def cache_root() -> Path:
 
 def install_digest(repo: Path = REPO) -> str:
     """Digest of everything the standalone venv installs: the wheel's sources, python, setuptools."""
-    digest = hashlib.sha256(f"{sys.version}\0{sys.base_prefix}\0".encode())
-    digest.update(importlib.metadata.version("setuptools").encode())
-    for name in WHEEL_SOURCES:
-        root = repo / name
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*")
-                                                     if p.is_file() and "__pycache__" not in p.parts)
-        for path in files:
-            digest.update(b"\0" + str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
+    salt = f"{sys.version}\0{sys.base_prefix}\0{importlib.metadata.version('setuptools')}"
+    return files_digest(repo, WHEEL_SOURCES, salt=salt)[:16]
 
 
 def build_standalone_venv(target: Path, work: Path) -> None:
@@ -142,24 +136,6 @@ def standalone_python(tmp_path: Path) -> Path:
         except OSError:
             shutil.rmtree(building, ignore_errors=True)  # another run was first: same digest, same venv
     return venv / "bin" / "python"
-
-
-def test_the_cache_key_changes_with_any_packaged_source(tmp_path):
-    repo = tmp_path / "repo"
-    names = ("pyproject.toml", "README.md", "hf_callbacks_plus/__init__.py", "hf_callbacks_plus/py.typed")
-    for name in names:
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text(name, encoding="utf-8")
-    keys = {install_digest(repo)}
-    (repo / "hf_callbacks_plus" / "__pycache__").mkdir()
-    (repo / "hf_callbacks_plus" / "__pycache__" / "x.pyc").write_text("bytecode", encoding="utf-8")
-    assert install_digest(repo) in keys  # bytecode is not a source
-    for name in ("pyproject.toml", "README.md", "hf_callbacks_plus/py.typed"):
-        (repo / name).write_text("changed", encoding="utf-8")
-        keys.add(install_digest(repo))
-    (repo / "hf_callbacks_plus" / "new.py").write_text("", encoding="utf-8")
-    keys.add(install_digest(repo))
-    assert len(keys) == 5
 
 
 def test_lightweight_loop_in_venv_without_torch_or_transformers(tmp_path):

@@ -86,7 +86,7 @@ def test_trl_keys_with_several_eval_datasets():
 
 
 def test_no_rendered_name_means_two_things():
-    """The issue-10 case: the train subset, the running loss and the run totals each have a name."""
+    """The train subset, the running loss and the run totals each have a name."""
     grammar = KeyGrammar()
     evaluation = {"eval_loss": 0.5, "train_subset_loss": 0.4, "gap_loss": -0.1, "early_stopping/wait": 1}
     running = {"loss": 0.45, "grad_norm": 1.0, "learning_rate": 0.1, "epoch": 1.0}

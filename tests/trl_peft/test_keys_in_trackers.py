@@ -1,4 +1,4 @@
-"""trl's own keys land in the right section of our trackers and of the plot (issue 9 item 3).
+"""trl's own keys land in the right section of our trackers and of the plot.
 
 A real tiny DPO and SFT run (trl 1.16) with ``TrainSubsetEvaluation(gap_metrics=True)`` and
 ``JsonlLogger``; the JSONL file is read back and plotted.

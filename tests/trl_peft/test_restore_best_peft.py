@@ -1,6 +1,6 @@
 """EarlyStopping(restore_best=True) on a LoRA model equals the stock EarlyStoppingCallback +
 load_best_model_at_end on the same run: fresh, resumed before and after the best step, with
-the best checkpoint rotated away (issue 9, item 4).
+the best checkpoint rotated away.
 
 The monitored metric is scripted by step (``compute_metrics``) so the best step is known:
 step 4 of evaluations at 2, 4, 6, 8 (patience 2: both stop at step 8).
@@ -144,7 +144,7 @@ def test_adapter_checkpoint_of_the_best_step_is_used_when_kept(tmp_path, stock_b
     assert_same_weights(lora_weights(trainer), stock_best)
 
 
-#: The issue-15 run: transformers' best moves from 2 to 4 (an improvement below min_delta=0.1).
+#: A near miss: transformers' best moves from 2 to 4 (an improvement below min_delta=0.1).
 NEAR_MISS = {2: 5.0, 4: 4.95, 6: 5.5, 8: 5.6, 10: 5.7, 12: 5.8}
 
 

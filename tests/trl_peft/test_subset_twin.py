@@ -1,5 +1,5 @@
 """The train-subset evaluation is a twin of the trainer's own evaluation, across the options
-that change how evaluation runs (issue 15): persistent dataloader workers, SFT packing, DPO
+that change how evaluation runs: persistent dataloader workers, SFT packing, DPO
 precomputed reference log-probs (LoRA and full model), GRPO completions logging,
 ``eval_on_start``, gradient accumulation and several eval sets.
 

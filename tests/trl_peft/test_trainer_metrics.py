@@ -1,5 +1,5 @@
 """trl trainers keep their own numbers with our callbacks attached, through every wiring,
-and the train-subset metrics are the trainer's own metrics on the subset (issue 9, items 1-2).
+and the train-subset metrics are the trainer's own metrics on the subset.
 
 Each run evaluates ``eval_dataset={"main": held-out, "sub": the train-subset rows}``: the
 baseline (plain trl trainer, no callback of ours) thereby reports the trainer's own metrics

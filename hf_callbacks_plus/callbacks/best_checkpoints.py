@@ -1,0 +1,524 @@
+"""Keep the k best checkpoints by any monitored metric, out of reach of ``save_total_limit``.
+
+transformers keeps one best checkpoint (``best_model_checkpoint``) and its rotation deletes
+the rest inside ``_save_checkpoint``, before any callback hears of the save. `KeepBestCheckpoints`
+ranks every saved step by one or several metrics (each with its own k and mode, in
+`EarlyStopping`'s monitor grammar) and, at ``on_save``, while the checkpoint just saved still
+exists, hard-links the ones it keeps into ``<output_dir>/best_checkpoints/checkpoint-<step>/``,
+where rotation never looks. The pieces:
+
+* ``best_checkpoints_ranking.py``: which steps are the k best (pure);
+* ``best_checkpoints_files.py``: the kept folders and the manifest on disk;
+* this module: the events, the state in every checkpoint (`SelfRestoringState`), the resume
+  against what is on disk, the agreement of the ranks, the report and the summary line.
+
+See ``docs/best_checkpoints.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any, Optional, Union
+
+from ..core.checkpoint_folders import checkpoint_folder
+from ..core.claims import TrainBeginClaims
+from ..core.stateful import SelfRestoringState
+from ..metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar, grammar_for
+from ..metrics.monitor import MODES, Monitor
+from ..metrics.numbers import to_float
+from .best_checkpoints_files import RESUME_ONLY, kept_folder, remove_folder, sync_folder, write_manifest
+from .best_checkpoints_ranking import Kept, TopK, admit, rankings
+from .best_checkpoints_start import Start, plan_start
+from .console import tell
+from .distributed import from_rank0
+
+__all__ = ["KeepBestCheckpoints", "TopK"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+_OWNER = "KeepBestCheckpoints"
+_FLAGS = ("resumable", "strict", "report", "verbose")
+_CLAIMS = TrainBeginClaims()
+_SAME_KEY = ("the same dirname, so they would delete each other's folders. Give each its own "
+             "dirname, or rank several metrics in one: KeepBestCheckpoints(['eval_loss', 'eval_accuracy']).")
+MANIFEST_FORMAT = 1
+
+MonitorArg = Union[None, str, TopK, Mapping[str, Any], Sequence[Union[str, TopK, Mapping[str, Any]]]]
+
+
+def _text(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+class KeepBestCheckpoints(SelfRestoringState):
+    """Keep the ``k`` best saved checkpoints by one or several metrics; rotation never deletes them.
+
+    At every save the checkpoint's step is ranked by the values the trainer logged at that
+    step. A checkpoint in the top k of any ranking is kept as
+    ``<output_dir>/<dirname>/checkpoint-<step>/``: hard links to the files of the checkpoint
+    just saved (no byte copied; copies where the file system has no hard links), so at most
+    k + ``save_total_limit`` checkpoints' data is on disk. One that drops out of every top k
+    is deleted. ``<dirname>/manifest.json`` lists the kept steps, their values and ranks.
+
+    NaN and +-Inf never rank; a tie keeps the earlier step, as ``load_best_model_at_end`` and
+    ``EarlyStopping`` do (with their default ``min_delta=0``), so all three name the same best
+    step. The state is in every checkpoint and is checked against the disk on resume.
+
+    Args:
+        monitor: The metric(s): a name in `EarlyStopping`'s grammar (``"eval_loss"``,
+            ``"eval_<dataset>_accuracy"``, ``"train_subset_accuracy"``, ``"loss"``, trl's
+            ``"eval_rewards/margins"``, a rendered ``"eval/accuracy"``), a `TopK` (its own k
+            and mode), or a list of them. Defaults to None: ``args.metric_for_best_model``.
+        k: How many to keep per metric given as a name (>= 1). Defaults to 1.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (from the name; with ``monitor=None`` from
+            ``args.greater_is_better``), for metrics given as names. Defaults to ``"auto"``.
+        dirname: The folder in ``output_dir`` that holds the kept checkpoints (one name, not
+            ``checkpoint-*``). Defaults to ``"best_checkpoints"``.
+        resumable: Also keep the optimizer, scheduler, AMP scaler and RNG states, so a kept
+            checkpoint can be resumed from (about 3 x the model's size with Adam). Defaults to
+            False: the model (or peft adapter), its config, tokenizer and ``trainer_state.json``.
+        strict: Raise when a metric cannot show up or saves and evaluations never meet, as
+            early as that is known (train begin, the first evaluation); False warns once and
+            keeps training. Defaults to True.
+        report: Add the ranking to the end-of-training record, in the ``best_checkpoints/``
+            run-summary section (``best_checkpoints/eval_loss/rank1_step`` and
+            ``.../rank1_value``), which our loggers send to the run summary. Defaults to True.
+        verbose: Print the kept checkpoints at train end (main process). Defaults to True.
+
+    Raises:
+        TypeError, ValueError: At construction and train begin for bad arguments (a misspelt
+            metric gets a "did you mean"); at train begin for a metric the run cannot produce,
+            saves that never meet an evaluation, two instances with one ``dirname``, or a
+            fresh run whose ``dirname`` holds another run's kept checkpoints.
+
+    Example:
+        >>> keeper = KeepBestCheckpoints("eval_loss", k=3)
+        >>> keeper.state_key
+        'KeepBestCheckpoints[best_checkpoints]'
+        >>> both = KeepBestCheckpoints([TopK("eval_rewards/accuracies", k=2), TopK("eval_rewards/margins")])
+    """
+
+    def __init__(self, monitor: MonitorArg = None, k: int = 1, mode: str = "auto", *,
+                 dirname: str = "best_checkpoints", resumable: bool = False, strict: bool = True,
+                 report: bool = True, verbose: bool = True) -> None:
+        self.monitor, self.k, self.mode, self.dirname = monitor, k, mode, dirname
+        self.resumable, self.strict, self.report, self.verbose = resumable, strict, report, verbose
+        self.grammar = KeyGrammar()
+        self._trainer: Any = None
+        self._monitors: list[Monitor] = []
+        self.specs: list[TopK] = []
+        self._check_settings()
+        self.reset()
+
+    # -- settings ------------------------------------------------------------------------
+    def _requested(self) -> list[TopK]:
+        """The rankings as given (modes not resolved yet); [] for ``monitor=None``."""
+        k, mode, monitor = self.k, self.mode, self.monitor
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"{_OWNER}: k must be an int >= 1 (how many checkpoints to keep), got {k!r}.")
+        if mode not in MODES:
+            raise ValueError(f"{_OWNER}: mode must be one of {list(MODES)}, got {mode!r}.")
+        if monitor is None:
+            return []
+        items = [monitor] if isinstance(monitor, (str, TopK, Mapping)) else monitor
+        if not isinstance(items, Sequence) or not items:
+            raise TypeError(f"{_OWNER}: monitor must be a metric name, a TopK, a non-empty list of them or "
+                            f"None (args.metric_for_best_model), got {monitor!r}.")
+        specs = []
+        for item in items:
+            if isinstance(item, Mapping):
+                try:
+                    item = TopK(**item)
+                except TypeError as error:
+                    raise TypeError(f"{_OWNER}: a monitor given as a dict takes the keys 'monitor', 'k' and "
+                                    f"'mode', got {dict(item)!r} ({error}).") from None
+            spec = TopK(item, k, mode) if isinstance(item, str) else item
+            if not isinstance(spec, TopK) or not isinstance(spec.monitor, str) or not spec.monitor:
+                raise TypeError(f"{_OWNER}: each monitor must be a non-empty metric name or a TopK, "
+                                f"got {item!r}.")
+            if isinstance(spec.k, bool) or not isinstance(spec.k, int) or spec.k < 1:
+                raise ValueError(f"{_OWNER}: TopK({spec.monitor!r}) k must be an int >= 1, got {spec.k!r}.")
+            if spec.mode not in MODES:
+                raise ValueError(f"{_OWNER}: TopK({spec.monitor!r}) mode must be one of {list(MODES)}, "
+                                 f"got {spec.mode!r}.")
+            specs.append(spec)
+        return specs
+
+    def _check_settings(self, args: Any = None) -> None:
+        """Validate every setting and resolve the rankings (from ``args`` for ``monitor=None``).
+        Called at construction and at train begin."""
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{_OWNER}: {name} must be True or False, got {getattr(self, name)!r}.")
+        dirname = self.dirname
+        if not isinstance(dirname, str) or not dirname or dirname in (".", "..") or os.path.isabs(dirname) \
+                or "/" in dirname or os.sep in dirname or dirname.startswith("checkpoint"):
+            raise ValueError(f"{_OWNER}: dirname must be one folder name inside output_dir that does not "
+                             f"start with 'checkpoint' (transformers' rotation and resume look at "
+                             f"checkpoint-*), got {dirname!r}. E.g. dirname='best_checkpoints'.")
+        requested = self._requested()
+        monitors: list[Monitor] = []
+        if requested:
+            for spec in requested:
+                monitor = Monitor(spec.monitor, mode=spec.mode, grammar=self.grammar, owner=_OWNER)
+                if spec.mode != "auto":
+                    monitor.warn_if_misspelt()
+                monitors.append(monitor)
+        elif args is not None:
+            monitors.append(Monitor.from_args(args, mode=self.mode, grammar=self.grammar, owner=_OWNER))
+            requested = [TopK(monitors[0].monitor, self.k, self.mode)]
+        specs = [TopK(self.grammar.canonical(monitor.monitor), spec.k, monitor.mode)
+                 for monitor, spec in zip(monitors, requested)]
+        names = [spec.monitor for spec in specs]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"{_OWNER}: the metric(s) {twice} are listed twice; give each metric once "
+                             f"(a TopK sets its own k and mode).")
+        self._monitors, self.specs = monitors, specs
+
+    def bind(self, trainer: Any) -> KeepBestCheckpoints:
+        """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
+        try:
+            self._trainer = weakref.ref(trainer)
+        except TypeError:
+            self._trainer = lambda: trainer
+        self.grammar = grammar_for(trainer)
+        for monitor in self._monitors:
+            monitor.grammar = self.grammar
+        return self
+
+    # -- state ---------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the ranking (called at every train begin, before a resume restores it)."""
+        self.entries: tuple[Kept, ...] = ()
+        self.run_id: Optional[str] = None
+        self.output_dir: Optional[str] = None
+        self.last_step: Optional[int] = None
+        self.directory: Optional[str] = None
+        self._state: Any = None
+        self._writer = False
+        self._fresh: Optional[int] = None
+        self._confirmed: set[str] = set()
+        self._unranked: list[int] = []
+        self._copied = False
+        self._evaluates = False
+
+    @property
+    def state_key(self) -> str:
+        """``KeepBestCheckpoints[<dirname>]``: one instance per folder."""
+        return f"{_OWNER}[{self.dirname}]"
+
+    @state_key.setter
+    def state_key(self, value: str) -> None:
+        """Ignored (derived)."""
+
+    def state_args(self) -> dict[str, Any]:
+        monitor = self.monitor
+        if isinstance(monitor, TopK):
+            monitor = asdict(monitor)
+        elif isinstance(monitor, Sequence) and not isinstance(monitor, str):
+            monitor = [asdict(item) if isinstance(item, TopK) else dict(item) if isinstance(item, Mapping)
+                       else item for item in monitor]
+        return {"monitor": monitor, "k": self.k, "mode": self.mode, "dirname": self.dirname,
+                **{name: getattr(self, name) for name in _FLAGS}}
+
+    def state_attributes(self) -> dict[str, Any]:
+        """The ranking as it stands once the checkpoint being saved is ranked: the trainer asks
+        for the state inside ``_save_checkpoint``, before ``on_save`` ranks it."""
+        entries, last_step = self.entries, self.last_step
+        candidate = self._candidate(self._state, last_step)
+        if candidate is not None:
+            entries, last_step = admit(entries, candidate, self.specs).kept, candidate.step
+        return {"run_id": self.run_id, "output_dir": self.output_dir, "last_step": last_step,
+                "entries": [entry.to_json() for entry in entries]}
+
+    def load_state_attributes(self, attributes: dict[str, Any]) -> None:
+        self.run_id = attributes.get("run_id")
+        self.output_dir = attributes.get("output_dir")
+        self.last_step = attributes.get("last_step")
+        self.entries = tuple(Kept.from_json(entry) for entry in attributes.get("entries") or [])
+
+    # -- what is kept --------------------------------------------------------------------
+    @property
+    def ranking(self) -> dict[str, list[Kept]]:
+        """Each monitored metric's kept checkpoints, best first."""
+        return rankings(self.entries, self.specs)
+
+    def folder(self, step: int) -> Optional[str]:
+        """The kept folder of ``step`` (None before train begin)."""
+        return None if self.directory is None else kept_folder(self.directory, step)
+
+    @property
+    def best_checkpoint(self) -> Optional[str]:
+        """The kept folder of the best step by the first metric, or None."""
+        best = next(iter(self.ranking.values()), [])
+        return self.folder(best[0].step) if best and not best[0].missing else None
+
+    def manifest(self) -> dict[str, Any]:
+        """The content of ``manifest.json``."""
+        ranked = self.ranking
+        checkpoints = []
+        for entry in self.entries:
+            ranks = {name: [e.step for e in kept].index(entry.step) + 1 for name, kept in ranked.items()
+                     if entry.step in [e.step for e in kept]}
+            checkpoints.append({**entry.to_json(), "path": os.path.basename(self.folder(entry.step) or ""),
+                                "ranks": ranks})
+        return {"format": MANIFEST_FORMAT, "run_id": self.run_id, "output_dir": self.output_dir,
+                "last_step": self.last_step, "monitors": [asdict(spec) for spec in self.specs],
+                "ranking": {name: [entry.step for entry in kept] for name, kept in ranked.items()},
+                "checkpoints": checkpoints}
+
+    # -- reading the metrics of a step ---------------------------------------------------
+    def _record_of(self, state: Any) -> dict[str, Any]:
+        """Every key the trainer logged at the current step (the latest value of each)."""
+        step, merged = getattr(state, "global_step", None), {}
+        for record in reversed(getattr(state, "log_history", None) or []):
+            if not isinstance(record, Mapping) or record.get("step") != step:
+                break
+            for key, value in record.items():
+                merged.setdefault(key, value)
+        return merged
+
+    def _candidate(self, state: Any, after: Optional[int]) -> Optional[Kept]:
+        """The current step with its monitored values, if it logged any and comes ``after``."""
+        if state is None or not self.specs:
+            return None
+        step = int(getattr(state, "global_step", 0))
+        if after is not None and step <= after:
+            return None
+        record = self._record_of(state)
+        values = {}
+        for spec, monitor in zip(self.specs, self._monitors):
+            key, raw = monitor.lookup(record)
+            if key is None or (key == monitor.monitor and self._bare_means_eval(monitor)):
+                continue
+            value = to_float(raw)
+            values[spec.monitor] = math.nan if value is None else value
+        if not values:
+            return None
+        epoch = getattr(state, "epoch", None)
+        return Kept(step, values, None if epoch is None else float(epoch))
+
+    def _bare_means_eval(self, monitor: Monitor) -> bool:
+        """A bare name (``"accuracy"``) means ``eval_<name>`` in a run that evaluates, never a
+        training record's key of that name (trl's running ``mean_token_accuracy``)."""
+        return self._evaluates and not self.grammar.has_section(monitor.monitor)
+
+    def _check_record(self, values: Any, from_evaluate: bool) -> None:
+        """The first record that should hold a metric and does not: raise (strict) or warn."""
+        if not isinstance(values, Mapping):
+            return
+        for monitor in self._monitors:
+            if monitor.monitor in self._confirmed:
+                continue
+            key, _ = monitor.lookup(values)
+            if key is not None:
+                self._confirmed.add(monitor.monitor)
+                continue
+            problem = monitor.missing_problem(values, from_evaluate)
+            if problem is not None:
+                self._confirmed.add(monitor.monitor)
+                self._fail(RuntimeError, problem + " Without it no checkpoint is ranked by it.")
+
+    def _fail(self, error: type, message: str) -> None:
+        if self.strict:
+            raise error(message)
+        logger.warning("%s (strict=False: continuing.)", message)
+
+    # -- events --------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Check the settings and the run, then restore and reconcile the ranking, or start one."""
+        self.reset()
+        self._check_settings(args)
+        trainer = self._trainer() if self._trainer is not None else None
+        for monitor in self._monitors:
+            problem = monitor.check_run(args, trainer) or self._schedule_problem(args, monitor)
+            if problem is not None:
+                self._fail(ValueError, problem)
+        _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
+        self._evaluates = _text(getattr(args, "eval_strategy", "no")) != "no"
+        self._writer = bool(getattr(args, "should_save", getattr(state, "is_world_process_zero", True)))
+        output_dir = os.path.realpath(os.fspath(args.output_dir))
+        self.directory = os.path.join(output_dir, self.dirname)
+        self._state = state
+        # (no super().on_train_begin: the saved state is one of the inputs of plan_start)
+        step = int(getattr(state, "global_step", 0))
+        saved = self.find_saved_state(state) if step > 0 else None
+        candidate = self._candidate(state, None)
+        start = from_rank0(lambda: plan_start(saved, step, candidate, self.specs, output_dir, self.directory))
+        if start.problem is not None:
+            raise RuntimeError(start.problem)
+        if getattr(state, "is_world_process_zero", True):
+            for warning in start.warnings:
+                logger.warning(warning)
+        self.run_id, self.output_dir, self.last_step = start.run_id, start.output_dir, start.last_step
+        self.entries = start.entries
+        if self._writer:
+            self._apply(start)
+
+    def _apply(self, start: Start) -> None:
+        """Make the disk match the ranking the run starts from (on the processes that write)."""
+        for path in start.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+        for step in start.remove:
+            self._remove(step)
+        failed = [step for step in start.make if not self._keep(step)]
+        for step in start.make:
+            if step not in failed:
+                logger.info("%s: made the kept folder of step %s from its checkpoint (the run stopped before "
+                            "it was made, or it was deleted since).", _OWNER, step)
+        self._lose(failed)
+        write_manifest(self.directory, self.manifest())
+
+    def _schedule_problem(self, args: Any, monitor: Monitor) -> Optional[str]:
+        """Why no saved checkpoint would ever have the metric, or None."""
+        save = _text(getattr(args, "save_strategy", "steps"))
+        if save == "no":
+            return (f"{_OWNER}: args.save_strategy='no' saves no checkpoint, so there is nothing to keep. "
+                    f"Set save_strategy='steps' or 'epoch'.")
+        loop = monitor.prefix == ""
+        if save == "best" and not loop:
+            return None
+        what = "logging" if loop else "eval"
+        strategy = _text(getattr(args, f"{what}_strategy", "no"))
+        if strategy != save:
+            return (f"{_OWNER}: {monitor.monitor!r} comes with every {what} ({what}_strategy={strategy!r}) "
+                    f"but checkpoints are saved by save_strategy={save!r}, so saves and values rarely meet. "
+                    f"Use the same strategy for both (load_best_model_at_end requires it too).")
+        every = getattr(args, f"{what}_steps", None) or getattr(args, "logging_steps", None)
+        saves = getattr(args, "save_steps", None)
+        if save == "steps" and isinstance(every, (int, float)) and isinstance(saves, (int, float)) \
+                and every >= 1 and saves >= 1 and saves % every:
+            return (f"{_OWNER}: save_steps={saves} is not a multiple of {what}_steps={every}, so some saved "
+                    f"checkpoints have no {monitor.monitor!r} to be ranked by. Make save_steps a multiple of "
+                    f"{what}_steps.")
+        return None
+
+    def _keep(self, step: int) -> bool:
+        """Make the kept folder of ``step`` from its checkpoint; False (warned) if the disk refuses."""
+        try:
+            linked = sync_folder(checkpoint_folder(self.output_dir, step), self.folder(step),
+                                 () if self.resumable else RESUME_ONLY)
+        except OSError as error:
+            logger.warning("%s: could not keep checkpoint-%s in %s (%s: %s); it stays ranked, marked "
+                           "missing.", _OWNER, step, self.directory, type(error).__name__, error)
+            return False
+        if not linked and not self._copied:
+            self._copied = True
+            logger.warning("%s: this file system refused hard links in %s, so kept checkpoints are copies "
+                           "(each costs its size on disk while its checkpoint-N also exists).", _OWNER,
+                           self.directory)
+        logger.debug("%s: kept checkpoint-%s in %s.", _OWNER, step, self.directory)
+        return True
+
+    def _lose(self, steps: list[int]) -> None:
+        """Mark the entries of ``steps`` missing (their kept folder could not be made)."""
+        self.entries = tuple(entry.lost() if entry.step in steps else entry for entry in self.entries)
+
+    def _remove(self, step: int) -> None:
+        try:
+            remove_folder(self.directory, step)
+        except (OSError, ValueError) as error:
+            logger.warning("%s: could not delete the kept checkpoint-%s from %s (%s: %s).", _OWNER, step,
+                           self.directory, type(error).__name__, error)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._state = state
+
+    on_epoch_end = on_step_end
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The callbacks after this one may have replaced files of the checkpoint just kept (their
+        state on transformers < 4.45): link them again, before the next save can rotate it away."""
+        self._refresh()
+
+    def _refresh(self) -> None:
+        step, self._fresh = self._fresh, None
+        if step is None or not self._writer or not os.path.isdir(checkpoint_folder(self.output_dir, step)):
+            return
+        if os.path.isdir(self.folder(step)):
+            self._keep(step)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        """Check the first evaluation holds the metrics."""
+        self._state = state
+        self._check_record(metrics, from_evaluate=True)
+
+    def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """Check the first training record holds a training-loop metric; add the ranking to the
+        end-of-training record."""
+        self._state = state
+        if not isinstance(logs, dict):
+            return
+        if KeyGrammar.is_summary_record(logs):
+            if self.report and self.specs:
+                logs.update(self.summary())
+            return
+        self._check_record(logs, from_evaluate=False)
+
+    on_log = on_pre_log  # a stock Trainer fires only on_log: later callbacks (our loggers) see the ranking
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Rank the checkpoint just saved; keep it (hard links) if it is in a top k; delete the evicted."""
+        self._state = state
+        super().on_save(args, state, control, **kwargs)  # transformers < 4.45: our state, this save ranked
+        step = int(state.global_step)
+        candidate = from_rank0(lambda: self._candidate(state, self.last_step))
+        if self.last_step is None or step > self.last_step:
+            self.last_step = step
+        if candidate is None:
+            if self.specs and step not in self._unranked:
+                self._unranked.append(step)
+        else:
+            admission = admit(self.entries, candidate, self.specs)
+            self.entries = admission.kept
+            if self._writer:
+                if admission.admitted and not self._keep(step):
+                    self._lose([step])
+                write_manifest(self.directory, self.manifest())
+                for entry in admission.evicted:
+                    if not entry.missing:
+                        self._remove(entry.step)
+                self._fresh = step if admission.admitted else None
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Link the last kept checkpoint again; print the kept checkpoints."""
+        self._refresh()
+        _CLAIMS.release(state, self.state_key, self)
+        self._state = None
+        if self._unranked and self.specs:
+            logger.warning("%s: %d saved checkpoint(s) (steps %s) had no value of %s and were not ranked.",
+                           _OWNER, len(self._unranked), _short(self._unranked),
+                           [spec.monitor for spec in self.specs])
+        if self.verbose and self.specs:
+            tell(self.summary_message(), state, verbose=True)
+
+    # -- reporting -----------------------------------------------------------------------
+    def summary(self) -> dict[str, float]:
+        """The ranking as run-summary keys: ``best_checkpoints/<metric>/rank<i>_step`` and ``_value``."""
+        out: dict[str, float] = {}
+        for name, kept in self.ranking.items():
+            for rank, entry in enumerate(kept, 1):
+                out[f"{BEST_CHECKPOINTS_SECTION}/{name}/rank{rank}_step"] = entry.step
+                out[f"{BEST_CHECKPOINTS_SECTION}/{name}/rank{rank}_value"] = entry.values[name]
+        return out
+
+    def summary_message(self) -> str:
+        """One line per metric: the kept steps, best first, with their values."""
+        lines = [f"{_OWNER}: kept in {self.directory}:"]
+        for spec in self.specs:
+            kept = self.ranking.get(spec.monitor, [])
+            listed = ", ".join(entry.describe(spec.monitor) for entry in kept) or "none (no finite value)"
+            lines.append(f"  {spec.monitor} ({spec.mode}, k={spec.k}): {listed}")
+        return "\n".join(lines)
+
+
+def _short(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+

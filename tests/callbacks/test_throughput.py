@@ -1,0 +1,324 @@
+"""ThroughputMonitor in a real transformers.Trainer / TrainerPlus on tiny models.
+
+The counts are checked exactly against the batches the collator built (counted by hand in
+``throughput_helpers.Counts``) and against transformers' own ``num_input_tokens_seen``; the
+window times, what is left out of them (evaluation, saving, logging, warm-up) and the MFU
+formula are checked exactly on a simulated clock (the one thing faked; see throughput_helpers).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from hf_callbacks_plus import TrainerPlus, run_before_integrations
+from hf_callbacks_plus.callbacks import throughput
+from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
+from hf_callbacks_plus.metrics.flops import measure_training_flops, training_flops
+from tests.callbacks.throughput_helpers import (
+    EVAL_FORWARD,
+    LOG,
+    SAVE,
+    TRAIN_FORWARD,
+    RecordingCollator,
+    SimulatedClock,
+    assert_counts,
+    classifier_rows,
+    clock_callback,
+    drive_clock,
+    lm_rows,
+    step_of_batches,
+    throughput_records,
+    tiny_llama,
+    window_counts,
+)
+from tests.tiny_models import TinyClassifier, classification_rows, training_args
+
+pytestmark = pytest.mark.transformers
+
+PEAK = 3e9  # FLOP/s of "one device", for the MFU
+
+
+def build(tmp_path, *, kind="lm", mask=True, accumulation=1, rows=35, epochs=2, callbacks=(),
+          trainer_class=None, model=None, compute_metrics=None, **overrides):
+    from transformers import Trainer
+
+    collator = RecordingCollator(mask=mask)
+    make_rows = lm_rows if kind == "lm" else classifier_rows
+    values = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 4,
+              "gradient_accumulation_steps": accumulation, "num_train_epochs": epochs, "logging_steps": 2,
+              "learning_rate": 0.01, "remove_unused_columns": False}
+    values.update(overrides)
+    trainer = (trainer_class or Trainer)(
+        model=model if model is not None else tiny_llama(kind),
+        args=training_args(tmp_path, **values),
+        train_dataset=make_rows(rows, seed=1),
+        eval_dataset=make_rows(6, seed=2, split="eval"),
+        data_collator=collator,
+        callbacks=list(callbacks),
+        compute_metrics=compute_metrics,
+    )
+    return trainer, collator
+
+
+CASES = {
+    # causal LM, padded batches of random lengths, 9 batches an epoch (the last of 3 rows) in steps
+    # of 2 micro-batches (the last step of an epoch has 1), evaluation and saving on steps that
+    # log and on steps that do not
+    "lm-padded-accumulation": {"kind": "lm", "mask": True, "accumulation": 2},
+    # causal LM, no attention mask, no padding
+    "lm-unpadded": {"kind": "lm", "mask": False, "accumulation": 1},
+    # a sequence classifier (one label per row), padded, steps of 3 micro-batches
+    "classifier-padded": {"kind": "classifier", "mask": True, "accumulation": 3},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_counts_seconds_and_mfu_by_hand(case, tmp_path, monkeypatch):
+    setup = CASES[case]
+    clock = SimulatedClock()
+    monkeypatch.setattr(throughput, "time", clock)
+    monitor = ThroughputMonitor(peak_flops=PEAK)
+    trainer, collator = build(tmp_path, **setup, callbacks=[monitor, clock_callback(clock)],
+                              eval_strategy="steps", eval_steps=3, save_strategy="steps", save_steps=5)
+    run_before_integrations(trainer)  # our on_pre_log: the figures are fixed before any on_log
+    drive_clock(clock, trainer.model)
+    trainer.train()
+
+    accumulation, shifts = setup["accumulation"], setup["kind"] == "lm"
+    batches_per_epoch = math.ceil(35 / 4)
+    steps = step_of_batches(batches_per_epoch, accumulation, epochs=2)
+    assert len(collator.batches) == len(steps)  # every batch built was trained on, once
+    last_step = trainer.state.global_step
+    evaluations = [s for s in range(1, last_step + 1) if s % 3 == 0 or s == last_step]
+    saves = [s for s in range(1, last_step + 1) if s % 5 == 0 or s == last_step]
+    eval_forwards = math.ceil(6 / 4)
+    flops = training_flops(trainer.model)
+
+    records = throughput_records(trainer.state.log_history)
+    logged = [r["step"] for r in trainer.state.log_history if "loss" in r]
+    assert [r["step"] for r in records] == [s for s in logged if s >= 2]  # step 1 is the warm-up
+    start = 1
+    for record in records:
+        end = record["step"]
+        expected = window_counts(collator.batches, steps, start, end, shifts)
+        assert record["throughput/window_steps"] == end - start
+        assert_counts(record, expected, tokens=True, loss=True)
+        # the window is the training work only...
+        assert record["throughput/window_seconds"] == expected.micro_batches * TRAIN_FORWARD
+        # ...and left out: the logging of the previous window's record and the evaluations and
+        # saves from the start of the window up to (not including) its last step
+        left_out = (LOG if start in logged and start > 1 else 0.0) + sum(
+            eval_forwards * EVAL_FORWARD + LOG for s in evaluations if start <= s < end
+        ) + sum(SAVE for s in saves if start <= s < end)
+        assert record["throughput/left_out_seconds"] == pytest.approx(left_out)
+        seconds = record["throughput/window_seconds"]
+        model_flops = (flops.per_token * expected.non_padding_tokens
+                       + flops.per_squared_length * expected.squared_lengths)
+        assert record["throughput/tflops_per_second"] * 1e12 * seconds == pytest.approx(model_flops, 1e-12)
+        assert record["throughput/mfu"] == pytest.approx(model_flops / seconds / PEAK, rel=1e-12)
+        assert record["throughput/device/tokens_per_second"] == record["throughput/tokens_per_second"]
+        start = end
+    assert not trainer.model._forward_pre_hooks or all(
+        getattr(h, "__self__", None) is not monitor for h in trainer.model._forward_pre_hooks.values()
+    )
+
+
+def test_warmup_zero_leaves_an_evaluation_on_start_out(tmp_path, monkeypatch):
+    clock = SimulatedClock()
+    monkeypatch.setattr(throughput, "time", clock)
+    trainer, collator = build(tmp_path, rows=16, epochs=1, callbacks=[ThroughputMonitor(warmup_steps=0)],
+                              eval_strategy="steps", eval_steps=100, eval_on_start=True)
+    run_before_integrations(trainer)
+    drive_clock(clock, trainer.model)
+    trainer.train()
+    first = throughput_records(trainer.state.log_history)[0]
+    assert first["step"] == 2 and first["throughput/window_steps"] == 2
+    assert first["throughput/window_seconds"] == 2 * TRAIN_FORWARD
+    assert first["throughput/left_out_seconds"] == math.ceil(6 / 4) * EVAL_FORWARD  # the evaluation on start
+    steps = step_of_batches(4, 1, 1)
+    assert_counts(first, window_counts(collator.batches, steps, 0, 2, shifts=True))
+
+
+@pytest.mark.parametrize("warmup", [1, 3])
+def test_warmup_steps_are_in_no_window(warmup, tmp_path):
+    trainer, collator = build(tmp_path, rows=32, epochs=1, callbacks=[ThroughputMonitor(warmup_steps=warmup)],
+                              logging_steps=1)
+    run_before_integrations(trainer)
+    trainer.train()
+    records = throughput_records(trainer.state.log_history)
+    assert [r["step"] for r in records] == list(range(warmup + 1, 9))
+    assert all(r["throughput/window_steps"] == 1 for r in records)
+    steps = step_of_batches(8, 1, 1)
+    for record in records:
+        step = record["step"]
+        assert_counts(record, window_counts(collator.batches, steps, step - 1, step, shifts=True))
+
+
+def test_stock_trainer_without_pre_log_matches_transformers_token_counter(tmp_path, caplog):
+    """In a stock Trainer (no run_before_integrations) the figures are added in on_log, to the
+    record and the history; the non-padding tokens of each window equal the difference of
+    transformers' own ``num_input_tokens_seen`` (include_num_input_tokens_seen="non_padding")."""
+    monitor = ThroughputMonitor()
+    trainer, collator = build(tmp_path, accumulation=2, callbacks=[monitor], report_to=["tensorboard"],
+                              include_num_input_tokens_seen="non_padding")
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        trainer.train()
+    said = [r.getMessage() for r in caplog.records if "on_pre_log" in r.getMessage()]
+    assert len(said) == 1 and "run_before_integrations" in said[0]
+    training = [r for r in trainer.state.log_history if "loss" in r]
+    records = throughput_records(trainer.state.log_history)
+    assert records == training and len(records) == 5  # steps 2..10; step 1 is the warm-up
+    steps = step_of_batches(9, 2, 2)
+    for previous, record in zip(training, training[1:]):
+        seconds = record["throughput/window_seconds"]
+        seen = record["num_input_tokens_seen"] - previous["num_input_tokens_seen"]
+        assert record["throughput/non_padding_tokens_per_second"] * seconds == pytest.approx(seen, rel=1e-9)
+        assert_counts(record, window_counts(collator.batches, steps, previous["step"], record["step"], True))
+
+
+def test_trainer_plus_figures_reach_the_report_to_integrations(tmp_path):
+    from tests.integrations.tensorboard_events import read_scalars
+
+    trainer, _ = build(tmp_path, trainer_class=TrainerPlus, callbacks=[ThroughputMonitor()],
+                       report_to=["tensorboard"])
+    trainer.train()
+    records = throughput_records(trainer.state.log_history)
+    scalars = read_scalars(tmp_path)
+    for name in ("tokens_per_second", "loss_tokens_per_second", "tflops_per_second", "window_seconds"):
+        logged = scalars[f"train/throughput/{name}"]
+        assert logged == {r["step"]: pytest.approx(r[f"throughput/{name}"], rel=1e-6) for r in records}
+    assert "train/throughput/mfu" not in scalars  # a CPU has no known peak, and none was given
+
+
+def test_resume_counts_only_the_steps_of_this_run(tmp_path):
+    first, _ = build(tmp_path, rows=32, epochs=1, callbacks=[ThroughputMonitor()], save_strategy="steps",
+                     save_steps=3, logging_steps=2)
+    first.train()
+    resumed, collator = build(tmp_path, rows=32, epochs=1, callbacks=[ThroughputMonitor()], logging_steps=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    new = [r for r in throughput_records(resumed.state.log_history) if r["step"] > 3]
+    # step 4 is the resumed call's warm-up: its windows are steps 5-6 and 7-8, from the batches
+    # this call built (the trainer skips the first 3 batches without building them)
+    assert [(r["step"], r["throughput/window_steps"]) for r in new] == [(6, 2), (8, 2)]
+    assert len(collator.batches) == 5
+    steps = [4, 5, 6, 7, 8]
+    for record in new:
+        assert record["throughput/window_seconds"] > 0
+        step = record["step"]
+        assert_counts(record, window_counts(collator.batches, steps, step - 2, step, shifts=True))
+
+
+def test_a_model_without_token_inputs_logs_samples_only(tmp_path):
+    from transformers import Trainer
+
+    trainer = Trainer(model=TinyClassifier(), args=training_args(tmp_path, max_steps=6, logging_steps=2),
+                      train_dataset=classification_rows(40), callbacks=[ThroughputMonitor(peak_flops=PEAK)])
+    run_before_integrations(trainer)
+    trainer.train()
+    for record in throughput_records(trainer.state.log_history):
+        rows, seconds = 8 * record["throughput/window_steps"], record["throughput/window_seconds"]
+        assert record["throughput/samples_per_second"] * seconds == pytest.approx(rows)
+        assert record["throughput/loss_tokens_per_second"] * seconds == pytest.approx(rows)
+        assert not any(k in record for k in ("throughput/tokens_per_second", "throughput/mfu"))
+
+
+def test_measured_flops_leave_training_unchanged(tmp_path):
+    """flops_per_token="measure" runs one extra forward and backward on the first micro-batch: the
+    training (with dropout, so the random state matters) is the same as without the monitor."""
+    plain, _ = build(tmp_path / "plain", model=tiny_llama(attention_dropout=0.3), rows=16, epochs=1)
+    plain.train()
+    monitor = ThroughputMonitor(flops_per_token="measure")
+    measured, collator = build(tmp_path / "measured", model=tiny_llama(attention_dropout=0.3), rows=16,
+                               epochs=1, callbacks=[monitor])
+    run_before_integrations(measured)
+    measured.train()
+    losses = [r.get("loss") for r in measured.state.log_history[:-1]]
+    assert losses == [r.get("loss") for r in plain.state.log_history[:-1]]
+    assert monitor.flops.source == "measured"
+    probe = tiny_llama(attention_dropout=0.3)
+    probe.train()
+    first = collator.batches[0]
+    assert monitor.flops.per_token == measure_training_flops(probe, first) / first["input_ids"].numel()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"flops_per_token": "estimate"}, ["flops_per_token", "'estimate'", "'auto'", "'measure'"]),
+        ({"flops_per_token": -5}, ["flops_per_token", "-5"]),
+        ({"flops_per_token": True}, ["flops_per_token", "True"]),
+        ({"peak_flops": 0}, ["peak_flops", "0"]),
+        ({"peak_flops": float("inf")}, ["peak_flops", "inf"]),
+        ({"precision": "int8"}, ["precision", "'int8'", "'bf16'"]),
+        ({"warmup_steps": -1}, ["warmup_steps", "-1"]),
+        ({"warmup_steps": 1.5}, ["warmup_steps", "1.5"]),
+    ],
+)
+def test_bad_arguments_are_refused_at_construction(kwargs, words):
+    with pytest.raises(ValueError) as error:
+        ThroughputMonitor(**kwargs)
+    assert all(word in str(error.value) for word in words), str(error.value)
+
+
+def test_lightweight_trainer_counts_the_forward_passes_of_its_train_step(tmp_path):
+    from hf_callbacks_plus import LightweightTrainer, LoopArguments
+
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    collator = RecordingCollator()
+    data = lm_rows(32, seed=1)
+    batches = [collator(data[i:i + 4]) for i in range(0, 32, 4)]
+
+    def train_step(batch):
+        loss = model(**batch).loss
+        loss.backward()
+        return loss.item()
+
+    def optimizer_step():
+        optimizer.step()
+        optimizer.zero_grad()
+
+    model.train()
+    trainer = LightweightTrainer(
+        LoopArguments(output_dir=str(tmp_path), max_steps=8, logging_steps=2, gradient_accumulation_steps=2,
+                      save_strategy="no", disable_tqdm=True),
+        train_step=train_step, train_data=batches, model=model, optimizer_step_fn=optimizer_step,
+        callbacks=[ThroughputMonitor(peak_flops=PEAK)])
+    trainer.train()
+    records = throughput_records(trainer.state.log_history)
+    assert [(r["step"], r["throughput/window_steps"]) for r in records] == [(2, 1), (4, 2), (6, 2), (8, 2)]
+    steps = step_of_batches(8, 2, epochs=2)  # the loop goes through the 8 batches twice
+    for record in records:
+        first = record["step"] - int(record["throughput/window_steps"])
+        assert_counts(record, window_counts(collator.batches * 2, steps, first, record["step"], shifts=True))
+
+
+def test_an_evaluation_asked_for_after_the_monitor_is_left_out_by_its_runtime(tmp_path):
+    """A callback after the monitor asks for an evaluation at a step that does not log: the
+    step's end could not announce it, so its ``eval_runtime`` is left out (the evaluation is made
+    slow, 0.3 s, by its compute_metrics: a fault injected to make it measurable)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class EvaluateAtStep3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                control.should_evaluate = True
+
+    def slow_metrics(eval_pred):
+        time.sleep(0.3)
+        return {}
+
+    trainer, _ = build(tmp_path, rows=24, epochs=1, callbacks=[ThroughputMonitor(), EvaluateAtStep3()],
+                       compute_metrics=slow_metrics)
+    run_before_integrations(trainer)
+    trainer.train()
+    evaluation = next(r for r in trainer.state.log_history if "eval_runtime" in r)
+    assert evaluation["step"] == 3 and evaluation["eval_runtime"] >= 0.3
+    window = next(r for r in throughput_records(trainer.state.log_history) if r["step"] == 4)
+    assert window["throughput/left_out_seconds"] >= evaluation["eval_runtime"]

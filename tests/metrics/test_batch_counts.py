@@ -1,0 +1,85 @@
+"""BatchCounts: what one micro-batch holds, by each of its rules, and never a read of a device
+value while counting (meta tensors, which have no values, count fine until `totals`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_callbacks_plus.metrics.batch_counts import COUNTS, BatchCounts
+
+pytestmark = pytest.mark.transformers
+
+
+def totals(counts: BatchCounts) -> dict[str, float]:
+    return dict(zip(COUNTS, counts.totals()))
+
+
+def test_padded_causal_batch():
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 0, 0], [9, 0, 0, 0]])
+    mask = (ids != 0).long()
+    labels = torch.tensor([[-100, 6, 7, 8], [-100, 6, -100, -100], [9, -100, -100, -100]])
+    counts = BatchCounts(shifts_labels=True)
+    counts.add({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    assert totals(counts) == {"micro_batches": 1, "samples": 3, "token_batches": 1, "tokens": 12,
+                              "non_padding_tokens": 7, "label_batches": 1,
+                              "loss_tokens": 4,  # positions 1.. only: [6, 7, 8], [6], []
+                              "squared_lengths": 16 + 4 + 1}
+    unshifted = BatchCounts(shifts_labels=False)
+    unshifted.add({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    assert totals(unshifted)["loss_tokens"] == 5
+
+
+def test_given_shift_labels_are_counted_as_they_are():
+    ids = torch.ones(2, 4, dtype=torch.long)
+    counts = BatchCounts(shifts_labels=True)
+    shift_labels = torch.tensor([[1, 1, 1, -100], [1, -100, -100, -100]])
+    counts.add({"input_ids": ids, "labels": ids, "shift_labels": shift_labels})
+    assert totals(counts)["loss_tokens"] == 4
+
+
+def test_packed_sequences_without_mask():
+    """A padding-free batch: one row of sequences of 3, 2 and 4 tokens told apart by position_ids."""
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    counts = BatchCounts()
+    counts.add({"input_ids": torch.ones(1, 9, dtype=torch.long), "position_ids": positions})
+    result = totals(counts)
+    assert (result["tokens"], result["non_padding_tokens"], result["squared_lengths"]) == (9, 9, 9 + 4 + 16)
+    assert result["label_batches"] == 0
+
+
+def test_unpadded_batch_without_mask_is_all_tokens():
+    counts = BatchCounts()
+    counts.add({"input_ids": torch.ones(3, 5, dtype=torch.long)})
+    result = totals(counts)
+    assert (result["tokens"], result["non_padding_tokens"], result["squared_lengths"]) == (15, 15, 3 * 25)
+
+
+def test_positional_token_ids_float_labels_and_embeddings():
+    counts = BatchCounts()
+    counts.add({}, (torch.ones(2, 3, dtype=torch.long),))
+    counts.add({"inputs_embeds": torch.zeros(4, 3, 8), "labels": torch.zeros(4)})
+    result = totals(counts)
+    assert (result["micro_batches"], result["samples"], result["tokens"]) == (2, 6, 6 + 12)
+    assert (result["label_batches"], result["loss_tokens"]) == (1, 4)  # regression labels all count
+
+
+def test_inputs_that_are_no_tokens_count_samples_only():
+    counts = BatchCounts()
+    counts.add({"features": torch.zeros(5, 4), "labels": torch.tensor([0, 1, 2, -100, 1])})
+    result = totals(counts)
+    assert (result["samples"], result["token_batches"], result["tokens"]) == (5, 0, 0)
+    assert result["loss_tokens"] == 4
+
+
+def test_counting_never_reads_a_device_value():
+    meta = torch.device("meta")
+    counts = BatchCounts(shifts_labels=True)
+    for _ in range(3):
+        counts.add({"input_ids": torch.ones(2, 6, dtype=torch.long, device=meta),
+                    "attention_mask": torch.ones(2, 6, dtype=torch.long, device=meta),
+                    "labels": torch.ones(2, 6, dtype=torch.long, device=meta)})
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        counts.totals()  # reading is the one place that needs the values
+    counts.reset()
+    assert counts.totals() == [0.0] * len(COUNTS)
