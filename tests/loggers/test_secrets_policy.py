@@ -15,6 +15,7 @@ from hf_callbacks_plus.loggers.secrets import (
     REDACTED,
     command_line_has_secret,
     is_secret_key,
+    known_secret_values,
     looks_like_secret,
     mask_secrets,
     mask_url_credentials,
@@ -193,3 +194,25 @@ def test_mlflow_logger_keeps_the_uri_password_out_of_its_state_and_log(tmp_path)
     assert "StatePW" not in repr(logger.state())
     rebuilt = MLflowLogger(**logger.state()["args"])  # what restore_callback_states_from_checkpoint does
     assert rebuilt.tracking_uri == real and rebuilt.state_key == logger.state_key
+
+
+class EnvironmentChangedDuringIteration(dict):
+    """Fault injection: an environment whose first ``items()`` raises ``KeyError``, as ``os.environ``
+    does when another thread removes a variable while it is read (mlflow's telemetry thread does)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads = 0
+
+    def items(self):
+        self.reads += 1
+        if self.reads == 1:
+            raise KeyError("_MLFLOW_TELEMETRY_SESSION_ID")
+        return super().items()
+
+
+def test_secret_env_values_are_read_again_when_another_thread_changes_the_environment():
+    environ = EnvironmentChangedDuringIteration(HF_TOKEN="hf_" + "T" * 34)
+    assert known_secret_values(environ) == ["hf_" + "T" * 34]
+    text = "token " + "hf_" + "T" * 34
+    assert mask_secrets(text, environ=EnvironmentChangedDuringIteration()) == "token ***"
