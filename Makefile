@@ -21,13 +21,18 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check hf_callbacks_plus tests examples benchmarks scripts
 
+# pytest-xdist: one worker per core; tests sharing a session service (the mlflow server, the
+# torchrun launch) run on one worker (tests/conftest.py), so each service starts once.
+PYTEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: $(STAMP) lint docs
-	$(PY) -m pytest
+	$(PYTEST)
 
 # The second tier (tests marked second_tier: the default-size demo, the launcher and transformers
 # version matrices), then every supported transformers. `make test check` runs `test` once.
 tier2: $(STAMP)
-	$(PY) -m pytest --tier 2
+	$(PYTEST) --tier 2
 
 check: test tier2 compat
 

@@ -40,7 +40,17 @@ def pytest_addoption(parser):
                           "(tests marked second_tier, run by `make check`); all: both")
 
 
+#: Session fixtures that start a service once per process: under pytest-xdist (`make test` runs
+#: ``-n auto --dist loadgroup``) every test using one runs on the same worker, so it starts once.
+SESSION_SERVICES = {"mlflow_server": "mlflow_server", "distributed_launch": "torchrun"}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, group in SESSION_SERVICES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
     tier = config.getoption("--tier")
     if tier == "all":
         return
@@ -50,6 +60,20 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+def pytest_collection_finish(session):
+    """Say so when pytest-xdist could not group (its ``loadgroup`` renames node ids, which
+    pytest 9.2 no longer allows): the tests still pass, each worker starting its own services."""
+    config = session.config
+    if not hasattr(config, "workerinput") or not config.getvalue("loadgroup"):
+        return
+    ungrouped = [item.nodeid for item in session.items
+                 if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if ungrouped and config.workerinput.get("workerid") == "gw0":
+        session.warn(pytest.PytestWarning(
+            f"pytest-xdist did not group {len(ungrouped)} tests by session service (pytest "
+            f"{pytest.__version__}): each worker starts its own; pin the pytest of constraints.txt"))
 
 
 @pytest.fixture(scope="session")
