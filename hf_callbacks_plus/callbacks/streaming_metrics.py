@@ -41,6 +41,7 @@ from ..metrics.streaming import (
     scored_pairs,
     standard_metrics,
     top_classes,
+    world_size,
 )
 
 __all__ = ["StreamingMetrics"]
@@ -396,9 +397,9 @@ class StreamingMetrics(TrainerCallback):
             return
         if any(isinstance(key, str) and key.startswith("eval_") for key in logs):
             return
-        if self.train_metrics.updates == 0 and _world_size() == 1:
+        if self.train_metrics.updates == 0 and world_size() == 1:
             return
-        values = self.train_metrics.compute()
+        values = self.train_metrics.compute()  # empty when no rank had a labelled row
         self.train_metrics.reset()
         clash = sorted(set(values) & set(logs))
         if clash:
@@ -482,14 +483,6 @@ def _prefix_of(values: Mapping[str, float], logged: Mapping[str, Any]) -> Option
             if all(logged.get(f"{prefix}_{other}") == v for other, v in values.items()):
                 return prefix
     return None
-
-
-def _world_size() -> int:
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 1
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 class _PredictionWriter:

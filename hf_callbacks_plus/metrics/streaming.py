@@ -40,6 +40,7 @@ __all__ = [
     "scored_pairs",
     "standard_metrics",
     "top_classes",
+    "world_size",
 ]
 
 #: The tasks `scored_pairs` knows, with what the model's logits and the labels look like.
@@ -200,13 +201,50 @@ class MetricSet:
                 every rank already saw every batch (the Trainer's gathered evaluation batches):
                 each rank then computes from its own state, which holds everything, whatever
                 the kind of state (sums, lists, maxima). Defaults to True.
+
+        Returns:
+            The values; empty when no rank had a batch (every rank then agrees).
         """
+        if sync and world_size() > 1 and not self._align_empty_lists():
+            return {}
         out: dict[str, float] = {}
         for name, metric in self.metrics.items():
             with _synchronised(metric, sync):
                 value = metric.compute()
             out.update(_to_floats(name, value))
         return out
+
+    def _align_empty_lists(self) -> bool:
+        """Before a synchronised compute: gather every rank's update count and the shape and
+        dtype of its list states (one small collective), and give this rank's empty list states
+        an empty tensor of that shape and dtype: torchmetrics puts a 1-d float tensor there,
+        which its gather cannot combine with ``[n, classes]`` scores or integer labels.
+
+        Returns:
+            Whether any rank had a batch.
+        """
+        import torch
+        import torch.distributed as dist
+
+        shapes: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {}
+        for name, metric in self.metrics.items():
+            for state in getattr(metric, "_defaults", {}):
+                value = getattr(metric, state)
+                if isinstance(value, list) and value and hasattr(value[0], "shape"):
+                    shapes[(name, state)] = (tuple(value[0].shape[1:]), str(value[0].dtype))
+        every_rank: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every_rank, (self.updates, shapes))
+        if sum(updates for updates, _ in every_rank) == 0:
+            return False
+        padded: set[int] = set()  # a MetricCollection's compute group shares one list
+        for _, rank_shapes in every_rank:
+            for (name, state), (trailing, dtype) in rank_shapes.items():
+                value = getattr(self.metrics[name], state)
+                if not value and id(value) not in padded:
+                    padded.add(id(value))
+                    value.append(torch.empty((0, *trailing), dtype=getattr(torch, dtype.split(".")[-1]),
+                                             device=self.metrics[name].device))
+        return True
 
     def reset(self) -> None:
         """Forget every batch."""
@@ -265,6 +303,15 @@ def top_classes(scores: Any) -> tuple[Any, Any]:
     rows = scores.reshape(-1, scores.shape[-1])
     best = rows.gather(1, predicted.reshape(-1, 1)).squeeze(1).double()
     return predicted, torch.exp(best - log_normalizers(rows)).reshape(predicted.shape)
+
+
+def world_size() -> int:
+    """The number of processes in ``torch.distributed`` (1 when not distributed)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def rank() -> int:

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.transformers]
 pytest.importorskip("torchmetrics")
 from sklearn.metrics import roc_auc_score  # noqa: E402
 from torchmetrics import Metric  # noqa: E402
+from torchmetrics.utilities import dim_zero_cat  # noqa: E402
 
 
 def train_and_evaluate(out: Path, streaming) -> None:
@@ -183,3 +184,93 @@ def test_list_max_and_min_states_under_two_ranks(distributed_outcome):
     evaluation = next(r for r in outcomes[0]["log_history"] if "eval_auroc" in r)
     for name, value in list_state_reference(*eval_logits(folder)).items():
         assert evaluation[f"eval_{name}"] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+
+
+class LabelledScores(Metric):
+    """List states of two shapes and dtypes: each row's scores ``[n, classes]`` (float) and its
+    label ``[n]`` (integer); computes the mean score of the labelled class and the row count."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+
+    def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
+        self.scores.append(scores.detach().float())
+        self.labels.append(target.detach().long())
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        scores, labels = dim_zero_cat(self.scores), dim_zero_cat(self.labels)  # lists, or gathered
+        label_score = scores.gather(1, labels.unsqueeze(1)).mean()
+        return {"label_score": label_score, "rows": torch.tensor(len(labels))}
+
+
+class UnlabelledTolerantClassifier(TinyClassifier):
+    """TinyClassifier whose loss is 0 (not NaN) for a batch without any labelled row."""
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
+        logits = self.linear(features)
+        if labels is None:
+            return {"logits": logits}
+        loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+        return {"loss": loss / (labels != -100).sum().clamp(min=1), "logits": logits}
+
+
+def two_ranks_list_states_with_empty_windows(out: Path) -> None:
+    """List-state metrics in training when a rank has no labelled row in a logging window: rank 1
+    in the first window (steps 1-2), both ranks in the second (steps 3-4), none in the third."""
+    from transformers import Trainer, default_data_collator
+
+    from hf_callbacks_plus import run_before_integrations
+    from hf_callbacks_plus.callbacks.streaming_metrics import StreamingMetrics
+    from tests.tiny_models import training_args
+
+    rank = int(os.environ["RANK"])
+    batches = []
+
+    def collate(rows):
+        batch = default_data_collator(rows)
+        step = len(batches) + 1
+        if (rank == 1 and step <= 2) or step in (3, 4):
+            batch["labels"] = torch.full_like(batch["labels"], -100)
+        batches.append(batch["labels"].tolist())
+        return batch
+
+    model = UnlabelledTolerantClassifier()
+    recorded = []
+
+    def record(module, args, kwargs, output):
+        if module.training:
+            recorded.append((output["logits"].detach().tolist(), kwargs["labels"].tolist()))
+
+    model.register_forward_hook(record, with_kwargs=True)
+    streaming = StreamingMetrics({"scored": LabelledScores()}, task="classification")
+    args = training_args(out, per_device_train_batch_size=4, max_steps=6, logging_steps=2,
+                         learning_rate=0.05, ddp_backend="gloo", gradient_accumulation_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=classification_rows(48, seed=3),
+                      data_collator=collate, callbacks=[streaming])
+    run_before_integrations(trainer)
+    trainer.train()
+    outcome = {"rank": rank, "log_history": trainer.state.log_history, "recorded": recorded}
+    (out / f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
+
+
+@pytest.mark.distributed(scenario=two_ranks_list_states_with_empty_windows)
+def test_list_states_when_a_rank_or_every_rank_has_no_labelled_row(distributed_outcome):
+    """A window with rows on rank 0 only is computed over them; a window without any labelled row
+    adds no metric (as in one process); the rest is exact (before: rank 1's empty list became a
+    1-d float tensor that the gather could not combine with rank 0's [n, 3] scores)."""
+    outcomes = outcomes_of(distributed_outcome.dir)
+    records = [r for r in outcomes[0]["log_history"] if "loss" in r]
+    assert len(records) == 3
+    for index, record in enumerate(records):
+        logits, labels = window(outcomes, index)
+        logits, labels = logits[labels != -100], labels[labels != -100]
+        if index == 1:
+            assert len(labels) == 0 and "label_score" not in record and "rows" not in record, record
+            continue
+        assert record["rows"] == len(labels) == (8 if index == 0 else 16)  # rank 0 only, then both
+        expected = float(np.mean(logits[np.arange(len(labels)), labels]))
+        assert record["label_score"] == pytest.approx(expected, rel=1e-6, abs=1e-6), index
