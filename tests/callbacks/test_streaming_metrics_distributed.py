@@ -25,6 +25,18 @@ from torchmetrics import Metric  # noqa: E402
 from torchmetrics.utilities import dim_zero_cat  # noqa: E402
 
 
+def record_training_passes(model) -> list:
+    """The list that receives ``(logits, labels)`` of each of the model's training forward passes."""
+    recorded = []
+
+    def record(module, args, kwargs, output):
+        if module.training:
+            recorded.append((output["logits"].detach().tolist(), kwargs["labels"].tolist()))
+
+    model.register_forward_hook(record, with_kwargs=True)
+    return recorded
+
+
 def train_and_evaluate(out: Path, streaming) -> None:
     """``streaming`` in a stock Trainer: 40 train rows, 30 eval rows in batches of 4 per rank
     (uneven shards: the last gathered eval batch holds 6 rows, not 8). Each rank records the
@@ -37,13 +49,7 @@ def train_and_evaluate(out: Path, streaming) -> None:
 
     rank = int(os.environ["RANK"])
     model = TinyClassifier()
-    recorded = []
-
-    def record(module, args, kwargs, output):
-        if module.training:
-            recorded.append((output["logits"].detach().tolist(), kwargs["labels"].tolist()))
-
-    model.register_forward_hook(record, with_kwargs=True)
+    recorded = record_training_passes(model)
     args = training_args(out, per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=5,
                          logging_steps=2, eval_strategy="steps", eval_steps=5, learning_rate=0.05,
                          ddp_backend="gloo", gradient_accumulation_steps=1)
@@ -239,13 +245,7 @@ def two_ranks_list_states_with_empty_windows(out: Path) -> None:
         return batch
 
     model = UnlabelledTolerantClassifier()
-    recorded = []
-
-    def record(module, args, kwargs, output):
-        if module.training:
-            recorded.append((output["logits"].detach().tolist(), kwargs["labels"].tolist()))
-
-    model.register_forward_hook(record, with_kwargs=True)
+    recorded = record_training_passes(model)
     streaming = StreamingMetrics({"scored": LabelledScores()}, task="classification")
     args = training_args(out, per_device_train_batch_size=4, max_steps=6, logging_steps=2,
                          learning_rate=0.05, ddp_backend="gloo", gradient_accumulation_steps=1)

@@ -1,5 +1,6 @@
 """Fault injection around a real backend: the only way to make MLflow or W&B fail, hang or be slow
-exactly when a test wants. Every other behaviour is the real backend's."""
+exactly when a test wants. Every other behaviour is the real backend's. Also a training in the
+loop whose user code can fail at a chosen step (`train_in_loop`)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,24 @@ class FailingInitWandb(SlowInitWandb):
     def init(self, *args: Any, **kwargs: Any) -> Any:
         self.gate.wait(self._delay)
         raise ConnectionError("W&B server unreachable (injected)")
+
+
+def train_in_loop(out: Any, callbacks: list, steps: int, fail_at: Optional[int] = None,
+                  save_steps: Optional[int] = None) -> Any:
+    """``steps`` logged steps of `LightweightTrainer` (loss ``1/step``); the user's step raises
+    ``RuntimeError`` at step ``fail_at``; a checkpoint every ``save_steps`` steps if given."""
+    from hf_callbacks_plus.loop.arguments import LoopArguments
+    from hf_callbacks_plus.loop.trainer import LightweightTrainer
+
+    args = LoopArguments(output_dir=str(out), max_steps=steps, logging_steps=1, disable_tqdm=True,
+                         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500)
+    calls = {"n": 0}
+
+    def step(batch: Any) -> float:
+        calls["n"] += 1
+        if calls["n"] == fail_at:
+            raise RuntimeError("user code failed")
+        return 1.0 / calls["n"]
+
+    return LightweightTrainer(args, train_step=step, train_data=[[1.0]] * steps, callbacks=callbacks,
+                              learning_rate_fn=lambda: 0.1).train()

@@ -22,26 +22,12 @@ from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers.jsonl import JsonlLogger  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
-from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
-from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
-from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
+from tests.loggers.faults import FaultInjectingBackend, train_in_loop  # noqa: E402
 
 pytestmark = pytest.mark.mlflow
 
 
-def train(out, callbacks, steps, fail_at=None, save_steps=None):
-    args = LoopArguments(output_dir=str(out), max_steps=steps, logging_steps=1, disable_tqdm=True,
-                         save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500)
-    calls = {"n": 0}
-
-    def step(batch):
-        calls["n"] += 1
-        if calls["n"] == fail_at:
-            raise RuntimeError("user code failed")
-        return 1.0 / calls["n"]
-
-    return LightweightTrainer(args, train_step=step, train_data=[[1.0]] * steps, callbacks=callbacks,
-                              learning_rate_fn=lambda: 0.1).train()
+train = train_in_loop
 
 
 def in_log(logger) -> list[dict]:

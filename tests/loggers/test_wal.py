@@ -23,9 +23,7 @@ from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers import wal as wal_module  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowBackend, MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loggers.wal import WriteAheadLog, replay  # noqa: E402
-from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
-from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
-from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
+from tests.loggers.faults import FaultInjectingBackend, train_in_loop  # noqa: E402
 
 pytestmark = pytest.mark.mlflow
 
@@ -53,18 +51,7 @@ class Extras(TrainerCallback):
 
 
 def train(out, callbacks, steps, fail_at=None, metrics=0):
-    args = LoopArguments(output_dir=str(out), max_steps=steps, logging_steps=1, disable_tqdm=True,
-                         save_strategy="no")
-    calls = {"n": 0}
-
-    def step(batch):
-        calls["n"] += 1
-        if calls["n"] == fail_at:
-            raise RuntimeError("user code failed")
-        return 1.0 / calls["n"]
-
-    return LightweightTrainer(args, train_step=step, train_data=[[1.0]] * steps,
-                              callbacks=[Extras(metrics), *callbacks], learning_rate_fn=lambda: 0.1).train()
+    return train_in_loop(out, [Extras(metrics), *callbacks], steps, fail_at=fail_at)
 
 
 def points(client, run_id) -> Counter:
