@@ -257,9 +257,8 @@ def test_a_binary_file_gets_a_clear_error_naming_it(tmp_path):
 
 
 def test_the_quickstarts_plot_command_on_a_stock_trainer_run(tmp_path, capsys, caplog):
-    """Issue 26, finding 11: a stock Trainer writes trainer_state.json only into its checkpoints, so
-    ``hf-callbacks-plus plot runs/my-run/trainer_state.json`` failed ("does not exist", no hint). The
-    run folder and that path now plot the newest checkpoint's state (the path with a warning naming
+    """A stock Trainer writes trainer_state.json only into its checkpoints: the run folder and
+    ``runs/my-run/trainer_state.json`` plot the newest checkpoint's state (the path with a warning naming
     the file read); a folder without any says where a Trainer writes the file."""
     import logging
 

@@ -1,5 +1,5 @@
 """``random_state_kept``: every generator reachable from the given objects, and the global ones,
-is as it was after the block (issue 26, finding 2's class). Each case draws inside the block and
+is as it was after the block. Each case draws inside the block and
 compares the next draws after it with an untouched twin."""
 
 from __future__ import annotations

@@ -178,8 +178,7 @@ def list_state_reference(logits, labels):
 @pytest.mark.distributed(scenario=two_ranks_stream_list_max_min_states)
 def test_list_max_and_min_states_under_two_ranks(distributed_outcome):
     """Evaluation over the 30 rows and each training window over both ranks' micro-batches equal
-    scikit-learn and numpy (before: only rank 0 updated, and the gather of lists of different
-    lengths aborted both ranks)."""
+    scikit-learn and numpy."""
     folder = distributed_outcome.dir
     outcomes = outcomes_of(folder)
     records = [r for r in outcomes[0]["log_history"] if "loss" in r]
@@ -260,8 +259,7 @@ def two_ranks_list_states_with_empty_windows(out: Path) -> None:
 @pytest.mark.distributed(scenario=two_ranks_list_states_with_empty_windows)
 def test_list_states_when_a_rank_or_every_rank_has_no_labelled_row(distributed_outcome):
     """A window with rows on rank 0 only is computed over them; a window without any labelled row
-    adds no metric (as in one process); the rest is exact (before: rank 1's empty list became a
-    1-d float tensor that the gather could not combine with rank 0's [n, 3] scores)."""
+    adds no metric (as in one process); the rest is exact."""
     outcomes = outcomes_of(distributed_outcome.dir)
     records = [r for r in outcomes[0]["log_history"] if "loss" in r]
     assert len(records) == 3

@@ -445,9 +445,8 @@ def peak_allocated(function):
 def test_a_language_model_batch_costs_at_most_one_float32_copy_of_its_logits(held, tmp_path):
     """Vocabulary 32k: the metrics of one batch (scored_pairs, token accuracy, perplexity, the
     predictions file) hold at most one float32 copy of the batch's logits at a time (the labelled
-    rows), never a float64 copy (before: 4.9x the logits). Held predictions
-    (``batch_eval_metrics=False``) are taken a batch at a time (before: 9.8x a batch's logits for
-    two batches held concatenated)."""
+    rows), never a float64 copy. Held predictions (``batch_eval_metrics=False``) are taken a batch
+    at a time."""
     from transformers import EvalPrediction
 
     callback = StreamingMetrics(task="causal_lm", save_predictions=True, train_metrics=None)

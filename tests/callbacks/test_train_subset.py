@@ -357,7 +357,7 @@ def test_training_is_identical_with_and_without_the_subset_evaluation(tmp_path, 
     assert ours == plain
 
 
-# -- the arguments of the evaluation in progress reach the subset (issue 26, finding 4) ----------------
+# -- the arguments of the evaluation in progress reach the subset -------------------------------------
 
 def gen_len(eval_pred):
     import numpy
@@ -369,8 +369,7 @@ def gen_len(eval_pred):
 @pytest.mark.parametrize("generation", [{"max_new_tokens": 6, "num_beams": 2}, {}])
 def test_seq2seq_generation_settings_of_evaluate_reach_the_subset(tmp_path, generation):
     """``Seq2SeqTrainer.evaluate(max_new_tokens=6, num_beams=2)``: the subset generates with the same
-    settings; its metrics equal a stock ``evaluate`` of the rows with them (before: the defaults,
-    train_subset_gen_len 0.0 vs 3.75)."""
+    settings; its metrics equal a stock ``evaluate`` of the rows with them."""
     from datasets import Dataset
     from transformers import (
         DataCollatorForSeq2Seq,
@@ -436,7 +435,7 @@ def test_ignore_keys_of_evaluate_and_of_train_reach_the_subset(tmp_path):
                           eval_dataset=RegressionDataset(8, seed=2), compute_metrics=output_count,
                           callbacks=[subset])
     metrics = trainer.evaluate(ignore_keys=["extra"])
-    assert metrics["eval_outputs"] == metrics["train_subset_outputs"] == 1.0  # before: 2.0 for the subset
+    assert metrics["eval_outputs"] == metrics["train_subset_outputs"] == 1.0  # "extra" ignored by both
     assert trainer.evaluate()["train_subset_outputs"] == 2.0
     trainer.train(ignore_keys_for_eval=["extra"])
     record = next(r for r in trainer.state.log_history if "train_subset_outputs" in r and r["step"] == 2)

@@ -1,4 +1,4 @@
-"""Handler edges, side by side with a stock ``transformers.Trainer`` (issue 26, finding 12): what a
+"""Handler edges, side by side with a stock ``transformers.Trainer`` : what a
 stock Trainer does with an odd callback or an odd resume, our runners do too (``TrainerPlus``, a
 stock Trainer after ``run_before_integrations``, ``LightweightTrainer``)."""
 
@@ -48,7 +48,7 @@ class OwnBind(transformers.TrainerCallback):
 
 @pytest.mark.parametrize("kind", RUNNERS)
 def test_an_object_without_the_events_raises_like_a_stock_trainer(tmp_path, kind):
-    """Before: our handler skipped it and the run trained silently."""
+    """An object without the callback events fails the run as in a stock Trainer."""
     trainer = runner(kind, tmp_path)
     trainer.add_callback(NotACallback())
     with pytest.raises(AttributeError, match=r"^'NotACallback' object has no attribute 'on_train_begin'$"):
@@ -57,7 +57,7 @@ def test_an_object_without_the_events_raises_like_a_stock_trainer(tmp_path, kind
 
 @pytest.mark.parametrize("kind", RUNNERS)
 def test_a_callbacks_own_zero_argument_bind_is_left_alone(tmp_path, kind):
-    """Before: ``TypeError: bind() takes 1 positional argument but 2 were given`` at construction."""
+    """A callback's own ``bind()`` without arguments is not our binding protocol: never called."""
     callback = OwnBind()
     trainer = runner(kind, tmp_path, [callback])
     trainer.add_callback(OwnBind())
@@ -67,8 +67,7 @@ def test_a_callbacks_own_zero_argument_bind_is_left_alone(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", RUNNERS)
 def test_the_duplicate_callback_warning_is_transformers_own(tmp_path, kind, caplog, monkeypatch):
-    """Same logger and text as a stock Trainer (before: on ours, so transformers' verbosity did not
-    govern it)."""
+    """Same logger and text as a stock Trainer, so transformers' verbosity governs it."""
     monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
     messages = {}
     for name in ("stock", kind):

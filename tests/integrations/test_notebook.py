@@ -1,10 +1,9 @@
 """In a Jupyter notebook, transformers' table shows the trainer's own columns unchanged and our
-values beside them (issue 26, finding 10). A notebook is executed in a real kernel (nbclient,
+values beside them. A notebook is executed in a real kernel (nbclient,
 ipykernel): a stock ``Trainer`` without our callbacks, then ``TrainerPlus`` and a stock ``Trainer``
 with ``run_before_integrations``, both with ``TrainSubsetEvaluation(gap_metrics=True)`` and
 ``EarlyStopping``. The test reads each cell's output as the user sees it: the HTML table
-``NotebookProgressCallback`` drew last, and the printed log records and ``evaluate()`` results.
-Before: the row showed ``gap_loss`` as "Validation Loss" and ``gap_mse`` as "Mse"."""
+``NotebookProgressCallback`` drew last, and the printed log records and ``evaluate()`` results."""
 
 from __future__ import annotations
 

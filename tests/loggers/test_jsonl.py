@@ -140,8 +140,8 @@ def test_trainer_plus(tmp_path):
 
 
 def test_a_file_ending_mid_line_is_closed_before_appending(tmp_path, caplog):
-    """Issue 16 finding 7: a process killed mid-write left a partial line; the next process's
-    first record was glued onto it (both lines unreadable)."""
+    """A partial last line (a process killed mid-write) is ended before the next process appends,
+    so its first record is a line of its own."""
     import json
     import logging
 

@@ -91,8 +91,8 @@ def test_the_stock_callback_for_the_same_tracker_is_named_at_train_begin(tmp_pat
 
 
 def test_mlflow_sqlite_database_that_cannot_be_created_is_refused_at_construction(tmp_path):
-    """Issue 26, finding 11: it was reported after the training ("could not start the run"), with
-    every record in the spill file. A folder that does not exist yet is fine: MLflow creates it."""
+    """A sqlite database that cannot be created is a ``ValueError`` naming ``tracking_uri`` at
+    construction. A folder that does not exist yet is fine: MLflow creates it."""
     pytest.importorskip("mlflow")
     from hf_callbacks_plus.loggers.mlflow import MLflowLogger
 

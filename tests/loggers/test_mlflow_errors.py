@@ -1,4 +1,4 @@
-"""Issue 16 findings 9 and 10 for MLflow: only errors known to be transient are retried, an
+"""MLflow errors: only errors known to be transient are retried, an
 unusable run is an error at its first start, MLflow's own limits, no process-wide side effects,
 batches cut once.
 

@@ -70,8 +70,8 @@ def test_log_dir_argument_and_validation(tmp_path):
 
 @pytest.mark.parametrize("after", ["evaluate", "predict"])
 def test_evaluate_or_predict_after_a_resumed_train_erases_nothing(tmp_path, after):
-    """Issue 16: the writer reopened for evaluate()/predict() after a resumed train() purged
-    every event after the checkpoint step, erasing what the resumed training logged."""
+    """The writer reopened for evaluate()/predict() after a resumed train() keeps every event the
+    resumed training logged (no purge after the checkpoint step)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4)
@@ -91,8 +91,8 @@ def test_evaluate_or_predict_after_a_resumed_train_erases_nothing(tmp_path, afte
 
 def test_an_unwritable_log_dir_is_an_error_at_train_begin_and_saves_write_the_events(tmp_path):
     """TensorBoard writes inline, into the writer's own queue: a folder that cannot be made is an
-    ``OSError`` naming it when ``train()`` starts (before: one error, every record spilled, training
-    ran to the end); each checkpoint save writes the events logged so far to disk."""
+    ``OSError`` naming it when ``train()`` starts; each checkpoint save writes the events logged so
+    far to disk."""
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     with pytest.raises(OSError, match=r"TensorBoardLogger: cannot write the run to .*a_file/run"):

@@ -1,4 +1,4 @@
-"""``TensorBoardLogger`` events (issue 16, findings 6 and 10): one event per record, no flush per batch.
+"""``TensorBoardLogger`` events: one event per record, no flush per batch.
 
 Read back with TensorBoard's own readers: the raw event file (``EventFileLoader``) and
 ``EventAccumulator``. The reference for "the same tags and values as before" is the former
@@ -47,7 +47,7 @@ def accumulated_points(directory: Path) -> Counter:
 
 
 def test_one_record_with_many_metrics_is_one_event(tmp_path):
-    """Issue 16 finding 6: ``add_scalar`` per metric wrote 500 events per step at 500 metrics."""
+    """500 metrics in one record are one event (not one ``add_scalar`` event per metric)."""
     backend = TensorBoardBackend(summary_writer_class(), lambda run_id: str(tmp_path / run_id))
     run_id = backend.start(None, "key", resume=False)
     metrics = {f"train/metric_{index}": index / 7 for index in range(50)}
@@ -129,7 +129,7 @@ def test_trainer_run_reads_back_as_with_add_scalar(tmp_path, key_names):
 
 
 def test_checkpoint_save_puts_the_events_on_disk(tmp_path):
-    """Issue 16 finding 10 (no flush per batch): what was logged before a checkpoint is in the event
+    """No flush per batch, yet what was logged before a checkpoint is in the event
     file when the checkpoint is saved, with the writer still open, though writing lags behind."""
     from transformers import TrainerCallback
 

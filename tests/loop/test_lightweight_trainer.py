@@ -373,7 +373,7 @@ def test_isolated_evaluate_leaves_no_trace_even_before_training(tmp_path):
 
 
 def test_the_train_subset_evaluation_leaves_a_collate_generator_untouched(tmp_path):
-    """Issue 26 finding 2's class in the loop: the subset's DataLoader collates with the training
+    """In the loop: the subset's DataLoader collates with the training
     DataLoader's ``collate_fn``, which adds noise from a generator of its own; the training
     losses are identical with and without ``TrainSubsetEvaluation``."""
     torch = pytest.importorskip("torch")

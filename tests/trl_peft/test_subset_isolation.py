@@ -1,4 +1,4 @@
-"""The train-subset evaluation shares no state with training (issue 26, findings 1 and 2).
+"""The train-subset evaluation shares no state with training.
 
 The matrix is data (sampler) x collators x trainers, on one tiny causal LM built once:
 
@@ -16,8 +16,8 @@ In every cell (20), the trainer's own log records (loss, grad_norm and learning 
 step, eval_loss at every evaluation) are bit-identical to the stock ``Trainer`` (``SFTTrainer``)
 run without the callback from the same weights. With ``group_by_length`` (stock ``Trainer`` and
 ``SFTTrainer``), the subset evaluated three times at the same weights gives three times what a
-stock ``evaluate()`` of those rows gives (before: three different values, the reused loader's
-sampler drawing a new order at each pass).
+stock ``evaluate()`` of those rows gives (a fresh loader each time: its sampler's generator
+starts from its seed at each pass).
 """
 
 from __future__ import annotations
