@@ -40,7 +40,8 @@ KEY_NAMES = ("sections", "stock")
 #: One logger per state key and ``train()`` (see `TrackerLogger._check_neighbours`).
 _CLAIMS = TrainBeginClaims()
 #: The ``report_to`` name of transformers' callback for each tracker (in ``swap.py``'s order).
-STOCK_REPORT_TO = {"MLflowCallback": "mlflow", "WandbCallback": "wandb", "TensorBoardCallback": "tensorboard"}
+_STOCK_REPORT_TO = {"MLflowCallback": "mlflow", "WandbCallback": "wandb",
+                    "TensorBoardCallback": "tensorboard"}
 #: Loggers of this process with an open run, held until it is closed (so a trainer dropped after
 #: ``train()`` raised cannot take the open run out of reach of the exit hook).
 _OPEN_LOGGERS: dict[int, TrackerLogger] = {}
@@ -619,7 +620,7 @@ class TrackerLogger(SelfRestoringState):
 
     def _stock_in_report_to(self, args: Any) -> bool:
         """Whether ``args.report_to`` adds transformers' callback for this tracker."""
-        name = STOCK_REPORT_TO.get(self.stock_callback or "")
+        name = _STOCK_REPORT_TO.get(self.stock_callback or "")
         report_to = getattr(args, "report_to", None)
         if name is None or not report_to:
             return False

@@ -1,10 +1,7 @@
 """Secrets: what must never leave the process, and how it is masked (the policy: docs/secrets.md).
 
-Every text and name the loggers write (params, tags, summary texts, metric names, run names,
-checkpoint state, console lines) goes through these functions: URL credentials and access
-tokens (by their shape, and the values of this process's secret environment variables) are
-masked; a field naming a credential is ``<redacted>`` as a whole; vocabulary tokens (``pad_token``)
-and git SHAs are kept. `SecretMaskingFilter` masks the ``hf_callbacks_plus`` logger's lines.
+Every text and name the loggers write goes through these functions; `SecretMaskingFilter` masks the
+``hf_callbacks_plus`` logger's lines.
 """
 
 from __future__ import annotations
@@ -68,12 +65,7 @@ _NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
 @functools.lru_cache(maxsize=8192)
 def is_secret_key(key: str) -> bool:
     """Tell whether a key (its last dotted part) names a credential: ``hub_token``, ``WANDB_API_KEY``,
-    ``db_password``; not ``pad_token_id``, ``num_tokens`` or vocabulary fields (``eos_token``).
-
-    Example:
-        >>> is_secret_key("hub_token"), is_secret_key("eos_token"), is_secret_key("pad_token_id")
-        (True, False, False)
-    """
+    ``db_password``; not ``pad_token_id``, ``num_tokens`` or vocabulary fields (``eos_token``)."""
     last = _last_word(key)
     if last.endswith(_NOT_SECRET_SUFFIXES) or _VOCABULARY_ROLES.search(last):
         return False
@@ -86,9 +78,8 @@ def _last_word(key: Any) -> str:
 
 
 def is_vocabulary_token(key: str, value: Any) -> bool:
-    """True when ``key``/``value`` is a tokenizer's vocabulary token (``eos_token``: ``<|im_end|>``), not
-    a credential: a ``<role>_token`` field unless its value is shaped like an access token, any other
-    ``*_token`` field when its value is shaped like a vocabulary token (``<pad>``, ``[PAD]``)."""
+    """True when ``key``/``value`` is a tokenizer's vocabulary token (``eos_token``: ``<|im_end|>``) by
+    its role name or its shape (``<pad>``, ``[PAD]``), unless the value is shaped like an access token."""
     if not isinstance(value, str):
         return False
     last = _last_word(key)
@@ -108,8 +99,7 @@ def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str
 
 
 def _items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """``environ.items()``, read again when another thread changed it meanwhile (``os.environ``
-    raises ``KeyError`` for a variable removed during the iteration; mlflow's threads do that)."""
+    """``environ.items()``, read again when another thread changed it meanwhile (mlflow's threads do)."""
     for _ in range(10):
         try:
             return list(environ.items())
@@ -140,12 +130,7 @@ def _mask_query(match: re.Match) -> str:
 
 def mask_url_credentials(text: Any) -> Any:
     """Mask the credentials of every URL inside ``text`` (a password, a token as the user, a query
-    parameter naming a secret); masking twice changes nothing; non-strings are returned as they are.
-
-    Example:
-        >>> mask_url_credentials("http://alice:s3cret@mlflow.example:5000")
-        'http://alice:***@mlflow.example:5000'
-    """
+    parameter naming a secret); masking twice changes nothing; non-strings are returned as they are."""
     if not isinstance(text, str) or ("@" not in text and "=" not in text):
         return text
     masked = _URL_USERINFO.sub(_mask_userinfo, text)
@@ -156,12 +141,7 @@ def mask_url_credentials(text: Any) -> Any:
 
 def mask_secrets(text: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
     """Mask every secret inside ``text`` (URL credentials, access tokens, values of secret environment
-    variables of ``environ``, default ``os.environ``), keeping the rest of the text.
-
-    Example:
-        >>> mask_secrets("push to https://u:pw@hub.example with hf_" + "a" * 34, environ={})
-        'push to https://u:***@hub.example with ***'
-    """
+    variables of ``environ``, default ``os.environ``), keeping the rest of the text."""
     if not isinstance(text, str) or not text:
         return text
     masked = mask_url_credentials(text)
@@ -185,26 +165,17 @@ def looks_like_secret(key: str, value: Any) -> bool:
 
 def redact_value(key: str, value: Any) -> str:
     """The text a tracker receives for the config value ``value`` of ``key``: ``<redacted>`` for a
-    set credential field or a secret value, else ``str(value)`` with secrets masked.
-
-    Example:
-        >>> redact_value("hub_token", "abc"), redact_value("eos_token", "</s>")
-        ('<redacted>', '</s>')
-    """
+    set credential field or a secret value, else ``str(value)`` with secrets masked."""
     text = value if isinstance(value, str) else str(value)
-    unset = value is None or isinstance(value, bool) or (isinstance(value, str) and value in _NOT_SET)
-    if unset:
+    if value is None or isinstance(value, bool) or (isinstance(value, str) and value in _NOT_SET):
         return text
-    if is_secret_key(key) and not is_vocabulary_token(key, value):
-        return REDACTED
-    if isinstance(value, str) and looks_like_secret(key, value):
+    if (is_secret_key(key) and not is_vocabulary_token(key, value)) or looks_like_secret(key, value):
         return REDACTED
     return mask_secrets(text)
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
-    """Turn a flat config into strings with every secret removed (`redact_value`); a key holding a
-    token is masked too. Containers become their ``repr`` first (a token inside a list is masked)."""
+    """A flat config as strings with every secret removed (`redact_value`); keys are masked too."""
     return {mask_secrets(key): redact_value(key, value) for key, value in config.items()}
 
 
@@ -230,8 +201,7 @@ _UNMASKED: dict[str, str] = {}
 
 
 def remember_credentials(url: Any) -> Any:
-    """``url`` with its credentials masked (what checkpoints hold); `unmask_url` gives the real one back
-    in this process (a logger rebuilt from a checkpoint by transformers)."""
+    """``url`` with its credentials masked; `unmask_url` gives the real one back in this process."""
     masked = mask_url_credentials(url)
     if masked != url:
         _UNMASKED[masked] = url
@@ -252,10 +222,9 @@ def unmask_url(url: Any, env_var: Optional[str] = None) -> Any:
     candidate = os.environ.get(env_var) if env_var else None
     if candidate and mask_url_credentials(candidate) == url:
         return candidate
-    raise ValueError(
-        f"The URL {url!r} has masked credentials (checkpoints never hold them) and the real URL is not "
-        f"known in this process; pass it explicitly{f' or set {env_var}' if env_var else ''}."
-    )
+    hint = f" or set {env_var}" if env_var else ""
+    raise ValueError(f"The URL {url!r} has masked credentials (checkpoints never hold them) and the real URL "
+                     f"is not known in this process; pass it explicitly{hint}.")
 
 
 class SecretMaskingFilter(logging.Filter):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from .base import STOCK_REPORT_TO, TrackerLogger
+from .base import _STOCK_REPORT_TO, TrackerLogger
 
 __all__ = ["replace_report_to_callbacks"]
 
@@ -16,7 +16,7 @@ def _stock_classes() -> dict[str, Any]:
         from transformers.integrations import integration_utils
     except ImportError:  # transformers missing or broken: nothing to swap
         return {}
-    return {name: getattr(integration_utils, cls, None) for cls, name in STOCK_REPORT_TO.items()}
+    return {name: getattr(integration_utils, cls, None) for cls, name in _STOCK_REPORT_TO.items()}
 
 
 def _build(kind: str, stock: Any) -> TrackerLogger:
