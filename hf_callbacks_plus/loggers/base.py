@@ -128,10 +128,6 @@ def stock_names(logs: Mapping[str, Any], style: str,
         style: ``"raw"`` (keys unchanged, MLflowCallback) or ``"rewrite_logs"`` (``eval_`` ->
             ``eval/``, ``test_`` -> ``test/``, else ``train/``: WandbCallback, TensorBoardCallback).
         summary_keys: Keys that go to the summary under their raw name (W&B's run totals).
-
-    Example:
-        >>> stock_names({"eval_loss": 1.0, "loss": 2.0}, "rewrite_logs")
-        ({'eval/loss': 1.0, 'train/loss': 2.0}, {})
     """
     curves: dict[str, Any] = {}
     summary: dict[str, Any] = {}
@@ -148,12 +144,7 @@ def stock_names(logs: Mapping[str, Any], style: str,
 
 
 def normalize_value(value: Any) -> tuple[str, Any]:
-    """Classify one logged value: ``("number", float)``, ``("text", str)`` or ``("drop", value)``.
-
-    Example:
-        >>> normalize_value(True), normalize_value("early")
-        (('number', 1.0), ('text', 'early'))
-    """
+    """Classify one logged value: ``("number", float)``, ``("text", str)`` or ``("drop", value)``."""
     if type(value) is float:  # the common case first: a record can hold hundreds
         return "number", value
     if isinstance(value, str):

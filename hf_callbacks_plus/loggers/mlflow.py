@@ -114,10 +114,9 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         _refuse_unusable_sqlite_path(uri)
     if base in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
         return uri
-    raise ValueError(
-        f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. Valid schemes: "
-        f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an MLflow plugin."
-    )
+    raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. "
+                     f"Valid schemes: {', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme "
+                     "registered by an MLflow plugin.")
 
 
 def _refuse_unusable_sqlite_path(uri: str) -> None:
@@ -137,11 +136,10 @@ def _refuse_unusable_sqlite_path(uri: str) -> None:
     elif problem is None and not os.access(ancestor, os.W_OK | os.X_OK):
         problem = f"cannot be created: the folder {ancestor!r} is not writable"
     if problem is not None:
-        raise ValueError(
-            f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} {problem}. Use "
-            "a path in a writable folder, e.g. tracking_uri='sqlite:///mlflow.db' (relative to the working "
-            "directory) or 'sqlite:////absolute/path/mlflow.db'."
-        )
+        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} "
+                         f"{problem}. Use a path in a writable folder, e.g. "
+                         "tracking_uri='sqlite:///mlflow.db' (relative to the working directory) or "
+                         "'sqlite:////absolute/path/mlflow.db'.")
 
 
 def _refuse_file_store_if_disabled(uri: str) -> None:
@@ -150,11 +148,10 @@ def _refuse_file_store_if_disabled(uri: str) -> None:
     except ImportError:  # mlflow missing (said at start) or an mlflow that still accepts file stores
         return
     if not MLFLOW_ALLOW_FILE_STORE.get():
-        raise ValueError(
-            f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} is a file store, which the installed mlflow "
-            "refuses. Use a database store, e.g. tracking_uri='sqlite:///mlflow.db', or set "
-            "MLFLOW_ALLOW_FILE_STORE=true to keep the file store."
-        )
+        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} is a file store, which the "
+                         "installed mlflow refuses. Use a database store, e.g. "
+                         "tracking_uri='sqlite:///mlflow.db', or set MLFLOW_ALLOW_FILE_STORE=true to keep "
+                         "the file store.")
 
 
 def parse_tags_env() -> dict[str, str]:
