@@ -232,9 +232,7 @@ class Renderer:
                 if step > steps.get(name, -1):
                     steps[name] = step
                 metrics[name] = number
-        if not metrics and not summary:
-            return None
-        return LogRecord(int(step), time_ms, metrics, summary)
+        return LogRecord(int(step), time_ms, metrics, summary) if metrics or summary else None
 
 
 def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
@@ -370,9 +368,7 @@ class TrackerLogger(SelfRestoringState):
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Hand what was logged to disk or to the tracker; False when not all there after ``timeout`` s."""
-        if not self._is_open:
-            return True
-        return self._sync(self.flush_timeout if timeout is None else timeout)
+        return not self._is_open or self._sync(self.flush_timeout if timeout is None else timeout)
 
     def close(self, status: str = FINISHED, timeout: Optional[float] = None) -> bool:
         """Close the run with ``status`` within ``timeout`` s (default ``flush_timeout``); True if done."""
@@ -490,9 +486,7 @@ class TrackerLogger(SelfRestoringState):
         if explicit is not None:
             return explicit
         restored = self.restored_location
-        if restored and os.path.exists(restored):
-            return restored
-        return self.default_location()
+        return restored if restored and os.path.exists(restored) else self.default_location()
 
     # -- writing: on the training thread, to the backend (a durable logger overrides these) ----
     def _open_run(self, resume: bool, boundary: bool) -> None:

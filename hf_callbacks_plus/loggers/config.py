@@ -16,9 +16,7 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 def truncate(text: str, limit: Optional[int]) -> str:
     """Cut ``text`` to ``limit`` characters, marking the cut with ``...``."""
-    if limit is None or len(text) <= limit:
-        return text
-    return text[: max(0, limit - 3)] + "..."
+    return text if limit is None or len(text) <= limit else text[: max(0, limit - 3)] + "..."
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str = ".") -> dict[str, Any]:

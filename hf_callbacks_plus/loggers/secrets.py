@@ -85,9 +85,7 @@ def is_vocabulary_token(key: str, value: Any) -> bool:
     last = _last_word(key)
     if _TOKEN_PATTERNS.search(value) or value == f"<{last.upper()}>":  # a token, or transformers' mask
         return False
-    if _VOCABULARY_ROLES.search(last):
-        return True
-    return bool(_VOCABULARY_VALUE.match(value.strip()))
+    return bool(_VOCABULARY_ROLES.search(last) or _VOCABULARY_VALUE.match(value.strip()))
 
 
 def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:
