@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import time
@@ -11,9 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .base import Backend, LogRecord, TrackerLogger
-
-logger = logging.getLogger("hf_callbacks_plus")
+from .base import Backend, LogRecord, TrackerLogger, logger
 
 __all__ = ["JsonlBackend", "JsonlLogger"]
 

@@ -5,7 +5,6 @@ write-ahead log (``loggers/wal.py``) whose sender calls ``log_batch`` and ``set_
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -39,8 +38,6 @@ _TRANSIENT_MESSAGE = re.compile(
     r"max retries exceeded|too many \d{3} error responses|error code (5\d\d|429)\b|"
     r"\b(5\d\d|429) (server error|too many requests)|database is locked", re.IGNORECASE)
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
-
-logger = logging.getLogger("hf_callbacks_plus")
 
 
 def mlflow_limits() -> dict[str, int]:

@@ -5,7 +5,6 @@ one event per record through the ``SummaryWriter``'s queue thread (docs/loggers.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from pathlib import Path
@@ -15,8 +14,6 @@ from .._compat import is_available, require
 from .base import Backend, LogRecord, TrackerLogger
 
 __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
-
-logger = logging.getLogger("hf_callbacks_plus")
 
 
 def summary_writer_class() -> Any:

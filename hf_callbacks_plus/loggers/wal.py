@@ -5,7 +5,6 @@ its `Sender` and `replay`. Its file format and why: docs/architecture.md.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -17,11 +16,9 @@ try:
 except ImportError:  # Windows: the file is not locked between processes
     fcntl = None  # type: ignore[assignment]
 
-from .base import Backend, LogRecord
+from .base import Backend, LogRecord, logger
 
 __all__ = ["Sender", "WriteAheadLog", "find_logs", "replay"]
-
-logger = logging.getLogger("hf_callbacks_plus")
 
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64

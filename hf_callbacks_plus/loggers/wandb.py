@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -18,12 +17,10 @@ from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
 from .artifacts import save_model_to_temp, stage_folder
-from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce
+from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
 from .secrets import command_line_has_secret, mask_secrets
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
-
-logger = logging.getLogger("hf_callbacks_plus")
 
 #: Where every logged record still is when W&B did not get it.
 _LOG_HISTORY = "every logged record is also in the trainer's state.log_history (trainer_state.json)"
