@@ -42,8 +42,7 @@ _CLAIMS = TrainBeginClaims()
 #: The ``report_to`` name of transformers' callback for each tracker (in ``swap.py``'s order).
 _STOCK_REPORT_TO = {"MLflowCallback": "mlflow", "WandbCallback": "wandb",
                     "TensorBoardCallback": "tensorboard"}
-#: Loggers of this process with an open run, held until it is closed (so a trainer dropped after
-#: ``train()`` raised cannot take the open run out of reach of the exit hook).
+#: Loggers of this process with an open run, held until it is closed (within reach of the exit hook).
 _OPEN_LOGGERS: dict[int, TrackerLogger] = {}
 
 
@@ -121,14 +120,9 @@ class WarnOnce:
 
 def stock_names(logs: Mapping[str, Any], style: str,
                 summary_keys: frozenset = frozenset()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Name ``logs`` as the stock transformers callback does: ``(curves, summary)``.
-
-    Args:
-        logs: One ``on_log`` record.
-        style: ``"raw"`` (keys unchanged, MLflowCallback) or ``"rewrite_logs"`` (``eval_`` ->
-            ``eval/``, ``test_`` -> ``test/``, else ``train/``: WandbCallback, TensorBoardCallback).
-        summary_keys: Keys that go to the summary under their raw name (W&B's run totals).
-    """
+    """Name ``logs`` as the stock callback of ``style`` does: ``(curves, summary)``. ``"raw"`` (MLflow) keeps
+    keys, ``"rewrite_logs"`` (W&B, TensorBoard) makes ``eval_``/``test_`` sections and puts the rest in
+    ``train/``; ``summary_keys`` go to the summary under their raw name (W&B's run totals)."""
     curves: dict[str, Any] = {}
     summary: dict[str, Any] = {}
     for key, value in flatten_metrics(logs).items():
@@ -274,8 +268,7 @@ class TrackerLogger(SelfRestoringState):
     backend: Optional[Backend] = None
     #: Class name of transformers' ``report_to`` callback for the same tracker.
     stock_callback: Optional[str] = None
-    #: Naming: longest metric name and param value; numeric totals as points (no run summary); the
-    #: stock callback's naming (``"raw"``, ``"rewrite_logs"``) and the keys it puts in the summary.
+    #: Naming: longest name and param; totals as points; the stock callback's style and summary keys.
     max_name_length: Optional[int] = None
     max_param_length: Optional[int] = None
     summary_as_curves = False

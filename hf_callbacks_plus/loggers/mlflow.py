@@ -229,8 +229,7 @@ class MLflowBackend(Backend):
             client = MlflowClient(tracking_uri=self.tracking_uri)
             service = getattr(client, "_tracking_client", None)
             if service is not None and callable(getattr(service, "_log_url", None)):
-                # MLflow prints "View run ... at: <tracking URI>" at each set_terminated, credentials
-                # included: this client prints the masked URL instead (no global switch)
+                # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
                 service._log_url = self._print_masked_run_url
             self._client = client
         return self._client
@@ -426,9 +425,9 @@ class MLflowLogger(TrackerLogger):
                  run_id: Optional[str] = None, run_name: Optional[str] = None,
                  tags: Optional[dict[str, Any]] = None, nested: Optional[bool] = None,
                  log_params: bool = True, max_log_params: Optional[int] = None,
-                 log_artifacts: Optional[str] = None,
-                 system_metrics: Optional[bool] = None, wal_dir: Optional[str] = None,
-                 backoff: tuple[float, float] = (0.5, 30.0), **kwargs: Any) -> None:
+                 log_artifacts: Optional[str] = None, system_metrics: Optional[bool] = None,
+                 wal_dir: Optional[str] = None, backoff: tuple[float, float] = (0.5, 30.0),
+                 **kwargs: Any) -> None:
         self._mlflow = require("mlflow", "MLflowLogger")
         super().__init__(log_config=log_params, **kwargs)
         uri = unmask_url(tracking_uri, "MLFLOW_TRACKING_URI") or os.environ.get("MLFLOW_TRACKING_URI")
@@ -481,9 +480,7 @@ class MLflowLogger(TrackerLogger):
         """Constructor kwargs that rebuild this logger (credentials in the URI masked)."""
         return {"tracking_uri": self.safe_tracking_uri, "experiment_name": self.experiment_name}
 
-    def clean_name(self, name: str) -> str:
-        """Replace characters MLflow rejects with ``_`` and drop empty path parts."""
-        return clean_mlflow_name(name)
+    clean_name = staticmethod(clean_mlflow_name)
 
     @property
     def wal_path(self) -> Optional[Path]:

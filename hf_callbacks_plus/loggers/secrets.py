@@ -22,8 +22,7 @@ REDACTED = "<redacted>"
 #: What a password inside a URL (or a token inside a text) is replaced with.
 MASK = "***"
 
-# A key "names a secret" when one of its words (split on "_", "-", "." and camelCase) is one of
-# these; ``*_token_id(s)`` (tokenizer ids) and counters such as ``num_tokens`` are not secrets.
+# A key "names a secret" when one of its words (split on "_", "-", "." and camelCase) is one of these.
 _SECRET_WORDS = re.compile(
     r"(?:^|_)(token|secret|secrets|password|passwd|pwd|apikey|api_key|access_key|private_key|"
     r"credential|credentials|auth)(?:_|$)"
@@ -57,8 +56,7 @@ _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[
 _NOT_SET = frozenset({"", "None", "none", "null", "False", "false", "True", "true"})
 # Secret environment variables shorter than this are not searched for (``1``, ``true``...).
 _MIN_ENV_SECRET = 8
-# Shell variables whose names read as secrets but hold the working directory ("pwd" is also a
-# password abbreviation): masking them would hide every path under the current directory.
+# Shell variables whose names read as secrets ("pwd") but hold the working directory.
 _NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
 
 

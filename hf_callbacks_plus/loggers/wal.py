@@ -22,8 +22,7 @@ __all__ = ["Sender", "WriteAheadLog", "find_logs", "replay"]
 
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64
-#: A call holds up to this many of the store's batches (``MlflowClient.log_batch`` splits it into
-#: requests): records of 500 metrics go three to a call, and the store updates each key once a call.
+#: A call holds up to this many of the store's batches (``MlflowClient.log_batch`` splits it).
 CALL_BATCHES = 2
 #: A backlog this large (about a full call: 2000 points) is sent at once, without waiting for the pace.
 FULL_BATCH_BYTES = 64_000

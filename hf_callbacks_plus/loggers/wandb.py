@@ -123,7 +123,6 @@ class WandbBackend(Backend):
         self.lost = 0
         self._owns_run = True
         self._ready = threading.Event()
-        self._opener: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._waiting: list[tuple[Callable[..., None], tuple]] = []
         self._waiting_points = 0
@@ -157,9 +156,8 @@ class WandbBackend(Backend):
             self._opened()
             return str(current.id)
         self._owns_run = True
-        self._opener = threading.Thread(target=self._open, args=(run_id,), daemon=True,
-                                        name="hf-callbacks-plus-WandbLogger-open")
-        self._opener.start()
+        threading.Thread(target=self._open, args=(run_id,), daemon=True,
+                         name="hf-callbacks-plus-WandbLogger-open").start()
         return run_id
 
     def _open(self, run_id: Optional[str]) -> None:
