@@ -109,10 +109,6 @@ class JsonlLogger(TrackerLogger):
     Args:
         path: The JSONL file. Defaults to ``<output_dir>/metrics.jsonl``.
         **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``key_names``...).
-
-    Example:
-        >>> from hf_callbacks_plus import JsonlLogger
-        >>> logger = JsonlLogger("runs/metrics.jsonl")
     """
 
     def __init__(self, path: Optional[str] = None, **kwargs: Any) -> None:

@@ -412,10 +412,6 @@ class MLflowLogger(TrackerLogger):
     Raises:
         ModuleNotFoundError: mlflow is not installed (``pip install 'hf-callbacks-plus[mlflow]'``).
         ValueError: A tracking URI that cannot work, malformed ``MLFLOW_TAGS``, a bad argument.
-
-    Example:
-        >>> logger = MLflowLogger(tracking_uri="sqlite:///mlflow.db", experiment_name="demo")
-        >>> trainer = Trainer(..., callbacks=[logger])  # doctest: +SKIP
     """
 
     stock_callback = "MLflowCallback"

@@ -23,31 +23,21 @@ REDACTED = "<redacted>"
 MASK = "***"
 
 # A key "names a secret" when one of its words (split on "_", "-", "." and camelCase) is one of these.
-_SECRET_WORDS = re.compile(
-    r"(?:^|_)(token|secret|secrets|password|passwd|pwd|apikey|api_key|access_key|private_key|"
-    r"credential|credentials|auth)(?:_|$)"
-)
+_SECRET_WORDS = re.compile(r"(?:^|_)(token|secret|secrets|password|passwd|pwd|apikey|api_key|access_key|"
+                           r"private_key|credential|credentials|auth)(?:_|$)")
 _NOT_SECRET_SUFFIXES = ("_id", "_ids", "_type", "_length", "_len", "_index", "_idx")
 # ``<role>_token`` fields of tokenizers, processors and trl configs hold vocabulary tokens.
 _VOCABULARY_ROLES = re.compile(
     r"(?:^|_)(pad|eos|bos|unk|sep|cls|mask|image|video|audio|boi|eoi|boa|eoa|im_start|im_end|eot|eom|"
     r"fim_prefix|fim_middle|fim_suffix|think|end_think|decoder_start|sentinel|additional_special|"
-    r"start_of_turn|end_of_turn|start_of_image|end_of_image)_token$"
-)
+    r"start_of_turn|end_of_turn|start_of_image|end_of_image)_token$")
 # The shape of a vocabulary token: ``<pad>``, ``</s>``, ``[PAD]``, ``<|im_end|>``, ``▁``...
 _VOCABULARY_VALUE = re.compile(r"^(<\|?[^<>\s]{0,40}\|?>|\[[A-Za-z_]{1,20}\]|[^\w\s]{1,4})$")
 # Access tokens recognizable by their shape, matched anywhere in a string.
 _TOKEN_PATTERNS = re.compile(
-    r"(?<![A-Za-z0-9])("
-    r"hf_[A-Za-z0-9]{30,}"
-    r"|api_org_[A-Za-z0-9]{30,}"
-    r"|wandb_v1_[A-Za-z0-9_]{20,}"
-    r"|dapi[0-9a-f]{32}(?:-\d+)?"
-    r"|gh[pousr]_[A-Za-z0-9]{36,}"
-    r"|github_pat_[A-Za-z0-9_]{40,}"
-    r"|sk-(?:proj-)?[A-Za-z0-9_-]{32,}"
-    r")(?![A-Za-z0-9])"
-)
+    r"(?<![A-Za-z0-9])(hf_[A-Za-z0-9]{30,}|api_org_[A-Za-z0-9]{30,}|wandb_v1_[A-Za-z0-9_]{20,}"
+    r"|dapi[0-9a-f]{32}(?:-\d+)?|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,}"
+    r"|sk-(?:proj-)?[A-Za-z0-9_-]{32,})(?![A-Za-z0-9])")
 # ``scheme://userinfo@`` inside any text: the userinfo (``user:password`` or a lone token).
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/@?#'\"<>]+)@")
 # ``?name=value`` / ``&name=value`` query parameters (values masked when the name is a secret).

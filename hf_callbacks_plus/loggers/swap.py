@@ -52,10 +52,6 @@ def replace_report_to_callbacks(trainer: Any, mlflow: LoggerChoice = True, wandb
 
     Raises:
         TypeError: ``trainer`` has no ``callback_handler``, or a choice is not a bool or a ``TrackerLogger``.
-
-    Example:
-        >>> trainer = Trainer(model, args=TrainingArguments(..., report_to=["mlflow"]))  # doctest: +SKIP
-        >>> replace_report_to_callbacks(trainer)  # doctest: +SKIP
     """
     handler = getattr(trainer, "callback_handler", None)
     if handler is None or not hasattr(handler, "callbacks"):

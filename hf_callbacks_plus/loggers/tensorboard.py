@@ -134,11 +134,6 @@ class TensorBoardLogger(TrackerLogger):
     Raises:
         ModuleNotFoundError: Neither tensorboard (with torch) nor tensorboardX is installed.
         TypeError: ``log_dir`` is not a path.
-
-    Example:
-        >>> from hf_callbacks_plus import TensorBoardLogger
-        >>> trainer = Trainer(..., args=TrainingArguments(..., report_to="none"),  # doctest: +SKIP
-        ...                   callbacks=[TensorBoardLogger()])
     """
 
     stock_callback = "TensorBoardCallback"

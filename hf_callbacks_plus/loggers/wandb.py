@@ -354,11 +354,6 @@ class WandbLogger(TrackerLogger):
     Raises:
         ModuleNotFoundError: ``wandb`` is not installed (``hf-callbacks-plus[wandb]``); not when disabled.
         ValueError: An argument or environment variable has an invalid value.
-
-    Example:
-        >>> from hf_callbacks_plus import WandbLogger
-        >>> trainer = Trainer(..., args=TrainingArguments(..., report_to="none"),  # doctest: +SKIP
-        ...                   callbacks=[WandbLogger(project="my-project")])
     """
 
     stock_callback = "WandbCallback"
@@ -425,9 +420,7 @@ class WandbLogger(TrackerLogger):
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger (the run id is in the attributes)."""
-        return {"project": self.project, "entity": self.entity, "name": self.name, "tags": self.tags,
-                "group": self.group, "log_model": self._given["log_model"], "watch": self._given["watch"],
-                "mode": self.mode, "resume": self.resume, "dir": self.dir}
+        return {**self._init_kwargs(), "log_model": self._given["log_model"], "watch": self._given["watch"]}
 
     # -- events (no-ops when disabled: no backend) ---------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
