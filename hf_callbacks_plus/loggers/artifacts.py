@@ -1,6 +1,4 @@
-"""Folders staged for upload (a checkpoint as hard links, a model saved to a temporary folder), holding
-no secret in clear: ``training_args.bin`` is left out, ``trainer_state.json`` is a redacted copy.
-"""
+"""Folders staged for upload (a checkpoint as hard links, a saved model), holding no secret in clear."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""``TrackerLogger``: the callback every experiment-tracker logger is, and the `Backend` it drives.
-
-The concepts and the walk of one record: docs/architecture.md ("Loggers: the concepts").
-"""
+"""``TrackerLogger``, the callback every tracker logger is, and its `Backend` (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +30,6 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 FINISHED = "FINISHED"
 FAILED = "FAILED"
-#: Values of the loggers' ``nonfinite`` and ``key_names`` arguments.
 NONFINITE_POLICIES = ("keep", "drop")
 KEY_NAMES = ("sections", "stock")
 
@@ -243,10 +239,7 @@ def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
 
 
 class TrackerLogger(SelfRestoringState):
-    """Base callback for experiment trackers; never crashes training.
-
-    A subclass sets ``self.backend`` in ``__init__`` and naming class attributes; MLflow overrides
-    the ``_open_run`` / ``_write*`` / ``_sync`` / ``_close_run`` hooks (its write-ahead log).
+    """Base callback for experiment trackers (a subclass sets ``self.backend``); never crashes training.
 
     Args:
         log_config: Log the ``TrainingArguments`` and the model config once, as params. Defaults to True.

@@ -1,6 +1,4 @@
-"""``MLflowLogger``: MLflow through ``MlflowClient`` (never the fluent run), every record through a
-write-ahead log (``loggers/wal.py``) whose sender calls ``log_batch`` and ``set_terminated``.
-"""
+"""``MLflowLogger``: MLflow through ``MlflowClient``, every record through a write-ahead log (wal.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ from .wal import Sender, WriteAheadLog
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
            "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
 
-#: Values of ``MLflowLogger(log_artifacts=...)``.
 LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
 #: Tracking URI schemes MLflow understands out of the box (plugins add more).
 KNOWN_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks",

@@ -1,8 +1,4 @@
-"""Secrets: what must never leave the process, and how it is masked (the policy: docs/secrets.md).
-
-Every text and name the loggers write goes through these functions; `SecretMaskingFilter` masks the
-``hf_callbacks_plus`` logger's lines.
-"""
+"""Secrets: what must never leave the process, and how every text and name is masked (docs/secrets.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""``TensorBoardLogger``: TensorBoard event files with every metric in its own section (the key grammar),
-one event per record through the ``SummaryWriter``'s queue thread (docs/loggers.md).
-"""
+"""``TensorBoardLogger``: TensorBoard event files, one event per record, every metric in its section."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The write-ahead log of a remote store without a durable buffer of its own (MLflow): `WriteAheadLog`,
-its `Sender` and `replay`. Its file format and why: docs/architecture.md.
-"""
+"""The write-ahead log of a store without a durable buffer of its own (MLflow): docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""``WandbLogger``: Weights & Biases through W&B's own service process; one run per training, resumable.
-
-``run.log`` hands each record to W&B's service process (which buffers, uploads and rides out outages);
-``wandb.init`` and ``run.finish`` run on threads bounded by ``flush_timeout``. Details: docs/loggers_wandb.md.
-"""
+"""``WandbLogger``: Weights & Biases through W&B's own service process (docs/loggers_wandb.md)."""
 
 from __future__ import annotations
 
@@ -26,9 +22,7 @@ __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", 
 _LOG_HISTORY = "every logged record is also in the trainer's state.log_history (trainer_state.json)"
 #: Values of ``log_model`` / ``WANDB_LOG_MODEL`` ("true" is transformers' legacy spelling of "end").
 LOG_MODEL_CHOICES = ("false", "end", "checkpoint")
-#: Characters W&B refuses in a project name.
 _PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")
-#: Values of ``watch`` / ``WANDB_WATCH``.
 WATCH_CHOICES = ("false", "gradients", "parameters", "all")
 RESUME_CHOICES = ("allow", "must")
 MODE_CHOICES = ("online", "offline", "disabled", "shared")
