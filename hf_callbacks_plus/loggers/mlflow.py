@@ -194,8 +194,7 @@ class MLflowBackend(Backend):
         #: Set at train begin: the active fluent run (``nested``), and whether to run MLflow's monitor.
         self.parent_run_id: Optional[str] = None
         self.system_metrics = False
-        self._client: Any = None
-        self._monitor: Any = None
+        self._client = self._monitor = None
 
     @classmethod
     def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None) -> MLflowBackend:
@@ -493,7 +492,6 @@ class MLflowLogger(TrackerLogger):
             return None
         return str(Path(self._output_dir or Path.cwd()) / ".mlflow_wal" / f"{self.run_key}.jsonl")
 
-    # -- events ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Take ``args.run_name`` and the active fluent run (``nested``); then open the run."""
         backend = self.backend
@@ -531,13 +529,11 @@ class MLflowLogger(TrackerLogger):
             wal.append({"kind": "boundary"})
         self._wal = wal
         self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume,
-                              name=self.logger_name, backoff=self.backoff, on_run_id=self._set_run_id,
+                              name=self.logger_name, backoff=self.backoff,
+                              on_run_id=lambda run_id: setattr(self, "run_id", run_id),
                               for_target=lambda target: MLflowBackend.for_target(target, self.tracking_uri))
         self.run_id = self._sender.run_id
         self._sender.start()
-
-    def _set_run_id(self, run_id: str) -> None:
-        self.run_id = run_id
 
     def _append(self, entry: dict[str, Any]) -> None:
         try:

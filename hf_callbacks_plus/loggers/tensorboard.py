@@ -50,8 +50,7 @@ class TensorBoardBackend(Backend):
         self._log_dir = log_dir
         self._writer: Any = None
         self._scalar = scalar_summary_function(writer_class)
-        self._summary_class: Any = None
-        self._value_class: Any = None
+        self._summary_class = self._value_class = None
         #: Our metric name -> the tag ``add_scalar`` writes for it (tensorboardX cleans tags).
         self._tags: dict[str, str] = {}
         #: The directory of the open run.

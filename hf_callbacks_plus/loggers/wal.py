@@ -231,7 +231,6 @@ class Sender:
         """The store was told unreachable and has not answered since."""
         return self._down_since is not None
 
-    # -- the training thread -----------------------------------------------------------------------
     def start(self) -> None:
         """Send on a daemon thread of its own (a live training)."""
         self._thread = threading.Thread(target=self._run, name=f"hf-callbacks-plus-{self.name}", daemon=True)
@@ -308,7 +307,6 @@ class Sender:
             return "the run did not open within the close deadline"
         return "the store was too slow to take them within the close deadline"
 
-    # -- sending -------------------------------------------------------------------------------
     def send_to_end(self) -> None:
         """Send everything on this thread (``replay``); raise on a failure other than a refused record."""
         self._closing = True

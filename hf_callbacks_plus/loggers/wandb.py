@@ -119,8 +119,7 @@ class WandbBackend(Backend):
         self._ready = threading.Event()
         self._error: Optional[BaseException] = None
         self._waiting: list[tuple[Callable[..., None], tuple]] = []
-        self._waiting_points = 0
-        self._min_step = 0
+        self._waiting_points = self._min_step = 0
         self._held_keys: set[str] = set()
         self.new_session()
 
