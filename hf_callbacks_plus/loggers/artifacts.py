@@ -1,8 +1,4 @@
-"""Folders staged for upload: a checkpoint as hard links the Trainer cannot rotate away, a model
-saved to a temporary folder. Nothing staged holds a secret in clear: ``training_args.bin`` (the
-pickled ``TrainingArguments``, ``hub_token`` included) is left out, and ``trainer_state.json``
-(whose ``log_history`` holds every logged text) is a redacted copy.
-"""
+"""Folders staged for upload (a checkpoint as hard links, a saved model), holding no secret in clear."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 
 def redacted(value: Any, key: str = "") -> Any:
-    """``value`` with every string under the secrets policy: ``<redacted>`` for a secret (by its key or
-    its shape), masked secrets inside other texts; keys naming a token are masked too."""
+    """``value`` with every string (and key) under the secrets policy (redacted or masked)."""
     if isinstance(value, dict):
         return {mask_secrets(str(k)): redacted(v, str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -50,8 +45,7 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str) -> Optional[Path]:
-    """Hard-link copy of ``source`` under ``staging_root`` (replaced when it exists); None, with a
-    warning, when it fails."""
+    """Hard-link copy of ``source`` under ``staging_root`` (replaced); None, with a warning, on failure."""
     source = Path(source)
     target = Path(staging_root) / source.name
     try:
@@ -68,8 +62,7 @@ def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str) -> 
 
 
 def save_model_to_temp(model: Any, prefix: str) -> str:
-    """Save ``model`` into a new temporary folder (``save_pretrained``, else its ``state_dict`` as
-    ``model.pt``) and return the folder."""
+    """Save ``model`` into a new temporary folder (``save_pretrained``, else ``model.pt``); return it."""
     folder = tempfile.mkdtemp(prefix=prefix)
     save = getattr(model, "save_pretrained", None)
     if callable(save):

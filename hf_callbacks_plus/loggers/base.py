@@ -1,12 +1,4 @@
-"""``TrackerLogger``: the callback every experiment-tracker logger is, and the `Backend` it drives.
-
-On the training thread a logger renders each ``on_log`` into a `LogRecord` (sections of the
-key grammar, floats, the non-finite policy, the secrets policy on names and texts, names the
-tracker accepts) and writes it: to its `Backend` directly (JSONL, TensorBoard, W&B, whose
-libraries buffer), or, for MLflow, to a write-ahead log (``loggers/wal.py``). It keeps the
-run's identity in the checkpoint, logs the config once, logs on rank 0 only, and closes the
-run FINISHED or FAILED (at interpreter exit for a stock Trainer that raised).
-"""
+"""``TrackerLogger``, the callback every tracker logger is, and its `Backend` (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -38,17 +30,15 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 FINISHED = "FINISHED"
 FAILED = "FAILED"
-#: Values of the loggers' ``nonfinite`` and ``key_names`` arguments.
 NONFINITE_POLICIES = ("keep", "drop")
 KEY_NAMES = ("sections", "stock")
 
 #: One logger per state key and ``train()`` (see `TrackerLogger._check_neighbours`).
 _CLAIMS = TrainBeginClaims()
-#: The ``report_to`` name of transformers' callback for each tracker.
-_STOCK_REPORT_TO = {"TensorBoardCallback": "tensorboard", "MLflowCallback": "mlflow",
-                    "WandbCallback": "wandb"}
-#: Loggers of this process with an open run, held until it is closed (so a trainer dropped after
-#: ``train()`` raised cannot take the open run out of reach of the exit hook).
+#: The ``report_to`` name of transformers' callback for each tracker (in ``swap.py``'s order).
+_STOCK_REPORT_TO = {"MLflowCallback": "mlflow", "WandbCallback": "wandb",
+                    "TensorBoardCallback": "tensorboard"}
+#: Loggers of this process with an open run, held until it is closed (within reach of the exit hook).
 _OPEN_LOGGERS: dict[int, TrackerLogger] = {}
 
 
@@ -81,8 +71,7 @@ class Backend:
         return None
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
-        """Open the run (reattach to it when ``resume``) and return its id; a store that assigns ids
-        tags the run with ``run_key`` and finds it by it when ``run_id`` is None."""
+        """Open the run (reattach to it when ``resume``; by ``run_key`` when ``run_id`` is None); its id."""
         raise NotImplementedError
 
     def logged_steps(self, run_id: str) -> dict[str, int]:
@@ -127,18 +116,9 @@ class WarnOnce:
 
 def stock_names(logs: Mapping[str, Any], style: str,
                 summary_keys: frozenset = frozenset()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Name ``logs`` as the stock transformers callback does: ``(curves, summary)``.
-
-    Args:
-        logs: One ``on_log`` record.
-        style: ``"raw"`` (keys unchanged, MLflowCallback) or ``"rewrite_logs"`` (``eval_`` ->
-            ``eval/``, ``test_`` -> ``test/``, else ``train/``: WandbCallback, TensorBoardCallback).
-        summary_keys: Keys that go to the summary under their raw name (W&B's run totals).
-
-    Example:
-        >>> stock_names({"eval_loss": 1.0, "loss": 2.0}, "rewrite_logs")
-        ({'eval/loss': 1.0, 'train/loss': 2.0}, {})
-    """
+    """Name ``logs`` as the stock callback of ``style`` does: ``(curves, summary)``. ``"raw"`` (MLflow) keeps
+    keys, ``"rewrite_logs"`` (W&B, TensorBoard) makes ``eval_``/``test_`` sections and puts the rest in
+    ``train/``; ``summary_keys`` go to the summary under their raw name (W&B's run totals)."""
     curves: dict[str, Any] = {}
     summary: dict[str, Any] = {}
     for key, value in flatten_metrics(logs).items():
@@ -154,12 +134,7 @@ def stock_names(logs: Mapping[str, Any], style: str,
 
 
 def normalize_value(value: Any) -> tuple[str, Any]:
-    """Classify one logged value: ``("number", float)``, ``("text", str)`` or ``("drop", value)``.
-
-    Example:
-        >>> normalize_value(True), normalize_value("early")
-        (('number', 1.0), ('text', 'early'))
-    """
+    """Classify one logged value: ``("number", float)``, ``("text", str)`` or ``("drop", value)``."""
     if type(value) is float:  # the common case first: a record can hold hundreds
         return "number", value
     if isinstance(value, str):
@@ -172,14 +147,8 @@ def normalize_value(value: Any) -> tuple[str, Any]:
 
 
 class Renderer:
-    """Turns ``on_log`` data into a `LogRecord` for the logger ``owner`` (its policy and naming).
-
-    Keys get their section from the key grammar (or the stock callback's names); values become
-    floats or texts (run summary; secret ones redacted), others are dropped with one warning per
-    key. Names are masked by the secrets policy, cleaned and cut for the tracker (``_2`` on a
-    collision). A repeat of a metric's last point and a point at or below ``held`` (the resume
-    boundary) are left out.
-    """
+    """Turns ``on_log`` data into a `LogRecord` for the logger ``owner`` (its policy and naming); a
+    repeated point and a point at or below ``held`` (the resume boundary) are left out."""
 
     def __init__(self, owner: TrackerLogger) -> None:
         self.owner = owner
@@ -253,9 +222,7 @@ class Renderer:
                 if step > steps.get(name, -1):
                     steps[name] = step
                 metrics[name] = number
-        if not metrics and not summary:
-            return None
-        return LogRecord(int(step), time_ms, metrics, summary)
+        return LogRecord(int(step), time_ms, metrics, summary) if metrics or summary else None
 
 
 def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
@@ -272,23 +239,17 @@ def _close_at_exit(reference: weakref.ref[TrackerLogger]) -> None:
 
 
 class TrackerLogger(SelfRestoringState):
-    """Base callback for experiment trackers; never crashes training.
-
-    A subclass sets ``self.backend`` in ``__init__``; its class attributes say how names are
-    rendered. Writes go to the backend on the training thread; MLflow overrides the ``_open_run``
-    / ``_write*`` / ``_sync`` / ``_close_run`` hooks to go through its write-ahead log.
+    """Base callback for experiment trackers (a subclass sets ``self.backend``); never crashes training.
 
     Args:
-        log_config: Log the ``TrainingArguments`` and the model config once, as params.
-            Defaults to True.
-        nonfinite: ``"keep"`` logs NaN/+-Inf (a diverging curve is information), ``"drop"``
-            drops them with one warning per key. Defaults to "keep".
-        flush_timeout: Longest wait in seconds at train end, exception or exit for the tracker
-            to take what is left and close the run. Defaults to 30.
+        log_config: Log the ``TrainingArguments`` and the model config once, as params. Defaults to True.
+        nonfinite: ``"keep"`` logs NaN/+-Inf, ``"drop"`` drops them with one warning per key.
+            Defaults to "keep".
+        flush_timeout: Longest wait in seconds at train end, exception or exit for the tracker to take
+            what is left and close the run. Defaults to 30.
         grammar: The key grammar. Defaults to the trainer's (``grammar_for``), else a new one.
-        key_names: ``"sections"`` (``train/loss``, ``eval/loss``, ``train_subset/loss``...) or
-            ``"stock"``: the names the stock transformers callback of this tracker writes.
-            Defaults to "sections".
+        key_names: ``"sections"`` (``train/loss``, ``eval/loss``...) or ``"stock"`` (the names of the
+            stock transformers callback of this tracker). Defaults to "sections".
 
     Raises:
         ValueError: An argument is out of range.
@@ -300,8 +261,7 @@ class TrackerLogger(SelfRestoringState):
     backend: Optional[Backend] = None
     #: Class name of transformers' ``report_to`` callback for the same tracker.
     stock_callback: Optional[str] = None
-    #: Naming: longest metric name and param value; numeric totals as points (no run summary); the
-    #: stock callback's naming (``"raw"``, ``"rewrite_logs"``) and the keys it puts in the summary.
+    #: Naming: longest name and param; totals as points; the stock callback's style and summary keys.
     max_name_length: Optional[int] = None
     max_param_length: Optional[int] = None
     summary_as_curves = False
@@ -373,7 +333,7 @@ class TrackerLogger(SelfRestoringState):
 
     def log_file(self, path: Union[str, os.PathLike], name: str, artifact_type: str = "predictions") -> bool:
         """Upload a copy of the file ``path`` to the open run as ``name`` (MLflow: a folder; W&B: an
-        artifact of type ``artifact_type``), as `StreamingMetrics` does with its predictions.
+        artifact of type ``artifact_type``).
 
         Returns:
             False when this tracker keeps no files (JSONL, TensorBoard) or no run is open.
@@ -393,15 +353,11 @@ class TrackerLogger(SelfRestoringState):
         return True
 
     def flush(self, timeout: Optional[float] = None) -> bool:
-        """Hand what was logged so far to disk or to the tracker. Returns False when it is not all
-        there yet after ``timeout`` seconds (a write-ahead log's store answering late)."""
-        if not self._is_open:
-            return True
-        return self._sync(self.flush_timeout if timeout is None else timeout)
+        """Hand what was logged to disk or to the tracker; False when not all there after ``timeout`` s."""
+        return not self._is_open or self._sync(self.flush_timeout if timeout is None else timeout)
 
     def close(self, status: str = FINISHED, timeout: Optional[float] = None) -> bool:
-        """Close the run with ``status`` within ``timeout`` seconds (default ``flush_timeout``); True
-        when everything was delivered and the run was closed."""
+        """Close the run with ``status`` within ``timeout`` s (default ``flush_timeout``); True if done."""
         if status not in (FINISHED, FAILED):
             raise ValueError(f"status must be 'FINISHED' or 'FAILED', got {status!r}")
         with self._lifecycle_lock:
@@ -412,14 +368,12 @@ class TrackerLogger(SelfRestoringState):
         return self._close_run(status, self.flush_timeout if timeout is None else max(0.0, timeout))
 
     def close_after_exception(self) -> bool:
-        """Close the run FAILED without holding the user's exception back for long (at most
-        ``min(flush_timeout, exception_timeout)`` seconds)."""
+        """Close the run FAILED within ``min(flush_timeout, exception_timeout)`` seconds."""
         return self.close(FAILED, timeout=min(self.flush_timeout, self.exception_timeout))
 
     # -- checkpointed state -----------------------------------------------------------
     def state_attributes(self) -> dict[str, Any]:
-        """The run's identity, the last step per metric, whether the config was logged and where
-        the run is on this machine; never waits for the tracker."""
+        """The run's identity, last step per metric, config logged, local location (never waits)."""
         location = self.local_location()
         return {"run_id": self.run_id, "run_key": self.run_key, "last_steps": dict(self._renderer.last_steps),
                 "params_logged": self._params_logged,
@@ -513,15 +467,12 @@ class TrackerLogger(SelfRestoringState):
         return None
 
     def local_location(self) -> Optional[str]:
-        """The user's choice, else the checkpoint's when it exists here (a checkpoint copied into
-        another ``output_dir`` continues its run), else `default_location`."""
+        """The user's choice, else the checkpoint's when it exists here, else `default_location`."""
         explicit = self.explicit_location()
         if explicit is not None:
             return explicit
         restored = self.restored_location
-        if restored and os.path.exists(restored):
-            return restored
-        return self.default_location()
+        return restored if restored and os.path.exists(restored) else self.default_location()
 
     # -- writing: on the training thread, to the backend (a durable logger overrides these) ----
     def _open_run(self, resume: bool, boundary: bool) -> None:
@@ -581,8 +532,7 @@ class TrackerLogger(SelfRestoringState):
 
     # -- internals ---------------------------------------------------------------------
     def _open(self) -> None:
-        """Fix the run's identity without the backend (the checkpoint names it from the first save
-        on), then open it."""
+        """Fix the run's identity without the backend (checkpoints name it at once), then open it."""
         with self._lifecycle_lock:
             if self._is_open:
                 return
@@ -613,8 +563,7 @@ class TrackerLogger(SelfRestoringState):
             self._params_logged = True
 
     def _check_neighbours(self, state: Any, args: Any = None) -> None:
-        """Refuse a second logger with this state key (one checkpoint entry, one run); warn when
-        transformers' own callback for the same tracker runs too."""
+        """Refuse a second logger with this state key; warn when transformers' twin callback runs too."""
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
         callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", None) or ()
         conflict = (f"so they would share one checkpoint entry and a resumed run would attach to the "
@@ -659,9 +608,8 @@ class TrackerLogger(SelfRestoringState):
     def _tell_moved_location(self) -> None:
         """On resume, say where the run continues when that is not where this ``output_dir`` puts it."""
         restored, default = self.restored_location, self.default_location()
-        if not restored or default is None or self.explicit_location() is not None:
-            return
-        if os.path.abspath(default) == restored:
+        if (not restored or default is None or self.explicit_location() is not None
+                or os.path.abspath(default) == restored):
             return
         if os.path.exists(restored):
             logger.warning("%s: resuming the run kept in %s (named by the checkpoint); it continues there, "
@@ -673,9 +621,7 @@ class TrackerLogger(SelfRestoringState):
                            self.logger_name, restored, default)
 
     def _close_earlier_holder(self) -> None:
-        """Close the run this logger resumes when another logger of this process still holds it (a
-        stock ``train()`` that raised keeps its run open until exit): FAILED when its ``train()``
-        never ended."""
+        """Close the run this logger resumes when another logger of this process still holds it."""
         run_id, run_key = self.run_id, self.run_key
         if run_id is None and run_key is None:
             return

@@ -16,9 +16,7 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 def truncate(text: str, limit: Optional[int]) -> str:
     """Cut ``text`` to ``limit`` characters, marking the cut with ``...``."""
-    if limit is None or len(text) <= limit:
-        return text
-    return text[: max(0, limit - 3)] + "..."
+    return text if limit is None or len(text) <= limit else text[: max(0, limit - 3)] + "..."
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str = ".") -> dict[str, Any]:
@@ -34,9 +32,8 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str =
 
 
 def args_to_dict(args: Any) -> dict[str, Any]:
-    """``args.to_dict()``, the dataclass fields, or the public attributes of ``args``. The placeholder
-    ``to_dict()`` puts in ``*_token`` fields (``<HUB_TOKEN>``) is undone for unset fields and
-    vocabulary tokens (trl's ``pad_token``); the others are redacted later."""
+    """``args.to_dict()`` (its ``<HUB_TOKEN>``-style placeholders undone for unset fields and vocabulary
+    tokens), the dataclass fields, or the public attributes of ``args``."""
     if args is None:
         return {}
     to_dict = getattr(args, "to_dict", None)
@@ -68,9 +65,8 @@ def model_config_to_dict(model: Any) -> dict[str, Any]:
 
 
 def model_facts(model: Any) -> dict[str, Any]:
-    """What the stock ``WandbCallback`` adds to the config: ``model/num_parameters`` (the model's
-    ``num_parameters()``, else the count of its parameters) and the peft adapters' configs
-    (``peft_config.<adapter>.<field>``)."""
+    """What the stock ``WandbCallback`` adds to the config: ``model/num_parameters`` and the peft
+    adapters' configs (``peft_config.<adapter>.<field>``)."""
     facts: dict[str, Any] = {}
     if model is None:
         return facts

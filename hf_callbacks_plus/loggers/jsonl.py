@@ -1,16 +1,8 @@
-"""``JsonlLogger``: the embedded default logger, one JSON line per log event, nothing to install.
-
-Lines: ``{"event": "start", "run_id", "time", "resumed"}``, ``{"event": "params", "params"}``,
-``{"event": "log", "step", "time", "curves", "summary"}``, ``{"event": "finish", "status", "time"}``.
-Non-finite values are written ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (every line strict JSON).
-Each line is handed to the operating system at once and the file is ``fsync``-ed at every
-checkpoint save.
-"""
+"""``JsonlLogger``: the embedded default logger, one JSON line per log event (format: docs/loggers.md)."""
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import time
@@ -18,9 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .base import Backend, LogRecord, TrackerLogger
-
-logger = logging.getLogger("hf_callbacks_plus")
+from .base import Backend, LogRecord, TrackerLogger, logger
 
 __all__ = ["JsonlBackend", "JsonlLogger"]
 
@@ -50,16 +40,14 @@ class JsonlBackend(Backend):
         return str(self._file())
 
     def sync(self) -> None:
-        """``fsync`` the file: every append is already in the operating system's hands (a killed
-        process loses nothing); this makes it survive a machine crash too."""
+        """``fsync`` the file (every append is already in the OS's hands; this survives a machine crash)."""
         path = self._file()
         if path.is_file():
             with open(path, "a", encoding="utf-8") as handle:
                 os.fsync(handle.fileno())
 
     def _close_partial_line(self) -> None:
-        """A file ending mid-line (a process killed while writing) gets its newline, so the next
-        record starts on a line of its own (the partial line stays, readers skip it)."""
+        """End a file cut mid-line (a killed process) with a newline; readers skip the partial line."""
         path = self._file()
         if not path.is_file() or path.stat().st_size == 0:
             return
@@ -77,7 +65,7 @@ class JsonlBackend(Backend):
             handle.writelines(json.dumps(line, allow_nan=False) + "\n" for line in lines)
 
     def new_run_id(self) -> str:
-        """A new run's id (``uuid4().hex``), made when the run is opened: checkpoints name it at once."""
+        """A new run's id (``uuid4().hex``)."""
         return uuid.uuid4().hex
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
@@ -103,13 +91,10 @@ class JsonlBackend(Backend):
         return steps
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
-        self._append([{
-            "event": "log",
-            "step": record.step,
-            "time": record.time / 1000.0,
-            "curves": {k: _json_number(v) for k, v in record.metrics.items()},
-            "summary": {k: _json_number(v) for k, v in record.summary.items()},
-        } for record in records])
+        self._append([{"event": "log", "step": record.step, "time": record.time / 1000.0,
+                       "curves": {k: _json_number(v) for k, v in record.metrics.items()},
+                       "summary": {k: _json_number(v) for k, v in record.summary.items()}}
+                      for record in records])
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         self._append([{"event": "params", "params": params}])
@@ -122,13 +107,8 @@ class JsonlLogger(TrackerLogger):
     """Writes every log event as one JSON line; works in any trainer, needs nothing installed.
 
     Args:
-        path: The JSONL file. Defaults to ``<output_dir>/metrics.jsonl`` (``output_dir`` of the
-            trainer's arguments).
+        path: The JSONL file. Defaults to ``<output_dir>/metrics.jsonl``.
         **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``key_names``...).
-
-    Example:
-        >>> from hf_callbacks_plus import JsonlLogger
-        >>> logger = JsonlLogger("runs/metrics.jsonl")
     """
 
     def __init__(self, path: Optional[str] = None, **kwargs: Any) -> None:

@@ -1,17 +1,8 @@
-"""``MLflowLogger``: MLflow through ``MlflowClient``, every record through a write-ahead log.
-
-``on_log`` renders a record and appends it to the run's write-ahead log (``loggers/wal.py``);
-a sender thread hands it to ``MlflowClient.log_batch`` (metrics, params, text values as tags)
-and ``set_terminated`` ends the run. Never the fluent global run. Limits are MLflow's own
-(``mlflow.utils.validation``). The run is tagged with the logger's run key and found by it on
-resume. Only errors known to be transient are retried; MLflow's own HTTP retries are left as
-the environment sets them.
-"""
+"""``MLflowLogger``: MLflow through ``MlflowClient``, every record through a write-ahead log (wal.py)."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -30,12 +21,10 @@ from .wal import Sender, WriteAheadLog
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
            "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
 
-#: Values of ``MLflowLogger(log_artifacts=...)``.
 LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
 #: Tracking URI schemes MLflow understands out of the box (plugins add more).
-KNOWN_TRACKING_SCHEMES = (
-    "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc",
-)
+KNOWN_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks",
+                          "databricks-uc", "uc")
 #: Tag holding the client-made run key: a resume finds the run by it.
 RUN_KEY_TAG = "hf_callbacks_plus.run_key"
 #: MLflow error codes of a store that may answer later (the request itself was fine).
@@ -46,8 +35,6 @@ _TRANSIENT_MESSAGE = re.compile(
     r"max retries exceeded|too many \d{3} error responses|error code (5\d\d|429)\b|"
     r"\b(5\d\d|429) (server error|too many requests)|database is locked", re.IGNORECASE)
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
-
-logger = logging.getLogger("hf_callbacks_plus")
 
 
 def mlflow_limits() -> dict[str, int]:
@@ -73,14 +60,9 @@ def _network_error_types() -> tuple[type, ...]:
 
 
 def is_transient_mlflow_error(error: BaseException) -> bool:
-    """Tell whether an error of an MLflow call may clear by itself (worth retrying).
-
-    Transient: connection and timeout errors (Python's, requests', urllib3's); an
-    ``MlflowException`` whose code is TEMPORARILY_UNAVAILABLE, REQUEST_LIMIT_EXCEEDED,
-    INTERNAL_ERROR or DEADLINE_EXCEEDED, or whose message shows an HTTP 5xx/429 or exhausted
-    retries; a locked sqlite database; an error caused by one of these. Anything else (a refused
-    value, a missing run, a bug such as a ``TypeError``) is permanent.
-    """
+    """Tell whether an error of an MLflow call may clear by itself (worth retrying): a connection or
+    timeout error, an MLflow error of a transient code or an HTTP 5xx/429, a locked sqlite database, or
+    an error caused by one of these. Anything else (a refused value, a missing run, a bug) is permanent."""
     seen = 0
     while error is not None and seen < 5:  # the error and what caused it (``raise ... from``)
         if isinstance(error, (ConnectionError, TimeoutError)) or isinstance(error, _network_error_types()):
@@ -106,8 +88,7 @@ def _plugin_schemes() -> set[str]:
 
 
 def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
-    """Check a tracking URI (its scheme; a file store the installed mlflow refuses; a sqlite file
-    that cannot be created); return it unchanged.
+    """Check a tracking URI (scheme, file store, sqlite path); return it unchanged.
 
     Raises:
         ValueError: The URI cannot work (an unknown scheme, a file store the installed mlflow refuses, a
@@ -127,15 +108,13 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         _refuse_unusable_sqlite_path(uri)
     if base in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
         return uri
-    raise ValueError(
-        f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. Valid schemes: "
-        f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an MLflow plugin."
-    )
+    raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. "
+                     f"Valid schemes: {', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme "
+                     "registered by an MLflow plugin.")
 
 
 def _refuse_unusable_sqlite_path(uri: str) -> None:
-    """A sqlite database MLflow cannot create (its folder is under a file, or not writable): say so
-    now, not as a run that could not start after the training (MLflow creates missing folders)."""
+    """Refuse now a sqlite database MLflow cannot create (its folder is under a file, or not writable)."""
     for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
         require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
     path = uri.split(":///", 1)[1].split("?", 1)[0] if ":///" in uri else ""
@@ -151,11 +130,10 @@ def _refuse_unusable_sqlite_path(uri: str) -> None:
     elif problem is None and not os.access(ancestor, os.W_OK | os.X_OK):
         problem = f"cannot be created: the folder {ancestor!r} is not writable"
     if problem is not None:
-        raise ValueError(
-            f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} {problem}. Use "
-            "a path in a writable folder, e.g. tracking_uri='sqlite:///mlflow.db' (relative to the working "
-            "directory) or 'sqlite:////absolute/path/mlflow.db'."
-        )
+        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} "
+                         f"{problem}. Use a path in a writable folder, e.g. "
+                         "tracking_uri='sqlite:///mlflow.db' (relative to the working directory) or "
+                         "'sqlite:////absolute/path/mlflow.db'.")
 
 
 def _refuse_file_store_if_disabled(uri: str) -> None:
@@ -164,11 +142,10 @@ def _refuse_file_store_if_disabled(uri: str) -> None:
     except ImportError:  # mlflow missing (said at start) or an mlflow that still accepts file stores
         return
     if not MLFLOW_ALLOW_FILE_STORE.get():
-        raise ValueError(
-            f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} is a file store, which the installed mlflow "
-            "refuses. Use a database store, e.g. tracking_uri='sqlite:///mlflow.db', or set "
-            "MLFLOW_ALLOW_FILE_STORE=true to keep the file store."
-        )
+        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} is a file store, which the "
+                         "installed mlflow refuses. Use a database store, e.g. "
+                         "tracking_uri='sqlite:///mlflow.db', or set MLFLOW_ALLOW_FILE_STORE=true to keep "
+                         "the file store.")
 
 
 def parse_tags_env() -> dict[str, str]:
@@ -209,24 +186,20 @@ class MLflowBackend(Backend):
     def __init__(self, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str] = None, tags: Optional[dict[str, str]] = None,
                  warn: Optional[WarnOnce] = None) -> None:
-        self.tracking_uri = tracking_uri
-        self.experiment_name = experiment_name
-        self.run_name = run_name
-        self.tags = dict(tags or {})
-        self._warn = warn or WarnOnce()
+        self.tracking_uri, self.experiment_name, self.run_name = tracking_uri, experiment_name, run_name
+        self.tags, self._warn = dict(tags or {}), warn or WarnOnce()
         limits = mlflow_limits()
         self.max_tag_length: int = limits["MAX_TAG_VAL_LENGTH"]
         self.max_metrics_per_batch: int = limits["MAX_METRICS_PER_BATCH"]
         #: Set at train begin: the active fluent run (``nested``), and whether to run MLflow's monitor.
         self.parent_run_id: Optional[str] = None
         self.system_metrics = False
-        self._client: Any = None
-        self._monitor: Any = None
+        self._client = self._monitor = None
 
     @classmethod
     def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None) -> MLflowBackend:
-        """The backend a write-ahead log's sidecar names (its URI's credentials are masked there: the
-        real URI is ``tracking_uri``, one given earlier in this process, or ``MLFLOW_TRACKING_URI``).
+        """The backend a write-ahead log's sidecar names (the masked URI's real value: ``tracking_uri``,
+        one given earlier in this process, or ``MLFLOW_TRACKING_URI``).
 
         Raises:
             ValueError: Another logger's log, or a masked URI whose real value is unknown.
@@ -252,8 +225,7 @@ class MLflowBackend(Backend):
             client = MlflowClient(tracking_uri=self.tracking_uri)
             service = getattr(client, "_tracking_client", None)
             if service is not None and callable(getattr(service, "_log_url", None)):
-                # MLflow prints "View run ... at: <tracking URI>" at each set_terminated, credentials
-                # included: this client prints the masked URL instead (no global switch)
+                # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
                 service._log_url = self._print_masked_run_url
             self._client = client
         return self._client
@@ -286,8 +258,7 @@ class MLflowBackend(Backend):
             return experiment.experiment_id
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
-        """Reattach to ``run_id``, else (resuming) to the run tagged with ``run_key``, else create the
-        run tagged with ``run_key``.
+        """Reattach to ``run_id``, else (resuming) to the run tagged ``run_key``, else create it so tagged.
 
         Raises:
             UnusableRunError: The run to reattach to does not exist or is deleted.
@@ -417,53 +388,38 @@ class MLflowLogger(TrackerLogger):
 
     Args:
         tracking_uri: Where to log. Defaults to ``MLFLOW_TRACKING_URI``, else MLflow's default.
-        experiment_name: Experiment, created when missing. Defaults to ``MLFLOW_EXPERIMENT_NAME``,
-            else MLflow's default experiment.
+        experiment_name: Experiment, created when missing. Defaults to ``MLFLOW_EXPERIMENT_NAME``, else
+            MLflow's default experiment.
         run_id: Reattach to this run. Defaults to ``MLFLOW_RUN_ID``; else the resumed checkpoint's.
         run_name: Name of a new run. Defaults to ``MLFLOW_RUN_NAME``, else ``TrainingArguments.run_name``.
         tags: Extra run tags, merged over ``MLFLOW_TAGS``. Defaults to None.
-        nested: Make the run a child of the active fluent ``mlflow`` run. Defaults to
-            ``MLFLOW_NESTED_RUN``, else False.
+        nested: Make the run a child of the active fluent ``mlflow`` run. Defaults to ``MLFLOW_NESTED_RUN``.
         log_params: Log the training arguments and model config as params. Defaults to True.
         max_log_params: Log at most this many params. Defaults to ``MLFLOW_MAX_LOG_PARAMS``, else all.
-        log_artifacts: ``"checkpoint"`` (every saved checkpoint, as ``checkpoint-<step>/``),
-            ``"end"`` (the final model, as ``model/``), ``"all"`` or ``"false"``. Defaults to
-            ``"all"`` when ``HF_MLFLOW_LOG_ARTIFACTS`` is true, else ``"false"``.
-        system_metrics: Run MLflow's own system metrics monitor (``system/...``). Defaults to
-            ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``, else False.
+        log_artifacts: ``"checkpoint"`` (every saved checkpoint, as ``checkpoint-<step>/``), ``"end"`` (the
+            final model, as ``model/``), ``"all"`` or ``"false"``. Defaults to ``"all"`` when
+            ``HF_MLFLOW_LOG_ARTIFACTS`` is true, else ``"false"``.
+        system_metrics: Run MLflow's system metrics monitor (``system/...``). Defaults to
+            ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``.
         wal_dir: Folder of the write-ahead logs. Defaults to ``<output_dir>/.mlflow_wal``.
-        backoff: ``(initial, max)`` retry delays in seconds while the store is unreachable.
-            Defaults to (0.5, 30.0).
+        backoff: ``(initial, max)`` retry delays in seconds while the store is down. Defaults to (0.5, 30.0).
         **kwargs: Options of `TrackerLogger` (``log_config`` is ``log_params`` here).
 
     Raises:
         ModuleNotFoundError: mlflow is not installed (``pip install 'hf-callbacks-plus[mlflow]'``).
         ValueError: A tracking URI that cannot work, malformed ``MLFLOW_TAGS``, a bad argument.
-
-    Example:
-        >>> logger = MLflowLogger(tracking_uri="sqlite:///mlflow.db", experiment_name="demo")
-        >>> trainer = Trainer(..., callbacks=[logger])  # doctest: +SKIP
     """
 
     stock_callback = "MLflowCallback"
     summary_as_curves = True
 
-    def __init__(
-        self,
-        tracking_uri: Optional[str] = None,
-        experiment_name: Optional[str] = None,
-        run_id: Optional[str] = None,
-        run_name: Optional[str] = None,
-        tags: Optional[dict[str, Any]] = None,
-        nested: Optional[bool] = None,
-        log_params: bool = True,
-        max_log_params: Optional[int] = None,
-        log_artifacts: Optional[str] = None,
-        system_metrics: Optional[bool] = None,
-        wal_dir: Optional[str] = None,
-        backoff: tuple[float, float] = (0.5, 30.0),
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, tracking_uri: Optional[str] = None, experiment_name: Optional[str] = None,
+                 run_id: Optional[str] = None, run_name: Optional[str] = None,
+                 tags: Optional[dict[str, Any]] = None, nested: Optional[bool] = None,
+                 log_params: bool = True, max_log_params: Optional[int] = None,
+                 log_artifacts: Optional[str] = None, system_metrics: Optional[bool] = None,
+                 wal_dir: Optional[str] = None, backoff: tuple[float, float] = (0.5, 30.0),
+                 **kwargs: Any) -> None:
         self._mlflow = require("mlflow", "MLflowLogger")
         super().__init__(log_config=log_params, **kwargs)
         uri = unmask_url(tracking_uri, "MLFLOW_TRACKING_URI") or os.environ.get("MLFLOW_TRACKING_URI")
@@ -509,17 +465,14 @@ class MLflowLogger(TrackerLogger):
 
     @property
     def state_key(self) -> str:
-        """One state entry per experiment (not per spelling of the tracking URI: a resume finds its run
-        by the checkpoint's run key whatever the URI's spelling)."""
+        """One state entry per experiment (a resume finds its run by its key, whatever the URI's spelling)."""
         return f"MLflowLogger:{self.experiment_name or ''}"
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger (credentials in the URI masked)."""
         return {"tracking_uri": self.safe_tracking_uri, "experiment_name": self.experiment_name}
 
-    def clean_name(self, name: str) -> str:
-        """Replace characters MLflow rejects with ``_`` and drop empty path parts."""
-        return clean_mlflow_name(name)
+    clean_name = staticmethod(clean_mlflow_name)
 
     @property
     def wal_path(self) -> Optional[Path]:
@@ -539,7 +492,6 @@ class MLflowLogger(TrackerLogger):
             return None
         return str(Path(self._output_dir or Path.cwd()) / ".mlflow_wal" / f"{self.run_key}.jsonl")
 
-    # -- events ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Take ``args.run_name`` and the active fluent run (``nested``); then open the run."""
         backend = self.backend
@@ -577,13 +529,11 @@ class MLflowLogger(TrackerLogger):
             wal.append({"kind": "boundary"})
         self._wal = wal
         self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume,
-                              name=self.logger_name, backoff=self.backoff, on_run_id=self._set_run_id,
+                              name=self.logger_name, backoff=self.backoff,
+                              on_run_id=lambda run_id: setattr(self, "run_id", run_id),
                               for_target=lambda target: MLflowBackend.for_target(target, self.tracking_uri))
         self.run_id = self._sender.run_id
         self._sender.start()
-
-    def _set_run_id(self, run_id: str) -> None:
-        self.run_id = run_id
 
     def _append(self, entry: dict[str, Any]) -> None:
         try:
@@ -630,8 +580,7 @@ class MLflowLogger(TrackerLogger):
         return delivered and self._lost == 0 and not sender.dropped
 
     def close_after_exception(self) -> bool:
-        """Close the run FAILED: at most ``min(flush_timeout, 5)`` seconds for the run to open and the
-        backlog to go while the store answers, none while it is unreachable (the log keeps the rest)."""
+        """Close the run FAILED within ``min(flush_timeout, 5)`` s, at once while the store is unreachable."""
         sender = self._sender
         down = sender is not None and (sender.start_error is not None or sender.down)
         return self.close(FAILED, timeout=0.0 if down else min(self.flush_timeout, 5.0))

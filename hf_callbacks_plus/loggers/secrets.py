@@ -1,11 +1,4 @@
-"""Secrets: what must never leave the process, and how it is masked (the policy: docs/secrets.md).
-
-Every text and name the loggers write (params, tags, summary texts, metric names, run names,
-checkpoint state, console lines) goes through these functions: URL credentials and access
-tokens (by their shape, and the values of this process's secret environment variables) are
-masked; a field naming a credential is ``<redacted>`` as a whole; vocabulary tokens (``pad_token``)
-and git SHAs are kept. `SecretMaskingFilter` masks the ``hf_callbacks_plus`` logger's lines.
-"""
+"""Secrets: what must never leave the process, and how every text and name is masked (docs/secrets.md)."""
 
 from __future__ import annotations
 
@@ -25,33 +18,22 @@ REDACTED = "<redacted>"
 #: What a password inside a URL (or a token inside a text) is replaced with.
 MASK = "***"
 
-# A key "names a secret" when one of its words (split on "_", "-", "." and camelCase) is one of
-# these; ``*_token_id(s)`` (tokenizer ids) and counters such as ``num_tokens`` are not secrets.
-_SECRET_WORDS = re.compile(
-    r"(?:^|_)(token|secret|secrets|password|passwd|pwd|apikey|api_key|access_key|private_key|"
-    r"credential|credentials|auth)(?:_|$)"
-)
+# A key "names a secret" when one of its words (split on "_", "-", "." and camelCase) is one of these.
+_SECRET_WORDS = re.compile(r"(?:^|_)(token|secret|secrets|password|passwd|pwd|apikey|api_key|access_key|"
+                           r"private_key|credential|credentials|auth)(?:_|$)")
 _NOT_SECRET_SUFFIXES = ("_id", "_ids", "_type", "_length", "_len", "_index", "_idx")
 # ``<role>_token`` fields of tokenizers, processors and trl configs hold vocabulary tokens.
 _VOCABULARY_ROLES = re.compile(
     r"(?:^|_)(pad|eos|bos|unk|sep|cls|mask|image|video|audio|boi|eoi|boa|eoa|im_start|im_end|eot|eom|"
     r"fim_prefix|fim_middle|fim_suffix|think|end_think|decoder_start|sentinel|additional_special|"
-    r"start_of_turn|end_of_turn|start_of_image|end_of_image)_token$"
-)
+    r"start_of_turn|end_of_turn|start_of_image|end_of_image)_token$")
 # The shape of a vocabulary token: ``<pad>``, ``</s>``, ``[PAD]``, ``<|im_end|>``, ``▁``...
 _VOCABULARY_VALUE = re.compile(r"^(<\|?[^<>\s]{0,40}\|?>|\[[A-Za-z_]{1,20}\]|[^\w\s]{1,4})$")
 # Access tokens recognizable by their shape, matched anywhere in a string.
 _TOKEN_PATTERNS = re.compile(
-    r"(?<![A-Za-z0-9])("
-    r"hf_[A-Za-z0-9]{30,}"
-    r"|api_org_[A-Za-z0-9]{30,}"
-    r"|wandb_v1_[A-Za-z0-9_]{20,}"
-    r"|dapi[0-9a-f]{32}(?:-\d+)?"
-    r"|gh[pousr]_[A-Za-z0-9]{36,}"
-    r"|github_pat_[A-Za-z0-9_]{40,}"
-    r"|sk-(?:proj-)?[A-Za-z0-9_-]{32,}"
-    r")(?![A-Za-z0-9])"
-)
+    r"(?<![A-Za-z0-9])(hf_[A-Za-z0-9]{30,}|api_org_[A-Za-z0-9]{30,}|wandb_v1_[A-Za-z0-9_]{20,}"
+    r"|dapi[0-9a-f]{32}(?:-\d+)?|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,}"
+    r"|sk-(?:proj-)?[A-Za-z0-9_-]{32,})(?![A-Za-z0-9])")
 # ``scheme://userinfo@`` inside any text: the userinfo (``user:password`` or a lone token).
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/@?#'\"<>]+)@")
 # ``?name=value`` / ``&name=value`` query parameters (values masked when the name is a secret).
@@ -60,20 +42,14 @@ _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[
 _NOT_SET = frozenset({"", "None", "none", "null", "False", "false", "True", "true"})
 # Secret environment variables shorter than this are not searched for (``1``, ``true``...).
 _MIN_ENV_SECRET = 8
-# Shell variables whose names read as secrets but hold the working directory ("pwd" is also a
-# password abbreviation): masking them would hide every path under the current directory.
+# Shell variables whose names read as secrets ("pwd") but hold the working directory.
 _NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
 
 
 @functools.lru_cache(maxsize=8192)
 def is_secret_key(key: str) -> bool:
     """Tell whether a key (its last dotted part) names a credential: ``hub_token``, ``WANDB_API_KEY``,
-    ``db_password``; not ``pad_token_id``, ``num_tokens`` or vocabulary fields (``eos_token``).
-
-    Example:
-        >>> is_secret_key("hub_token"), is_secret_key("eos_token"), is_secret_key("pad_token_id")
-        (True, False, False)
-    """
+    ``db_password``; not ``pad_token_id``, ``num_tokens`` or vocabulary fields (``eos_token``)."""
     last = _last_word(key)
     if last.endswith(_NOT_SECRET_SUFFIXES) or _VOCABULARY_ROLES.search(last):
         return False
@@ -86,17 +62,14 @@ def _last_word(key: Any) -> str:
 
 
 def is_vocabulary_token(key: str, value: Any) -> bool:
-    """True when ``key``/``value`` is a tokenizer's vocabulary token (``eos_token``: ``<|im_end|>``), not
-    a credential: a ``<role>_token`` field unless its value is shaped like an access token, any other
-    ``*_token`` field when its value is shaped like a vocabulary token (``<pad>``, ``[PAD]``)."""
+    """True when ``key``/``value`` is a tokenizer's vocabulary token (``eos_token``: ``<|im_end|>``) by
+    its role name or its shape (``<pad>``, ``[PAD]``), unless the value is shaped like an access token."""
     if not isinstance(value, str):
         return False
     last = _last_word(key)
     if _TOKEN_PATTERNS.search(value) or value == f"<{last.upper()}>":  # a token, or transformers' mask
         return False
-    if _VOCABULARY_ROLES.search(last):
-        return True
-    return bool(_VOCABULARY_VALUE.match(value.strip()))
+    return bool(_VOCABULARY_ROLES.search(last) or _VOCABULARY_VALUE.match(value.strip()))
 
 
 def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:
@@ -108,8 +81,7 @@ def known_secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str
 
 
 def _items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """``environ.items()``, read again when another thread changed it meanwhile (``os.environ``
-    raises ``KeyError`` for a variable removed during the iteration; mlflow's threads do that)."""
+    """``environ.items()``, read again when another thread changed it meanwhile (mlflow's threads do)."""
     for _ in range(10):
         try:
             return list(environ.items())
@@ -140,12 +112,7 @@ def _mask_query(match: re.Match) -> str:
 
 def mask_url_credentials(text: Any) -> Any:
     """Mask the credentials of every URL inside ``text`` (a password, a token as the user, a query
-    parameter naming a secret); masking twice changes nothing; non-strings are returned as they are.
-
-    Example:
-        >>> mask_url_credentials("http://alice:s3cret@mlflow.example:5000")
-        'http://alice:***@mlflow.example:5000'
-    """
+    parameter naming a secret); masking twice changes nothing; non-strings are returned as they are."""
     if not isinstance(text, str) or ("@" not in text and "=" not in text):
         return text
     masked = _URL_USERINFO.sub(_mask_userinfo, text)
@@ -156,12 +123,7 @@ def mask_url_credentials(text: Any) -> Any:
 
 def mask_secrets(text: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
     """Mask every secret inside ``text`` (URL credentials, access tokens, values of secret environment
-    variables of ``environ``, default ``os.environ``), keeping the rest of the text.
-
-    Example:
-        >>> mask_secrets("push to https://u:pw@hub.example with hf_" + "a" * 34, environ={})
-        'push to https://u:***@hub.example with ***'
-    """
+    variables of ``environ``, default ``os.environ``), keeping the rest of the text."""
     if not isinstance(text, str) or not text:
         return text
     masked = mask_url_credentials(text)
@@ -185,26 +147,17 @@ def looks_like_secret(key: str, value: Any) -> bool:
 
 def redact_value(key: str, value: Any) -> str:
     """The text a tracker receives for the config value ``value`` of ``key``: ``<redacted>`` for a
-    set credential field or a secret value, else ``str(value)`` with secrets masked.
-
-    Example:
-        >>> redact_value("hub_token", "abc"), redact_value("eos_token", "</s>")
-        ('<redacted>', '</s>')
-    """
+    set credential field or a secret value, else ``str(value)`` with secrets masked."""
     text = value if isinstance(value, str) else str(value)
-    unset = value is None or isinstance(value, bool) or (isinstance(value, str) and value in _NOT_SET)
-    if unset:
+    if value is None or isinstance(value, bool) or (isinstance(value, str) and value in _NOT_SET):
         return text
-    if is_secret_key(key) and not is_vocabulary_token(key, value):
-        return REDACTED
-    if isinstance(value, str) and looks_like_secret(key, value):
+    if (is_secret_key(key) and not is_vocabulary_token(key, value)) or looks_like_secret(key, value):
         return REDACTED
     return mask_secrets(text)
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
-    """Turn a flat config into strings with every secret removed (`redact_value`); a key holding a
-    token is masked too. Containers become their ``repr`` first (a token inside a list is masked)."""
+    """A flat config as strings with every secret removed (`redact_value`); keys are masked too."""
     return {mask_secrets(key): redact_value(key, value) for key, value in config.items()}
 
 
@@ -230,8 +183,7 @@ _UNMASKED: dict[str, str] = {}
 
 
 def remember_credentials(url: Any) -> Any:
-    """``url`` with its credentials masked (what checkpoints hold); `unmask_url` gives the real one back
-    in this process (a logger rebuilt from a checkpoint by transformers)."""
+    """``url`` with its credentials masked; `unmask_url` gives the real one back in this process."""
     masked = mask_url_credentials(url)
     if masked != url:
         _UNMASKED[masked] = url
@@ -252,10 +204,9 @@ def unmask_url(url: Any, env_var: Optional[str] = None) -> Any:
     candidate = os.environ.get(env_var) if env_var else None
     if candidate and mask_url_credentials(candidate) == url:
         return candidate
-    raise ValueError(
-        f"The URL {url!r} has masked credentials (checkpoints never hold them) and the real URL is not "
-        f"known in this process; pass it explicitly{f' or set {env_var}' if env_var else ''}."
-    )
+    hint = f" or set {env_var}" if env_var else ""
+    raise ValueError(f"The URL {url!r} has masked credentials (checkpoints never hold them) and the real URL "
+                     f"is not known in this process; pass it explicitly{hint}.")
 
 
 class SecretMaskingFilter(logging.Filter):

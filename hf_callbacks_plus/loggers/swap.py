@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from .base import TrackerLogger
+from .base import _STOCK_REPORT_TO, TrackerLogger
 
 __all__ = ["replace_report_to_callbacks"]
 
@@ -16,9 +16,7 @@ def _stock_classes() -> dict[str, Any]:
         from transformers.integrations import integration_utils
     except ImportError:  # transformers missing or broken: nothing to swap
         return {}
-    return {name: getattr(integration_utils, cls, None)
-            for name, cls in (("mlflow", "MLflowCallback"), ("wandb", "WandbCallback"),
-                              ("tensorboard", "TensorBoardCallback"))}
+    return {name: getattr(integration_utils, cls, None) for cls, name in _STOCK_REPORT_TO.items()}
 
 
 def _build(kind: str, stock: Any) -> TrackerLogger:
@@ -35,20 +33,17 @@ def _build(kind: str, stock: Any) -> TrackerLogger:
     return WandbLogger()
 
 
-def replace_report_to_callbacks(
-    trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True,
-    tensorboard: LoggerChoice = True,
-) -> list[tuple[Any, TrackerLogger]]:
+def replace_report_to_callbacks(trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True,
+                                tensorboard: LoggerChoice = True) -> list[tuple[Any, TrackerLogger]]:
     """Replace the stock MLflow/W&B/TensorBoard callbacks ``report_to`` added with our loggers, in place.
 
-    Each is swapped for `MLflowLogger` / `WandbLogger` / `TensorBoardLogger` (built from the same
-    environment variables; TensorBoard's keeps the stock ``logging_dir``) at the same position in
-    the callback list, and the new logger is attached to the trainer.
+    Each is swapped for `MLflowLogger` / `WandbLogger` / `TensorBoardLogger` (TensorBoard's keeps the
+    stock ``logging_dir``) at the same position, and the new logger is attached to the trainer.
 
     Args:
         trainer: A ``transformers.Trainer`` (or ``TrainerPlus``) after ``__init__``.
-        mlflow: True to build an ``MLflowLogger()``, a logger instance to use it, False to keep
-            the stock callback. Defaults to True.
+        mlflow: True to build an ``MLflowLogger()``, a logger instance to use it, False to keep the
+            stock callback. Defaults to True.
         wandb: The same for W&B. Defaults to True.
         tensorboard: The same for TensorBoard. Defaults to True.
 
@@ -56,12 +51,7 @@ def replace_report_to_callbacks(
         The ``(stock callback, our logger)`` pairs that were swapped.
 
     Raises:
-        TypeError: ``trainer`` has no ``callback_handler``, or a choice is neither a bool nor a
-            ``TrackerLogger``.
-
-    Example:
-        >>> trainer = Trainer(model, args=TrainingArguments(..., report_to=["mlflow"]))  # doctest: +SKIP
-        >>> replace_report_to_callbacks(trainer)  # doctest: +SKIP
+        TypeError: ``trainer`` has no ``callback_handler``, or a choice is not a bool or a ``TrackerLogger``.
     """
     handler = getattr(trainer, "callback_handler", None)
     if handler is None or not hasattr(handler, "callbacks"):

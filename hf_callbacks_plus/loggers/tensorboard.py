@@ -1,17 +1,8 @@
-"""``TensorBoardLogger``: TensorBoard event files with every metric in its own section.
-
-transformers' ``TensorBoardCallback`` renders keys with ``rewrite_logs`` (everything that is not
-``eval_``/``test_`` goes to ``train/``: ``train/train_subset_loss``, ``train/gap_loss``); this
-logger writes the same event files through the key grammar. Each record is ONE event holding
-all its scalars (the tags and values ``add_scalar`` writes), handed to the ``SummaryWriter``'s
-own queue thread; the writer is flushed at each checkpoint save. A resumed training writes to
-the same folder and purges the events after the checkpoint (``purge_step``).
-"""
+"""``TensorBoardLogger``: TensorBoard event files, one event per record, every metric in its section."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from pathlib import Path
@@ -22,12 +13,9 @@ from .base import Backend, LogRecord, TrackerLogger
 
 __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
 
-logger = logging.getLogger("hf_callbacks_plus")
-
 
 def summary_writer_class() -> Any:
-    """``torch.utils.tensorboard.SummaryWriter`` when tensorboard is installed, else tensorboardX's
-    (neither: ``ModuleNotFoundError`` naming the extra)."""
+    """torch's ``SummaryWriter`` with tensorboard, else tensorboardX's (else ``ModuleNotFoundError``)."""
     if is_available("tensorboard") and is_available("torch"):
         from torch.utils.tensorboard import SummaryWriter
 
@@ -39,8 +27,7 @@ def summary_writer_class() -> Any:
 
 
 def scalar_summary_function(writer_class: Any) -> Callable[..., Any]:
-    """The ``scalar(tag, value) -> Summary`` the writer class's own ``add_scalar`` uses (an event is
-    built from the protobuf classes of the writer that serializes it; tensorboardX cleans tags)."""
+    """The ``scalar(tag, value) -> Summary`` the writer class's own ``add_scalar`` uses."""
     if str(getattr(writer_class, "__module__", "")).partition(".")[0] == "tensorboardX":
         from tensorboardX.summary import scalar
     else:
@@ -63,8 +50,7 @@ class TensorBoardBackend(Backend):
         self._log_dir = log_dir
         self._writer: Any = None
         self._scalar = scalar_summary_function(writer_class)
-        self._summary_class: Any = None
-        self._value_class: Any = None
+        self._summary_class = self._value_class = None
         #: Our metric name -> the tag ``add_scalar`` writes for it (tensorboardX cleans tags).
         self._tags: dict[str, str] = {}
         #: The directory of the open run.
@@ -82,14 +68,13 @@ class TensorBoardBackend(Backend):
         kwargs: dict[str, Any] = {}
         if resume and self.purge_step is not None:
             kwargs["purge_step"] = self.purge_step
-        # the purge belongs to the first open of a resumed train() only: a writer reopened later
-        # (evaluate()/predict() after it) would erase what the resumed training just logged
+        # only the first open of a resumed train() purges (not evaluate() after it)
         self.purge_step = None
         self._writer = self._writer_class(log_dir=self.directory, **kwargs)
         return run_id
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
-        """One event per record with all its scalars (to the writer's queue thread); texts: ``add_text``."""
+        """One event per record with all its scalars; texts with ``add_text``."""
         writer = self._writer
         file_writer = writer._get_file_writer()
         for record in records:
@@ -140,19 +125,12 @@ class TensorBoardLogger(TrackerLogger):
 
     Args:
         log_dir: The run's directory. Defaults to ``TENSORBOARD_LOGGING_DIR``, else
-            ``<output_dir>/runs/<run id>`` (the run id is kept in checkpoints, so a resumed
-            training continues the same directory).
+            ``<output_dir>/runs/<run id>`` (a resumed training continues it).
         **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``key_names``...).
 
     Raises:
-        ModuleNotFoundError: Neither tensorboard (with torch) nor tensorboardX is installed
-            (``pip install 'hf-callbacks-plus[tensorboard]'``).
+        ModuleNotFoundError: Neither tensorboard (with torch) nor tensorboardX is installed.
         TypeError: ``log_dir`` is not a path.
-
-    Example:
-        >>> from hf_callbacks_plus import TensorBoardLogger
-        >>> trainer = Trainer(..., args=TrainingArguments(..., report_to="none"),  # doctest: +SKIP
-        ...                   callbacks=[TensorBoardLogger()])
     """
 
     stock_callback = "TensorBoardCallback"

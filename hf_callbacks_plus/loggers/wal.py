@@ -1,16 +1,8 @@
-"""The write-ahead log of a remote store without a durable buffer of its own (MLflow).
-
-`WriteAheadLog` is one run's append-only file, ``<run key>.jsonl`` (one JSON entry per line:
-``log``, ``params``, ``file``, ``boundary``, ``finish``), and its sidecar ``<run key>.json`` (the
-target, the run, the acknowledged byte offset ``acked``, the resume boundary ``held``). The
-training thread only appends. `Sender` sends from ``acked`` and moves it once the store answered;
-a resumed training continues the same file, `replay` sends it to its end. Why: docs/architecture.md.
-"""
+"""The write-ahead log of a store without a durable buffer of its own (MLflow): docs/architecture.md."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -22,16 +14,13 @@ try:
 except ImportError:  # Windows: the file is not locked between processes
     fcntl = None  # type: ignore[assignment]
 
-from .base import Backend, LogRecord
+from .base import Backend, LogRecord, logger
 
 __all__ = ["Sender", "WriteAheadLog", "find_logs", "replay"]
 
-logger = logging.getLogger("hf_callbacks_plus")
-
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64
-#: A call holds up to this many of the store's batches (``MlflowClient.log_batch`` splits it into
-#: requests): records of 500 metrics go three to a call, and the store updates each key once a call.
+#: A call holds up to this many of the store's batches (``MlflowClient.log_batch`` splits it).
 CALL_BATCHES = 2
 #: A backlog this large (about a full call: 2000 points) is sent at once, without waiting for the pace.
 FULL_BATCH_BYTES = 64_000
@@ -96,8 +85,7 @@ class WriteAheadLog:
         self._state = state
 
     def open(self, target: dict[str, Any], wait: float) -> None:
-        """Open for appending and take the lock (waiting at most ``wait`` seconds for another process
-        to let go); drop a line a killed writer left half-written.
+        """Open for appending, take the lock within ``wait`` seconds, drop a half-written last line.
 
         Raises:
             RuntimeError: Another process (a training or a replay) holds the file.
@@ -130,8 +118,7 @@ class WriteAheadLog:
             os.fsync(self._fd)
 
     def compact(self, acked: int) -> bool:
-        """Empty the file when ``acked`` is its size (the sidecar says 0 first: a kill in between only
-        sends acknowledged entries again, which the store keeps once). True when emptied."""
+        """Empty the file when ``acked`` is its size (the sidecar says 0 first); True when emptied."""
         with self._append_lock:
             if self._fd is None or os.fstat(self._fd).st_size != acked:
                 return False
@@ -195,15 +182,8 @@ class WriteAheadLog:
 
 
 class Sender:
-    """Sends a `WriteAheadLog` to its run from the acknowledged offset, in order.
-
-    Log entries go in batches within the store's limits, at most one call per
-    ``backend.send_interval`` seconds unless a full batch waits; after each answer the sidecar
-    gets the new offset. A transient error (``backend.is_transient``) is told once and retried with
-    backoff; an entry the store refuses is dropped alone with a warning; a run that cannot start is
-    told once and its entries stay in the file. A ``boundary`` entry makes the sender ask the store
-    which steps the run holds then, and drop points at or below them until the next boundary. A
-    ``finish`` entry sets the run's status when it is the last entry of the file.
+    """Sends a `WriteAheadLog` to its run from the acknowledged offset, in order, in batches; retries
+    transient errors with backoff, drops a refused entry alone (docs/architecture.md).
 
     Args:
         wal: The log.
@@ -214,8 +194,8 @@ class Sender:
         name: Shown in messages. Defaults to the backend's name.
         backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30).
         on_run_id: Called with the run's id once it is open. Defaults to None.
-        for_target: Builds the backend another log's sidecar names; with it, the logs other runs left
-            in the same folder for the same store are sent once the run is open. Defaults to None.
+        for_target: Builds the backend another log's sidecar names; with it, other runs' logs in the
+            folder for the same store are sent once the run is open. Defaults to None.
     """
 
     def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str],
@@ -248,10 +228,9 @@ class Sender:
 
     @property
     def down(self) -> bool:
-        """The store was told unreachable (an error, or a call silent for long) and has not answered since."""
+        """The store was told unreachable and has not answered since."""
         return self._down_since is not None
 
-    # -- the training thread -----------------------------------------------------------------------
     def start(self) -> None:
         """Send on a daemon thread of its own (a live training)."""
         self._thread = threading.Thread(target=self._run, name=f"hf-callbacks-plus-{self.name}", daemon=True)
@@ -284,10 +263,8 @@ class Sender:
         return self.acked >= target or compactions != self._compactions
 
     def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
-        """Send what is left (the last entry: ``finish``) for at most ``timeout`` seconds, ``grace`` more
-        for a call in flight (without ``while_down``: not once the store is unreachable); then stop.
-        When entries are left, the run still gets ``status`` if the store answers, and one warning
-        says why, where they are and how to send them.
+        """Send what is left for at most ``timeout`` seconds (``grace`` more for a call in flight; without
+        ``while_down``, not once the store is unreachable), then stop; warn about what is left.
 
         Returns:
             True when everything was acknowledged.
@@ -330,10 +307,8 @@ class Sender:
             return "the run did not open within the close deadline"
         return "the store was too slow to take them within the close deadline"
 
-    # -- sending -------------------------------------------------------------------------------
     def send_to_end(self) -> None:
-        """Send everything on the caller's thread (``replay``); raise on a failure that is not a
-        refused record."""
+        """Send everything on this thread (``replay``); raise on a failure other than a refused record."""
         self._closing = True
         if not self._started:
             self._start_run()
@@ -486,8 +461,7 @@ class Sender:
         return "dropped"
 
     def _replay_siblings(self) -> None:
-        """Send the logs other runs left in this folder for the same store (a training that ended
-        while the store was down), each to its own run."""
+        """Send the logs other runs left in this folder for the same store, each to its own run."""
         if self._thread is None or self.for_target is None:
             return
         mine = self.wal.state()
@@ -513,8 +487,7 @@ def find_logs(folder: Union[str, Path]) -> list[Path]:
 
 
 def replay(path: Union[str, Path], for_target: Callable[[dict], Backend]) -> Sender:
-    """Send what a write-ahead log holds past its acknowledged offset to its run, and remove the log
-    (everything was sent); return the `Sender` (``run_id``, ``sent``, ``dropped``).
+    """Send a write-ahead log past its acknowledged offset to its run, remove it; return the `Sender`.
 
     Args:
         path: The log (``<run key>.jsonl``).

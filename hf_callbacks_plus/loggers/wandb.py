@@ -1,20 +1,7 @@
-"""``WandbLogger``: Weights & Biases through W&B's own service process; one run per training, resumable.
-
-``run.log`` on the training thread hands each record to W&B's service process, which writes
-the run's own file (``run-<id>.wandb``) and uploads it, riding out network outages (``wandb
-sync`` uploads what an interrupted process left); nothing of ours queues, retries or spills.
-``wandb.init`` and ``run.finish`` take seconds: they run on threads of this module, bounded by
-``flush_timeout``, and the records logged while ``wandb.init`` runs wait in memory (bounded).
-Every row carries ``train/global_step``, the step axis of every section. W&B keeps one value
-per key and step: a later value for a step already written goes to the run summary as
-``<key>@<step>``, with one warning per key. transformers' environment variables keep working
-(``WANDB_PROJECT``, ``WANDB_RUN_ID``, ``WANDB_LOG_MODEL``, ``WANDB_WATCH``, ``WANDB_DISABLED``,
-``WANDB_MODE``, and what ``wandb.init`` reads itself).
-"""
+"""``WandbLogger``: Weights & Biases through W&B's own service process (docs/loggers_wandb.md)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -26,32 +13,24 @@ from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
 from .artifacts import save_model_to_temp, stage_folder
-from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce
+from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
 from .secrets import command_line_has_secret, mask_secrets
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
 
-logger = logging.getLogger("hf_callbacks_plus")
-
 #: Where every logged record still is when W&B did not get it.
 _LOG_HISTORY = "every logged record is also in the trainer's state.log_history (trainer_state.json)"
-
-
 #: Values of ``log_model`` / ``WANDB_LOG_MODEL`` ("true" is transformers' legacy spelling of "end").
 LOG_MODEL_CHOICES = ("false", "end", "checkpoint")
-#: Characters W&B refuses in a project name.
 _PROJECT_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")
-#: Values of ``watch`` / ``WANDB_WATCH``.
 WATCH_CHOICES = ("false", "gradients", "parameters", "all")
 RESUME_CHOICES = ("allow", "must")
 MODE_CHOICES = ("online", "offline", "disabled", "shared")
 STEP_KEY = "train/global_step"
-MAX_TAG_LENGTH = 64
 
 
 def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
-    """A sentence naming what switches W&B logging off (``WANDB_DISABLED``, ``mode``, ``WANDB_MODE``),
-    or None when it is on."""
+    """What switches W&B logging off (``WANDB_DISABLED``, ``mode``, ``WANDB_MODE``), or None when it is on."""
     if env_flag("WANDB_DISABLED"):
         return f"WANDB_DISABLED={os.environ['WANDB_DISABLED']!r} is set"
     if mode == "disabled":
@@ -62,11 +41,7 @@ def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
 
 
 def choice(name: str, value: Any, env: str, default: str, choices: Sequence[str]) -> str:
-    """Validate ``value`` (else the environment variable ``env``, else ``default``) against ``choices``.
-
-    Raises:
-        ValueError: Not one of ``choices``; the message names the argument or variable.
-    """
+    """``value`` (else env ``env``, else ``default``) checked against ``choices`` (ValueError naming it)."""
     raw = value if value is not None else os.environ.get(env, default)
     if isinstance(raw, bool):
         raw = "end" if (raw and name == "log_model") else ("all" if raw else "false")
@@ -132,12 +107,8 @@ class WandbBackend(Backend):
 
     def __init__(self, wandb: Any, init: dict[str, Any], settings: Any, watch: str, warn: WarnOnce,
                  max_points: int = 200_000) -> None:
-        self._wandb = wandb
-        self.init = init
-        self.settings = settings
-        self.watch = watch
-        self._warn = warn
-        self.max_points = max_points
+        self._wandb, self.init, self.settings, self.watch = wandb, init, settings, watch
+        self._warn, self.max_points = warn, max_points
         #: Set at train begin: the model (``watch``) and the display name from ``args.run_name``.
         self.model: Any = None
         self.run_name_from_args: Optional[str] = None
@@ -146,11 +117,9 @@ class WandbBackend(Backend):
         self.lost = 0
         self._owns_run = True
         self._ready = threading.Event()
-        self._opener: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._waiting: list[tuple[Callable[..., None], tuple]] = []
-        self._waiting_points = 0
-        self._min_step = 0
+        self._waiting_points = self._min_step = 0
         self._held_keys: set[str] = set()
         self.new_session()
 
@@ -162,14 +131,12 @@ class WandbBackend(Backend):
         self._history_keys: set[str] = set()  # keys with a history row in this session
 
     def new_run_id(self) -> str:
-        """A W&B run id made on the training thread (``wandb.init(id=...)`` takes it), so the first
-        checkpoint names the run however long ``wandb.init`` takes."""
+        """A W&B run id made here (``wandb.init(id=...)``): the first checkpoint names the run."""
         generate = getattr(getattr(self._wandb, "util", None), "generate_id", None)
         return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
-        """Start W&B's service here (its exit hook then runs after the logger's), then open the run on
-        a thread (or adopt the run the user opened)."""
+        """Start W&B's service (exit hook after ours); open the run on a thread, or adopt the user's run."""
         wandb = self._wandb
         setup = getattr(wandb, "setup", None)
         if callable(setup):
@@ -182,9 +149,8 @@ class WandbBackend(Backend):
             self._opened()
             return str(current.id)
         self._owns_run = True
-        self._opener = threading.Thread(target=self._open, args=(run_id,), daemon=True,
-                                        name="hf-callbacks-plus-WandbLogger-open")
-        self._opener.start()
+        threading.Thread(target=self._open, args=(run_id,), daemon=True,
+                         name="hf-callbacks-plus-WandbLogger-open").start()
         return run_id
 
     def _open(self, run_id: Optional[str]) -> None:
@@ -229,8 +195,7 @@ class WandbBackend(Backend):
                 if self.lost == 1:
                     logger.error("WandbLogger: the run is not open yet and %d metric points wait for it; "
                                  "records beyond max_memory_points=%d are counted as lost until it opens "
-                                 "(%s).",
-                                 self._waiting_points, self.max_points, _LOG_HISTORY)
+                                 "(%s).", self._waiting_points, self.max_points, _LOG_HISTORY)
                 return
             self._waiting.append((action, args))
             self._waiting_points += points
@@ -356,43 +321,32 @@ class WandbLogger(TrackerLogger):
     """Logs to Weights & Biases through its own service process; one run per training, resumable.
 
     Args:
-        project: W&B project. Defaults to ``WANDB_PROJECT``, else ``"huggingface"`` (like
-            transformers' ``WandbCallback``).
+        project: W&B project. Defaults to ``WANDB_PROJECT``, else ``"huggingface"`` (like ``WandbCallback``).
         entity: W&B entity (team or user). Defaults to W&B's own (``WANDB_ENTITY``).
-        run_id: Run id to log to (an existing run is continued). Defaults to ``WANDB_RUN_ID``,
-            else the id saved in the checkpoint being resumed, else a new id.
-        name: Display name. Defaults to ``TrainingArguments.run_name`` when it is set and
-            differs from ``output_dir``, else W&B's generated name.
+        run_id: Run id to log to (an existing run is continued). Defaults to ``WANDB_RUN_ID``, else the
+            id saved in the checkpoint being resumed, else a new id.
+        name: Display name. Defaults to ``TrainingArguments.run_name`` when it is set and differs from
+            ``output_dir``, else W&B's generated name.
         tags: Run tags. Defaults to None (W&B also reads ``WANDB_TAGS``).
         group: Run group. Defaults to None.
-        log_model: ``"false"``, ``"end"`` (the final model as an artifact) or
-            ``"checkpoint"`` (every saved checkpoint as an artifact). Defaults to
-            ``WANDB_LOG_MODEL``, else ``"false"``.
-        watch: ``wandb.watch`` the model: ``"false"``, ``"gradients"``, ``"parameters"`` or
-            ``"all"``. Defaults to ``WANDB_WATCH``, else ``"false"``.
-        mode: ``"online"``, ``"offline"``, ``"disabled"`` or ``"shared"``. Defaults to W&B's
-            own choice (``WANDB_MODE``).
-        resume: How a run id from a checkpoint or ``run_id`` is reattached: ``"allow"``
-            (continue it, or create it when it does not exist) or ``"must"`` (fail when it
-            does not exist). Defaults to "allow".
-        dir: Directory W&B writes its files to. Defaults to W&B's (``WANDB_DIR``, else the
-            working directory).
-        settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None. When the
-            command line holds a secret, ``x_disable_meta=True`` is added unless you set it.
-        max_memory_points: Metric points kept in memory while ``wandb.init`` runs (later records
-            are counted and told as lost). Defaults to 200000.
-        **kwargs: Options of `TrackerLogger` (``log_config``, ``nonfinite``, ``flush_timeout``: the
-            longest wait for ``wandb.init`` and ``run.finish`` at the end...).
+        log_model: ``"false"``, ``"end"`` (the final model as an artifact) or ``"checkpoint"`` (every
+            saved checkpoint as an artifact). Defaults to ``WANDB_LOG_MODEL``, else ``"false"``.
+        watch: ``wandb.watch`` the model: ``"false"``, ``"gradients"``, ``"parameters"`` or ``"all"``.
+            Defaults to ``WANDB_WATCH``, else ``"false"``.
+        mode: ``"online"``, ``"offline"``, ``"disabled"`` or ``"shared"``. Defaults to ``WANDB_MODE``.
+        resume: How a run id from a checkpoint or ``run_id`` is reattached: ``"allow"`` (continue it,
+            or create it) or ``"must"`` (fail when it does not exist). Defaults to "allow".
+        dir: Directory W&B writes its files to. Defaults to ``WANDB_DIR``, else the working directory.
+        settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None. When the command line
+            holds a secret, ``x_disable_meta=True`` is added unless you set it.
+        max_memory_points: Metric points kept in memory while ``wandb.init`` runs (later records are
+            counted and told as lost). Defaults to 200000.
+        **kwargs: Options of `TrackerLogger` (``flush_timeout``: the longest wait for ``wandb.init``
+            and ``run.finish`` at the end...).
 
     Raises:
-        ModuleNotFoundError: ``wandb`` is not installed (install ``hf-callbacks-plus[wandb]``).
-            Not raised when W&B is disabled: the logger is then a no-op.
+        ModuleNotFoundError: ``wandb`` is not installed (``hf-callbacks-plus[wandb]``); not when disabled.
         ValueError: An argument or environment variable has an invalid value.
-
-    Example:
-        >>> from hf_callbacks_plus import WandbLogger
-        >>> trainer = Trainer(..., args=TrainingArguments(..., report_to="none"),  # doctest: +SKIP
-        ...                   callbacks=[WandbLogger(project="my-project")])
     """
 
     stock_callback = "WandbCallback"
@@ -403,23 +357,12 @@ class WandbLogger(TrackerLogger):
     #: The exception waits for ``wandb.init`` (seconds on a busy machine) so the run gets its status.
     exception_timeout = 20.0
 
-    def __init__(
-        self,
-        project: Optional[str] = None,
-        entity: Optional[str] = None,
-        run_id: Optional[str] = None,
-        name: Optional[str] = None,
-        tags: Optional[Sequence[str]] = None,
-        group: Optional[str] = None,
-        log_model: Optional[str] = None,
-        watch: Optional[str] = None,
-        mode: Optional[str] = None,
-        resume: str = "allow",
-        dir: Optional[str] = None,
-        settings: Any = None,
-        max_memory_points: int = 200_000,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, project: Optional[str] = None, entity: Optional[str] = None,
+                 run_id: Optional[str] = None, name: Optional[str] = None,
+                 tags: Optional[Sequence[str]] = None, group: Optional[str] = None,
+                 log_model: Optional[str] = None, watch: Optional[str] = None,
+                 mode: Optional[str] = None, resume: str = "allow", dir: Optional[str] = None,
+                 settings: Any = None, max_memory_points: int = 200_000, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if type(max_memory_points) is not int or max_memory_points < 1:
             raise ValueError(f"WandbLogger: max_memory_points must be an int >= 1, got {max_memory_points!r}")
@@ -432,21 +375,13 @@ class WandbLogger(TrackerLogger):
             raise TypeError(f"WandbLogger: tags must be a list of strings, got {tags!r}")
         chosen_project = project if project is not None else os.environ.get("WANDB_PROJECT")
         if chosen_project is not None and any(char in str(chosen_project) for char in _PROJECT_FORBIDDEN):
-            raise ValueError(
-                f"WandbLogger: project={chosen_project!r}"
-                f"{'' if project is not None else ' (from WANDB_PROJECT)'} is not a valid W&B project name: "
-                f"it may not contain any of {' '.join(_PROJECT_FORBIDDEN)}. For 'team/project' pass "
-                "entity='team', project='project'."
-            )
-        self.project = project
-        self.entity = entity
-        self.name = name
+            source = "" if project is not None else " (from WANDB_PROJECT)"
+            raise ValueError(f"WandbLogger: project={chosen_project!r}{source} is not a valid W&B project "
+                             f"name: it may not contain any of {' '.join(_PROJECT_FORBIDDEN)}. For "
+                             "'team/project' pass entity='team', project='project'.")
+        self.project, self.entity, self.name, self.group = project, entity, name, group
         self.tags = [mask_secrets(tag) for tag in tags] if tags is not None else None
-        self.group = group
-        self.mode = mode
-        self.resume = resume
-        self.dir = dir
-        self.settings = settings
+        self.mode, self.resume, self.dir, self.settings = mode, resume, dir, settings
         self.log_model = choice("log_model", log_model, "WANDB_LOG_MODEL", "false", LOG_MODEL_CHOICES)
         self.watch = choice("watch", watch, "WANDB_WATCH", "false", WATCH_CHOICES)
         self._given = {"project": project, "run_id": run_id, "log_model": log_model, "watch": watch}
@@ -478,9 +413,7 @@ class WandbLogger(TrackerLogger):
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger (the run id is in the attributes)."""
-        return {"project": self.project, "entity": self.entity, "name": self.name, "tags": self.tags,
-                "group": self.group, "log_model": self._given["log_model"], "watch": self._given["watch"],
-                "mode": self.mode, "resume": self.resume, "dir": self.dir}
+        return {**self._init_kwargs(), "log_model": self._given["log_model"], "watch": self._given["watch"]}
 
     # -- events (no-ops when disabled: no backend) ---------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
