@@ -21,8 +21,9 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check hf_callbacks_plus tests examples benchmarks scripts
 
-# pytest-xdist: one worker per core; tests sharing a session service (the mlflow server, the
-# torchrun launch) run on one worker (tests/conftest.py), so each service starts once.
+# pytest-xdist: one worker per core (PYTEST_WORKERS=0: one process); tests sharing a session
+# service (the mlflow server, the torchrun launch) run on one worker (tests/conftest.py), so each
+# service starts once.
 PYTEST_WORKERS ?= auto
 PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
