@@ -41,7 +41,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
 from hf_callbacks_plus.integrations.ordering import run_before_integrations
-from hf_callbacks_plus.metrics.flops import training_flops
+from hf_callbacks_plus.callbacks.throughput.flops import training_flops
 
 VOCAB, LENGTH, BATCH = 1024, 64, 8
 

@@ -31,13 +31,13 @@ _EXPORTS = {
     "Monitor": "hf_callbacks_plus.metrics.monitor",
     # callbacks
     "EarlyStopping": "hf_callbacks_plus.callbacks.early_stopping",
-    "StopReason": "hf_callbacks_plus.callbacks.early_stopping_policy",
+    "StopReason": "hf_callbacks_plus.callbacks.early_stopping.policy",
     "TerminateOnNonFinite": "hf_callbacks_plus.callbacks.terminate_on_nonfinite",
     "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
     "StreamingMetrics": "hf_callbacks_plus.callbacks.streaming_metrics",
     "GenerationSamples": "hf_callbacks_plus.callbacks.generation_samples",
     "KeepBestCheckpoints": "hf_callbacks_plus.callbacks.best_checkpoints",
-    "TopK": "hf_callbacks_plus.callbacks.best_checkpoints_ranking",
+    "TopK": "hf_callbacks_plus.callbacks.best_checkpoints.ranking",
     "ThroughputMonitor": "hf_callbacks_plus.callbacks.throughput",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers

@@ -2,7 +2,7 @@
 
 Layers, bottom to top (a module may import its own package and the layers below it):
 
-    _compat  <-  core  <-  metrics  <-  callbacks, loggers  <-  loop, integrations
+    _compat  <-  core  <-  metrics  <-  runtime  <-  callbacks, loggers  <-  loop, integrations
              <-  testing, plotting, cli
 
 Packages on one layer do not import each other (``cli`` may use ``plotting``); the library
@@ -23,13 +23,14 @@ LAYERS: Mapping[str, int] = {
     "_compat": 0,
     "core": 1,
     "metrics": 2,
-    "callbacks": 3,
-    "loggers": 3,
-    "loop": 4,
-    "integrations": 4,
-    "testing": 5,
-    "plotting": 5,
-    "cli": 5,
+    "runtime": 3,
+    "callbacks": 4,
+    "loggers": 4,
+    "loop": 5,
+    "integrations": 5,
+    "testing": 6,
+    "plotting": 6,
+    "cli": 6,
 }
 #: Imports between two parts of one layer that are allowed (importer, imported).
 SAME_LAYER_ALLOWED = frozenset({("cli", "plotting")})

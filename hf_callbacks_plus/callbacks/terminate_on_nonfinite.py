@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 from ..core.callback import TrainerCallback
 from ..metrics.keys import KeyGrammar, grammar_for
 from ..metrics.numbers import to_float
-from .console import tell
+from ..runtime.console import tell
 
 __all__ = ["NonFiniteError", "TerminateOnNonFinite"]
 

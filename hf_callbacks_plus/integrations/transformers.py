@@ -29,10 +29,10 @@ from types import MappingProxyType
 from typing import Any
 
 from .._compat import require
-from ..callbacks.isolated_evaluation import isolated_evaluate
 from ..core.checkpoint_folders import newest_complete_checkpoint
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
+from ..runtime.isolated_evaluation import isolated_evaluate
 from .notebook import fit_notebook_table
 from .ordering import bind_trainer, is_integration_callback, run_before_integrations, use_our_handler
 
@@ -124,7 +124,7 @@ class TrainerPlusMixin:
         """This trainer's own evaluation of ``eval_dataset``, leaving no trace in it.
 
         Runs `evaluate` in the sandbox of
-        ``hf_callbacks_plus.callbacks.isolated_evaluation`` (no log record, no
+        ``hf_callbacks_plus.runtime.isolated_evaluation`` (no log record, no
         ``on_evaluate``/``on_pre_log``, accumulators, ``control``, module modes, random
         generators and the key grammar as before). ``TrainSubsetEvaluation`` uses it.
 

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..callbacks.best_weights import active_adapter, load_checkpoint_weights
+from ..callbacks.early_stopping.best_weights import active_adapter, load_checkpoint_weights
 from ..core.checkpoint_folders import (
     PREFIX_CHECKPOINT_DIR,
     checkpoint_folder,

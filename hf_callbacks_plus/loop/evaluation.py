@@ -136,8 +136,8 @@ class EvaluationMixin:
         Returns:
             The prefixed metrics, without timing keys and run counters (`relabel_metrics`).
         """
-        from ..callbacks.isolated_evaluation import close_prediction_bars, relabel_metrics
-        from ..callbacks.random_state import random_state_kept
+        from ..runtime.isolated_evaluation import close_prediction_bars, relabel_metrics
+        from ..runtime.random_state import random_state_kept
 
         handler = self.callback_handler
         control, flags = self.control, dict(vars(self.control))

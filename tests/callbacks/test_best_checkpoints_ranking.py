@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_callbacks_plus.callbacks.best_checkpoints_ranking import Kept, TopK, admit, rankings, top_k
+from hf_callbacks_plus.callbacks.best_checkpoints.ranking import Kept, TopK, admit, rankings, top_k
 
 NAN, INF = math.nan, math.inf
 LOSS, ACC = TopK("eval_loss", 2, "min"), TopK("eval_accuracy", 1, "max")

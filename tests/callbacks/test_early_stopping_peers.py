@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_callbacks_plus.callbacks.early_stopping_policy import Progress, StoppingPolicy
+from hf_callbacks_plus.callbacks.early_stopping.policy import Progress, StoppingPolicy
 from hf_callbacks_plus.metrics.monitor import Monitor
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from hf_callbacks_plus.callbacks.early_stopping import ARGUMENTS, EarlyStopping
-from hf_callbacks_plus.callbacks.early_stopping_policy import Decision, Progress, StoppingPolicy, StopReason
+from hf_callbacks_plus.callbacks.early_stopping.policy import Decision, Progress, StoppingPolicy, StopReason
 
 NAN, INF = math.nan, math.inf
 R = StopReason

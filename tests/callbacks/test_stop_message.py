@@ -2,7 +2,7 @@
 
 import math
 
-from hf_callbacks_plus.callbacks.early_stopping_policy import StopReason, stop_message
+from hf_callbacks_plus.callbacks.early_stopping.policy import StopReason, stop_message
 
 OPTIONS = {"patience": 5, "min_delta": 0.0, "min_delta_mode": "absolute", "baseline": None,
            "stopping_threshold": 0.1, "divergence_threshold": None}

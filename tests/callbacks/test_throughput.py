@@ -17,7 +17,7 @@ import torch
 from hf_callbacks_plus import TrainerPlus, run_before_integrations
 from hf_callbacks_plus.callbacks import throughput
 from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
-from hf_callbacks_plus.metrics.flops import measure_training_flops, training_flops
+from hf_callbacks_plus.callbacks.throughput.flops import measure_training_flops, training_flops
 from tests.callbacks.throughput_helpers import (
     EVAL_FORWARD,
     LOG,

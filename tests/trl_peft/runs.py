@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from hf_callbacks_plus.callbacks.subset_sampling import choose_indices
+from hf_callbacks_plus.callbacks.train_subset.sampling import choose_indices
 from tests.trl_peft import tiny_lm
 
 N_TRAIN, N_EVAL, SUBSET = 32, 8, 8

@@ -10,7 +10,7 @@ import pytest
 
 from hf_callbacks_plus import run_before_integrations
 from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
-from hf_callbacks_plus.metrics.flops import training_flops
+from hf_callbacks_plus.callbacks.throughput.flops import training_flops
 from tests.callbacks.throughput_helpers import Counts, assert_counts, throughput_records
 from tests.trl_peft import runs
 

@@ -17,15 +17,15 @@ import logging
 import weakref
 from typing import Any, Optional
 
-from ..core.claims import TrainBeginClaims
-from ..core.stateful import SelfRestoringState
-from ..metrics.keys import KeyGrammar, grammar_for
-from ..metrics.monitor import Monitor, check_mode
-from ..metrics.numbers import to_float
+from ...core.claims import TrainBeginClaims
+from ...core.stateful import SelfRestoringState
+from ...metrics.keys import KeyGrammar, grammar_for
+from ...metrics.monitor import Monitor, check_mode
+from ...metrics.numbers import to_float
+from ...runtime.console import tell
+from ...runtime.distributed import broadcast_from_rank0, distributed_world_size
 from .best_weights import BestWeights, step_checkpoint
-from .console import tell
-from .distributed import broadcast_from_rank0, distributed_world_size
-from .early_stopping_policy import (
+from .policy import (
     Decision,
     Progress,
     StoppingPolicy,

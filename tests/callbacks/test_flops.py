@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_callbacks_plus.metrics.flops import (
+from hf_callbacks_plus.callbacks.throughput.flops import (
     chip_of,
     loss_shifts_labels,
     measure_training_flops,

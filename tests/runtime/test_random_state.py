@@ -11,7 +11,7 @@ import numpy
 import pytest
 import torch
 
-from hf_callbacks_plus.callbacks.random_state import random_state_kept
+from hf_callbacks_plus.runtime.random_state import random_state_kept
 
 MODULE_RNG = numpy.random.default_rng(3)
 
@@ -93,7 +93,7 @@ def test_global_generators_are_kept():
 
 def test_large_data_and_tensors_are_not_searched():
     """A dataset's rows are data: a list of 10 000 rows or a tensor is not walked (the search stays cheap)."""
-    from hf_callbacks_plus.callbacks.random_state import _search
+    from hf_callbacks_plus.runtime.random_state import _search
 
     rows = [{"row": i, "rng": random.Random(i)} for i in range(10_000)]
     generators, _ = _search(({"rows": rows, "tensor": torch.zeros(3), "seed": torch.Generator()},))

@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..core.checkpoint_folders import checkpoint_folder, checkpoint_steps, incomplete_reason
-from .best_checkpoints_files import kept_folder, leftovers, read_manifest
-from .best_checkpoints_ranking import Kept, TopK, admit
+from ...core.checkpoint_folders import checkpoint_folder, checkpoint_steps, incomplete_reason
+from .files import kept_folder, leftovers, read_manifest
+from .ranking import Kept, TopK, admit
 
 __all__ = ["Start", "plan_start"]
 

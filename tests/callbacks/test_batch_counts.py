@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_callbacks_plus.metrics.batch_counts import COUNTS, BatchCounts
+from hf_callbacks_plus.callbacks.throughput.batch_counts import COUNTS, BatchCounts
 
 pytestmark = pytest.mark.transformers
 

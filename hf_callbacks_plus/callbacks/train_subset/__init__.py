@@ -6,7 +6,7 @@ metrics to early stopping, logs a second record and evaluates the whole training
 `TrainSubsetEvaluation` instead evaluates a subset chosen once with the trainer's own
 evaluation (``trainer.evaluate``: its dataset preparation, collator, ``compute_metrics``, the
 metrics its ``log`` adds, eval batch size, device and sharding across ranks) inside a sandbox
-that leaves no trace (see `hf_callbacks_plus.callbacks.isolated_evaluation`), and adds
+that leaves no trace (see `hf_callbacks_plus.runtime.isolated_evaluation`), and adds
 the metrics to the evaluation's own log record from ``on_pre_log``, before any integration
 sees it: no recursion, ``control`` untouched, one record per evaluation, and the trainer's
 own numbers (trl's token accuracy, DPO rewards...) exactly as without the callback.
@@ -27,14 +27,14 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
-from ..core.callback import TrainerCallback
-from .isolated_evaluation import (
+from ...core.callback import TrainerCallback
+from ...runtime.isolated_evaluation import (
     accumulators_set_aside,
     evaluation_arguments,
     isolated_evaluate,
     relabel_metrics,
 )
-from .subset_sampling import take_subset
+from .sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
 
@@ -79,7 +79,7 @@ class TrainSubsetEvaluation(TrainerCallback):
         The metrics are the trainer's own evaluation metrics on the subset (trl's
         ``SFTTrainer``: loss, ``mean_token_accuracy``, ``entropy``; ``DPOTrainer``: its
         rewards and log-probs...), and the trainer's own numbers stay exactly as without
-        this callback (see ``hf_callbacks_plus.callbacks.isolated_evaluation``). One WARNING
+        this callback (see ``hf_callbacks_plus.runtime.isolated_evaluation``). One WARNING
         is logged when ``every="eval"`` meets ``eval_strategy="no"`` (at train begin) and
         when the subset yields no metric (unlabeled samples and no ``compute_metrics``).
 
@@ -236,7 +236,7 @@ class TrainSubsetEvaluation(TrainerCallback):
         ``SFTTrainer``: loss, mean token accuracy, entropy...), computed without any trace in
         the trainer: no log record, no ``on_evaluate``, ``control``, accumulators, module
         modes and every random generator as they were. For a ``transformers.Trainer`` (any
-        subclass) it is `hf_callbacks_plus.callbacks.isolated_evaluation.isolated_evaluate` of
+        subclass) it is `hf_callbacks_plus.runtime.isolated_evaluation.isolated_evaluate` of
         the rows as prepared for training, from a dataloader built for this evaluation, with
         the arguments of the ``evaluate()`` call in progress (``ignore_keys``, generation
         settings); ``LightweightTrainer`` evaluates with its own ``isolated_evaluate``.

@@ -26,17 +26,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Optional, Union
 
-from ..core.checkpoint_folders import checkpoint_folder
-from ..core.claims import TrainBeginClaims
-from ..core.stateful import SelfRestoringState
-from ..metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar, grammar_for
-from ..metrics.monitor import MODES, Monitor
-from ..metrics.numbers import to_float
-from .best_checkpoints_files import RESUME_ONLY, kept_folder, remove_folder, sync_folder, write_manifest
-from .best_checkpoints_ranking import Kept, TopK, admit, rankings
-from .best_checkpoints_start import Start, plan_start
-from .console import tell
-from .distributed import from_rank0
+from ...core.checkpoint_folders import checkpoint_folder
+from ...core.claims import TrainBeginClaims
+from ...core.stateful import SelfRestoringState
+from ...metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar, grammar_for
+from ...metrics.monitor import MODES, Monitor
+from ...metrics.numbers import to_float
+from ...runtime.console import tell
+from ...runtime.distributed import from_rank0
+from .files import RESUME_ONLY, kept_folder, remove_folder, sync_folder, write_manifest
+from .ranking import Kept, TopK, admit, rankings
+from .start import Start, plan_start
 
 __all__ = ["KeepBestCheckpoints", "TopK"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional
 
-from ..metrics.monitor import Monitor, check_number, check_thresholds
+from ...metrics.monitor import Monitor, check_number, check_thresholds
 
 __all__ = ["Decision", "Progress", "StopReason", "StoppingPolicy", "stop_message", "summary_message"]
 

@@ -4,7 +4,7 @@
 keyword arguments of every training forward pass (``model.training`` and gradients enabled:
 each micro-batch of a gradient-accumulation step, on every rank; evaluation, generation and a
 trainer's extra no-grad passes are not counted) and adds up samples, tokens, non-padding tokens
-and loss tokens (`hf_callbacks_plus.metrics.batch_counts`) without synchronising the device.
+and loss tokens (`hf_callbacks_plus.callbacks.throughput.batch_counts`) without synchronising the device.
 
 **When it times.** Only at the logging steps, after the trainer read the loss (a device
 synchronisation it does anyway): the window is the time since the previous logging step minus
@@ -21,7 +21,7 @@ one small tensor, at the logging step); the times are each rank's own.
 ``samples_per_second``, ``tokens_per_second`` (all positions), ``non_padding_tokens_per_second``,
 ``loss_tokens_per_second``, the same under ``throughput/device/`` (the total divided by the number
 of processes), ``tflops_per_second`` and ``device/tflops_per_second`` (model FLOPs of the
-non-padding tokens: `hf_callbacks_plus.metrics.flops`), ``mfu`` (FLOP/s over the peak of all
+non-padding tokens: `hf_callbacks_plus.callbacks.throughput.flops`), ``mfu`` (FLOP/s over the peak of all
 devices), ``window_seconds``, ``window_steps`` and ``left_out_seconds``. A figure whose count is
 unknown (no ``input_ids``, no ``labels`` in a micro-batch, no FLOP count, no peak) is left out.
 
@@ -39,9 +39,10 @@ import numbers
 import time
 from typing import Any, Optional, Union
 
-from ..core.callback import TrainerCallback
-from ..metrics.batch_counts import COUNTS, BatchCounts
-from ..metrics.flops import (
+from ...core.callback import TrainerCallback
+from ...runtime.distributed import distributed_world_size, sum_over_ranks
+from .batch_counts import COUNTS, BatchCounts
+from .flops import (
     PRECISIONS,
     TrainingFlops,
     loss_shifts_labels,
@@ -50,7 +51,6 @@ from ..metrics.flops import (
     training_flops,
     training_precision,
 )
-from .distributed import distributed_world_size, sum_over_ranks
 
 __all__ = ["FLOPS_CHOICES", "ThroughputMonitor"]
 
@@ -69,13 +69,13 @@ class ThroughputMonitor(TrainerCallback):
     Args:
         flops_per_token: How the FLOPs are counted: ``"auto"`` counts them from the model's
             weights and config (trained and frozen weights told apart, so LoRA is counted
-            right, plus attention; `hf_callbacks_plus.metrics.flops.training_flops`);
+            right, plus attention; `hf_callbacks_plus.callbacks.throughput.flops.training_flops`);
             ``"measure"`` counts the first training micro-batch's forward and backward once with
             ``torch.utils.flop_counter`` (an extra pass during warm-up; FLOPs per token at that
             batch's length); a number is your own training FLOPs per token; None logs no FLOPs.
             Defaults to ``"auto"``.
         peak_flops: Peak FLOP/s of one device, for the MFU. Defaults to None: the dense peak of
-            a known accelerator for ``precision`` (`hf_callbacks_plus.metrics.flops.PEAK_FLOPS`),
+            a known accelerator for ``precision`` (`hf_callbacks_plus.callbacks.throughput.flops.PEAK_FLOPS`),
             else no MFU (a CPU has no entry: give its peak).
         precision: The precision of the matrix products, to look the peak up: one of
             ``"fp32"``, ``"tf32"``, ``"bf16"``, ``"fp16"``, or ``"auto"`` (``bf16``/``fp16``

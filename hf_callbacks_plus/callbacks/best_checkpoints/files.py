@@ -23,8 +23,8 @@ import shutil
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from ..core.checkpoint_folders import PREFIX_CHECKPOINT_DIR
-from ..core.state import write_json_atomically
+from ...core.checkpoint_folders import PREFIX_CHECKPOINT_DIR
+from ...core.state import write_json_atomically
 
 __all__ = ["MANIFEST_NAME", "RESUME_ONLY", "kept_folder", "leftovers", "read_manifest", "remove_folder",
            "sync_folder", "write_manifest"]

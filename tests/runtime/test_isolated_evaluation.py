@@ -6,7 +6,7 @@ from collections import defaultdict, deque
 
 import pytest
 
-from hf_callbacks_plus.callbacks import isolated_evaluation as iso
+from hf_callbacks_plus.runtime import isolated_evaluation as iso
 
 
 class TrlLikeTrainer:
