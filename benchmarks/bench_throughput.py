@@ -40,8 +40,8 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
-from hf_callbacks_plus.integrations.ordering import run_before_integrations
 from hf_callbacks_plus.callbacks.throughput.flops import training_flops
+from hf_callbacks_plus.integrations.ordering import run_before_integrations
 
 VOCAB, LENGTH, BATCH = 1024, 64, 8
 

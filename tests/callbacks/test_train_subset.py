@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 
 from transformers import EarlyStoppingCallback  # noqa: E402
 
-from hf_callbacks_plus.callbacks.train_subset.sampling import choose_indices  # noqa: E402
 from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation  # noqa: E402
+from hf_callbacks_plus.callbacks.train_subset.sampling import choose_indices  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.integrations.ordering import run_before_integrations  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402

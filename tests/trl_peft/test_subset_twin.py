@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from hf_callbacks_plus.callbacks.train_subset.sampling import choose_indices
 from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation
+from hf_callbacks_plus.callbacks.train_subset.sampling import choose_indices
 from hf_callbacks_plus.integrations.ordering import run_before_integrations
 from tests.trl_peft import runs, tiny_lm
 
