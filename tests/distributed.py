@@ -41,14 +41,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -57,20 +59,31 @@ GROUP_TIMEOUT_SECONDS = 120
 #: How long the whole launch may take.
 LAUNCH_TIMEOUT_SECONDS = 900
 DONE = "done-rank{rank}"
+SECONDS = "seconds-rank{rank}.txt"
 ERROR = "error-rank{rank}.txt"
 OUTPUT = "output-rank{rank}.txt"
 
 
-def spec_of(scenario: Callable[[Path], None]) -> str:
-    """``path/to/test_module.py::function``: how the ranks find a scenario."""
+def spec_of(scenario: Callable[..., None], args: Sequence[str] = ()) -> str:
+    """``path/to/test_module.py::function`` (``...::function:arg1:arg2`` with string arguments):
+    how the ranks find a scenario and what they pass it after its folder."""
     module = sys.modules[scenario.__module__]
-    return f"{Path(module.__file__).resolve().relative_to(ROOT)}::{scenario.__name__}"
+    for arg in args:
+        if not isinstance(arg, str) or not arg.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"scenario argument {arg!r} of {scenario.__name__}: expected a word "
+                             "(letters, digits, '_', '-')")
+    return ":".join((f"{Path(module.__file__).resolve().relative_to(ROOT)}::{scenario.__name__}", *args))
+
+
+def spec_of_marker(marker: Any) -> str:
+    """The spec of a ``@pytest.mark.distributed(scenario=f, args=(...))`` marker."""
+    return spec_of(marker.kwargs["scenario"], tuple(marker.kwargs.get("args", ())))
 
 
 def folder_name(spec: str) -> str:
     """The scenario's folder under the launch's root, from its spec."""
-    path, _, name = spec.partition("::")
-    return f"{Path(path).stem}.{name}"
+    path, _, call = spec.partition("::")
+    return f"{Path(path).stem}.{call.replace(':', '.')}"
 
 
 @dataclass
@@ -86,6 +99,14 @@ class ScenarioOutcome:
     def outputs(self) -> str:
         """Both ranks' output, rank 0 first."""
         return self.output(0) + self.output(1)
+
+    def json(self, name: str = "outcome") -> list[Any]:
+        """Both ranks' ``<name>-rank<R>.json`` (as written by ``tests.sharded.write_json``), rank 0 first."""
+        return [json.loads((self.dir / f"{name}-rank{rank}.json").read_text(encoding="utf-8")) for rank in (0, 1)]
+
+    def seconds(self, rank: int = 0) -> float:
+        """How long the scenario ran on rank ``rank`` (wall time, barrier excluded)."""
+        return float((self.dir / SECONDS.format(rank=rank)).read_text())
 
 
 @dataclass
@@ -116,7 +137,8 @@ class Launch:
 def launch(root: Path, specs: list[str]) -> Launch:
     """Run ``specs`` in one ``torchrun --standalone --nproc_per_node 2`` launch, outcomes under ``root``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "DS_ACCELERATOR": "cpu"}  # DeepSpeed's accelerator (tests/sharded.py); nothing else reads it
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"):
         env.pop(name, None)
     process = subprocess.Popen(
@@ -138,9 +160,12 @@ def launch(root: Path, specs: list[str]) -> Launch:
 
 
 def load_scenario(spec: str) -> Callable[[Path], None]:
-    path, _, name = spec.partition("::")
+    """The scenario of ``spec``, its string arguments bound: call it with its folder."""
+    path, _, call = spec.partition("::")
+    name, *args = call.split(":")
     module = importlib.import_module(".".join(Path(path).with_suffix("").parts))
-    return getattr(module, name)
+    scenario = getattr(module, name)
+    return lambda folder: scenario(folder, *args)
 
 
 @contextlib.contextmanager
@@ -174,17 +199,25 @@ def run_scenarios(root: Path, specs: list[str]) -> None:
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_SECONDS))
+    from torch.distributed import distributed_c10d
+
+    timeout = timedelta(seconds=GROUP_TIMEOUT_SECONDS)
+    # groups created later without a timeout (DeepSpeed's clone of the world group, its data-parallel
+    # groups) take this default, not torch's 30 minutes
+    distributed_c10d.default_pg_timeout = timeout
+    dist.init_process_group("gloo", timeout=timeout)
     rank = dist.get_rank()
     sys.path.insert(0, str(ROOT))
     for spec in specs:
         folder = root / folder_name(spec)
         folder.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
         with scenario_context(folder, rank):
             try:
                 load_scenario(spec)(folder)
             except BaseException:  # noqa: B036 - a scenario's SystemExit is its failure too
                 (folder / ERROR.format(rank=rank)).write_text(traceback.format_exc(), encoding="utf-8")
+        (folder / SECONDS.format(rank=rank)).write_text(f"{time.perf_counter() - start:.3f}")
         (folder / DONE.format(rank=rank)).touch()
         try:
             dist.barrier()
