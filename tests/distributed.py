@@ -13,28 +13,64 @@ Adding a scenario is one function and one test, in the test's own module:
 
     @pytest.mark.distributed(scenario=my_scenario)
     def test_my_feature(distributed_outcome):
-        outcome = distributed_outcome  # a ScenarioOutcome: .dir, .output(rank), .outputs()
+        outcome = distributed_outcome  # a ScenarioOutcome: .dir, .output(rank), .outputs(), .json()
         ...
 
+A scenario may take string arguments after its folder: ``@pytest.mark.distributed(
+scenario=f, args=("zero3",))`` runs ``f(out, "zero3")`` (spec ``path::f:zero3``, folder
+``module.f.zero3``); ``also=[(g, ("ddp",))]`` adds more scenarios to the launch for a test
+that compares with them (``distributed_launch.outcome(spec_of(g, ("ddp",)))``).
+
+**Sharded engines** (DeepSpeed ZeRO-1/2/3, FSDP2, FSDP1 with both state-dict types, DDP as the
+reference, through a stock ``transformers.Trainer``, ``TrainerPlus`` or trl's ``SFTTrainer``
+with LoRA): ``tests/sharded.py`` holds the parts, and ``engine_scenarios`` parametrizes a test
+over the engines (one scenario per engine in this same launch; engines outside the first tier
+are ``second_tier``). A scenario per engine costs about 1.5-3.5 s of the launch (two short
+trainings of the tiny Llama), the first DeepSpeed one about 3 s more (its import):
+
+    from tests.sharded import engine_scenarios, make_trainer, sharded_on_cpu, write_json
+
+    def my_scenario(out: Path, engine: str) -> None:
+        with sharded_on_cpu():
+            trainer = make_trainer(engine, out / "run", callbacks=[MyCallback()])
+            trainer.train()
+        write_json(out, {"history": trainer.state.log_history})
+
+    @pytest.mark.parametrize("engine", engine_scenarios(my_scenario, first_tier=("zero3", "fsdp2")))
+    def test_my_callback_under_each_engine(engine, distributed_outcome):
+        rank0, rank1 = distributed_outcome.json()
+
+``tests/test_sharded_engines.py`` is the ground truth: with a do-nothing callback the
+trainer's records and weights are bit-identical to a run without, and its ``LAYOUT`` and
+``WEIGHTS`` list each engine's checkpoint files.
+
 The ranks run every scenario in one process: a scenario that patches a module puts it back
-(``try``/``finally``) and leaves the process group up.
+(``try``/``finally``) and leaves the process group up (``sharded_on_cpu`` does so for the
+engines, and resets accelerate's process-wide state on the way in and out).
 
 What the runner does for each scenario, on every rank:
 
 * runs it with the working directory set to its folder and its stdout and stderr (file
   descriptors 1 and 2, so the C++ and logging output too) in ``output-rank<R>.txt``; the
-  environment (``os.environ``) is restored afterwards;
+  environment (``os.environ``) is restored afterwards; its wall time goes to
+  ``seconds-rank<R>.txt`` (``ScenarioOutcome.seconds()``);
 * an exception is written to ``error-rank<R>.txt`` (the test fails with it) and the next
   scenario still runs;
 * a barrier, then the next one: the ranks start each scenario together.
 
 The process group is created once, before the first scenario (gloo, with a timeout that makes
 a rank waiting for a failed peer fail instead of hanging), and ``TrainingArguments`` /
-accelerate reuse it; a scenario never destroys it. The pytest side (the session fixture in
-``tests/conftest.py``) launches only the scenarios of the selected tests.
+accelerate / DeepSpeed reuse it; a scenario never destroys it. Groups created later without a
+timeout (DeepSpeed's clone of the world group, in which ZeRO gathers its parameters) get the
+same timeout instead of torch's 30 minutes: a rank left alone in a ZeRO-3 gather fails after
+``GROUP_TIMEOUT_SECONDS`` (checked), and the whole launch is killed after
+``LAUNCH_TIMEOUT_SECONDS``. ``DS_ACCELERATOR=cpu`` is set for the launch (only DeepSpeed reads
+it). The pytest side (the session fixture in ``tests/conftest.py``) launches only the
+scenarios of the selected tests.
 
 Run by hand: ``torchrun --standalone --nproc_per_node 2 tests/distributed.py <out> \\
-tests/callbacks/test_early_stopping_distributed.py::every_rank_follows_rank0``.
+tests/callbacks/test_early_stopping_distributed.py::every_rank_follows_rank0 \\
+tests/test_sharded_engines.py::baseline:zero3``.
 """
 
 from __future__ import annotations
@@ -102,7 +138,8 @@ class ScenarioOutcome:
 
     def json(self, name: str = "outcome") -> list[Any]:
         """Both ranks' ``<name>-rank<R>.json`` (as written by ``tests.sharded.write_json``), rank 0 first."""
-        return [json.loads((self.dir / f"{name}-rank{rank}.json").read_text(encoding="utf-8")) for rank in (0, 1)]
+        return [json.loads((self.dir / f"{name}-rank{rank}.json").read_text(encoding="utf-8"))
+                for rank in (0, 1)]
 
     def seconds(self, rank: int = 0) -> float:
         """How long the scenario ran on rank ``rank`` (wall time, barrier excluded)."""
@@ -198,7 +235,6 @@ def run_scenarios(root: Path, specs: list[str]) -> None:
     from datetime import timedelta
 
     import torch.distributed as dist
-
     from torch.distributed import distributed_c10d
 
     timeout = timedelta(seconds=GROUP_TIMEOUT_SECONDS)
@@ -222,7 +258,8 @@ def run_scenarios(root: Path, specs: list[str]) -> None:
         try:
             dist.barrier()
         except RuntimeError as error:  # a peer failed inside a collective: the group may be broken
-            (folder / ERROR.format(rank=rank)).write_text(f"barrier after the scenario: {error}\n")
+            with open(folder / ERROR.format(rank=rank), "a", encoding="utf-8") as errors:  # after its own
+                errors.write(f"barrier after the scenario: {error}\n")
     dist.destroy_process_group()
 
 

@@ -99,7 +99,8 @@ def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def engine_args(engine: str, output_dir: str | Path, *, args_class: Any = None, **training_kwargs: Any) -> Any:
+def engine_args(engine: str, output_dir: str | Path, *, args_class: Any = None,
+                **training_kwargs: Any) -> Any:
     """``TrainingArguments`` (or ``args_class``) for ``engine`` on the 2 CPU ranks.
 
     Defaults: 4 steps of 4 rows per rank, logging every step, no saving, no evaluation, seed 0,
@@ -273,10 +274,14 @@ def prompts(n: int, words: int = 3) -> list[str]:
 N_TRAIN, N_EVAL = 32, 8
 
 
-def make_trainer(engine: str, output_dir: str | Path, *, trainer: str = "trainer", callbacks: Sequence[Any] = (),
-                 n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0, **training_kwargs: Any) -> Any:
+def make_trainer(engine: str, output_dir: str | Path, *, trainer: str = "trainer",
+                 callbacks: Sequence[Any] = (), n_train: int = N_TRAIN, n_eval: int = N_EVAL, seed: int = 0,
+                 **training_kwargs: Any) -> Any:
     """A trainer of kind ``trainer`` (one of ``TRAINERS``) under ``engine``, built inside
-    ``sharded_on_cpu()``. The eval set is used when ``training_kwargs`` ask for evaluation."""
+    ``sharded_on_cpu()``. The eval set is used when ``training_kwargs`` ask for evaluation.
+
+    Every kind trains in fp32 by default (``sft_lora`` too: ``bf16=False`` unless given, where
+    trl would default to bf16), so runs compare across kinds and engines."""
     if trainer not in TRAINERS:
         raise ValueError(f"trainer={trainer!r}: expected one of {TRAINERS}")
     if trainer == "sft_lora":
@@ -287,12 +292,15 @@ def make_trainer(engine: str, output_dir: str | Path, *, trainer: str = "trainer
         from tests.trl_peft import tiny_lm
 
         training_kwargs.setdefault("max_length", SEQUENCE_LENGTH)
+        # trl defaults to bf16, which DeepSpeed turns into bf16 weights: fp32 as the other trainers
+        training_kwargs.setdefault("bf16", False)
         args = engine_args(engine, output_dir, args_class=trl.SFTConfig, **training_kwargs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return trl.SFTTrainer(model=model(seed), args=args, train_dataset=tiny_lm.sft_dataset(0, n_train),
-                                  eval_dataset=tiny_lm.sft_dataset(1000, n_eval), processing_class=tokenizer(),
-                                  peft_config=tiny_lm.lora_config(), callbacks=list(callbacks))
+                                  eval_dataset=tiny_lm.sft_dataset(1000, n_eval),
+                                  processing_class=tokenizer(), peft_config=tiny_lm.lora_config(),
+                                  callbacks=list(callbacks))
     if trainer == "trainer_plus":
         from hf_callbacks_plus.integrations.transformers import TrainerPlus as trainer_class
     else:
@@ -328,10 +336,8 @@ def full_weights(trainer: Any) -> dict[str, Any]:
     and FSDP1 (``summon_full_params``): call it on both ranks. Names are ``trainer.model``'s own
     (``model.layers.0.self_attn.q_proj.weight``; peft's ``base_model.model.`` prefix kept).
     """
-    import torch
-
     model = trainer.model
-    if getattr(trainer, "is_deepspeed_enabled", False) and any(hasattr(p, "ds_numel") for p in model.parameters()):
+    if any(hasattr(p, "ds_numel") for p in model.parameters()):  # ZeRO-3 placeholders
         import deepspeed
 
         parameters = dict(model.named_parameters())
@@ -372,17 +378,18 @@ def sharding(trainer: Any) -> dict[str, Any]:
                                     "ds_tensor_numel": int(p.ds_tensor.numel())}
             elif isinstance(p, DTensor):
                 parameters[name] = {"kind": "dtensor", "local_shape": list(p.to_local().shape),
-                                    "global_shape": list(p.shape), "placements": [str(x) for x in p.placements]}
+                                    "global_shape": list(p.shape),
+                                    "placements": [str(x) for x in p.placements]}
             else:
                 parameters[name] = {"kind": "tensor", "local_shape": list(p.shape)}
     flat = []
     if isinstance(wrapped, FullyShardedDataParallel):
         for module in FullyShardedDataParallel.fsdp_modules(wrapped):
-            if module._flat_param is not None:  # noqa: SLF001 - FSDP1's own flat parameter
+            if module._flat_param is not None:  # FSDP1's own flat parameter
                 flat.append({"local_shape": list(module._flat_param.shape),
                              "full_numel": module._flat_param._unpadded_unsharded_size.numel()})
-    return {"wrapper": type(wrapped).__name__, "model": type(trainer.model).__name__, "parameters": parameters,
-            "flat_parameters": flat}
+    return {"wrapper": type(wrapped).__name__, "model": type(trainer.model).__name__,
+            "parameters": parameters, "flat_parameters": flat}
 
 
 def records(trainer: Any) -> list[dict[str, Any]]:
@@ -406,7 +413,8 @@ def write_json(out: Path, value: Any, name: str = "outcome") -> None:
 
 def read_json(folder: Path, name: str = "outcome") -> list[Any]:
     """Both ranks' ``write_json`` values, rank 0 first."""
-    return [json.loads((Path(folder) / f"{name}-rank{rank}.json").read_text(encoding="utf-8")) for rank in (0, 1)]
+    return [json.loads((Path(folder) / f"{name}-rank{rank}.json").read_text(encoding="utf-8"))
+            for rank in (0, 1)]
 
 
 # -- the pytest side --------------------------------------------------------------------------
@@ -451,11 +459,13 @@ def saved_weights(checkpoint: str | Path) -> dict[str, Any]:
     if (checkpoint / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
-        return {name: tensor.detach().float() for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+        state = load_file(checkpoint / "model.safetensors")
+        return {name: tensor.detach().float() for name, tensor in state.items()}
     if (checkpoint / "latest").is_file():
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return {name: tensor.detach().float() for name, tensor in get_fp32_state_dict_from_zero_checkpoint(checkpoint).items()}
+        state = get_fp32_state_dict_from_zero_checkpoint(checkpoint)
+        return {name: tensor.detach().float() for name, tensor in state.items()}
     sharded = checkpoint / "pytorch_model_fsdp_0"
     if sharded.is_dir():
         import tempfile

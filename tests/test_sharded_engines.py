@@ -36,8 +36,10 @@ STEPS, SAVE_STEPS = 4, 4
 #: writes them twice); the rest is what only a resume needs (optimizer, scheduler, RNG, engine
 #: state) or metadata.
 COMMON = {"trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"}
-METADATA = {"config.json", "generation_config.json", "training_args.bin", "tokenizer.json", "tokenizer_config.json"}
-ZERO = {"latest", "zero_to_fp32.py", "zero_to_torch.py", "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+METADATA = {"config.json", "generation_config.json", "training_args.bin", "tokenizer.json",
+            "tokenizer_config.json"}
+ZERO = {"latest", "zero_to_fp32.py", "zero_to_torch.py",
+        "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt",
         "global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
 DCP_SHARDED = {"pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp",
                "pytorch_model_fsdp_0/__1_0.distcp", "optimizer_0/.metadata", "optimizer_0/__0_0.distcp",
@@ -80,8 +82,7 @@ def baseline(out: Path, engine: str, trainer: str = "trainer") -> None:
     at the last step; write each run's records and weights, and the second run's sharding."""
     from transformers import TrainerCallback
 
-    from tests.sharded import checkpoint_files, full_weights, make_trainer, records, sharded_on_cpu, sharding, \
-        write_json
+    from tests import sharded
 
     class DoNothing(TrainerCallback):
         """Overrides every event and does nothing."""
@@ -90,21 +91,24 @@ def baseline(out: Path, engine: str, trainer: str = "trainer") -> None:
         setattr(DoNothing, event, lambda self, args, state, control, **kwargs: None)
 
     outcome = {}
-    with sharded_on_cpu():
+    with sharded.sharded_on_cpu():
         for name, callbacks in (("without", []), ("with", [DoNothing()])):
-            run = make_trainer(engine, out / name, trainer=trainer, callbacks=callbacks, max_steps=STEPS,
-                               eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=SAVE_STEPS)
+            run = sharded.make_trainer(engine, out / name, trainer=trainer, callbacks=callbacks,
+                                       max_steps=STEPS, eval_strategy="steps", eval_steps=2,
+                                       save_strategy="steps", save_steps=SAVE_STEPS)
             run.train()
-            weights = full_weights(run)
+            weights = sharded.full_weights(run)
             outcome[name] = {
-                "records": records(run),
-                "weights": {key: {"shape": list(value.shape), "digest": digest(value)} for key, value in weights.items()},
+                "records": sharded.records(run),
+                "weights": {key: {"shape": list(value.shape), "digest": digest(value)}
+                            for key, value in weights.items()},
                 "sums": {key: float(value.double().sum()) for key, value in weights.items()},
-                "checkpoint": checkpoint_files(out / name / f"checkpoint-{SAVE_STEPS}"),
+                "checkpoint": sharded.checkpoint_files(out / name / f"checkpoint-{SAVE_STEPS}"),
             }
-        outcome["sharding"] = sharding(run)
-    write_json(out, outcome)
-    print(f"{engine}/{trainer}: checkpoint-{SAVE_STEPS} holds", *outcome["with"]["checkpoint"].items(), sep="\n  ")
+        outcome["sharding"] = sharded.sharding(run)
+    sharded.write_json(out, outcome)
+    print(f"{engine}/{trainer}: checkpoint-{SAVE_STEPS} holds", *outcome["with"]["checkpoint"].items(),
+          sep="\n  ")
 
 
 def reference_shapes(trainer: str) -> dict[str, list[int]]:
@@ -146,7 +150,8 @@ def check_sharding(engine: str, trainer: str, facts: dict, rank: int, shapes: di
             rows = shapes[name][0]
             local_rows = min(-(-rows // 2), max(rows - rank * -(-rows // 2), 0))
             assert p["kind"] == "dtensor" and p["placements"] == ["S(0)"], name  # Shard(0)
-            assert p["global_shape"] == shapes[name] and p["local_shape"] == [local_rows, *shapes[name][1:]], name
+            assert p["global_shape"] == shapes[name], name
+            assert p["local_shape"] == [local_rows, *shapes[name][1:]], name
     if engine in FSDP_ENGINES and FSDP_ENGINES[engine][0] == 1:
         assert facts["wrapper"] == "FullyShardedDataParallel"
         assert set(parameters) == set(shapes)  # use_orig_params (transformers' default): 1-D views
@@ -195,14 +200,15 @@ def check_baseline(outcome, engine: str, trainer: str, reference=None) -> None:
         assert losses == pytest.approx([r["loss"] for r in expected["records"] if "loss" in r], rel=1e-4)
 
 
-FIRST_TIER = ("ddp", "zero3", "fsdp2", "fsdp1_sharded")
+FIRST_TIER = ("ddp", "zero3", "fsdp2", "fsdp1_full")  # each kind of shard, both state-dict types
 
 
 @pytest.mark.parametrize("engine", engine_scenarios(baseline, first_tier=FIRST_TIER, reference="ddp"))
 def test_sharding_is_real_and_a_callback_changes_no_record(engine, distributed_outcome, distributed_launch):
     from tests.distributed import spec_of
 
-    check_baseline(distributed_outcome, engine, "trainer", distributed_launch.outcome(spec_of(baseline, ("ddp",))))
+    reference = distributed_launch.outcome(spec_of(baseline, ("ddp",)))
+    check_baseline(distributed_outcome, engine, "trainer", reference)
 
 
 @pytest.mark.parametrize(("engine", "trainer"),
