@@ -4,18 +4,20 @@ A scenario (tests/distributed.py) trains under DeepSpeed ZeRO-1/2/3, FSDP2 or FS
 user would, with ``TrainingArguments(deepspeed=...)`` / ``fsdp=...``, on the 2 gloo ranks of the
 suite's one ``torchrun`` launch. Everything here is test-only: the package never patches an engine.
 
-    from tests.sharded import ENGINES, engine_scenarios, make_trainer, sharded_on_cpu
+    from tests import sharded
 
-    def my_scenario(out: Path, engine: str, trainer: str = "trainer") -> None:
-        with sharded_on_cpu():                      # every engine needs it (FSDP patch, resets)
-            run = make_trainer(engine, out / "run", trainer=trainer, callbacks=[MyCallback()],
-                               eval_strategy="steps", eval_steps=2)
-            run.train()
-            write_json(out, {"history": records(run), "weights": digest(full_weights(run))})
+    def my_scenario(out: Path, engine: str) -> None:
+        with sharded.sharded_on_cpu():  # every engine needs it; use the trainer only inside
+            trainer = sharded.make_trainer(engine, out / "run", callbacks=[MyCallback()],
+                                           eval_strategy="steps", eval_steps=2)
+            trainer.train()
+            weights = sharded.full_weights(trainer)  # a collective: both ranks call it
+            sharded.write_json(out, {"history": sharded.records(trainer),
+                                     "lm_head": weights["lm_head.weight"].sum().item()})
 
-    @pytest.mark.parametrize("engine", engine_scenarios(my_scenario, first_tier=("zero3", "fsdp2")))
+    @pytest.mark.parametrize("engine", sharded.engine_scenarios(my_scenario, first_tier=("zero3", "fsdp2")))
     def test_my_callback(engine, distributed_outcome):
-        ranks = distributed_outcome.json()        # what each rank wrote with write_json
+        rank0, rank1 = distributed_outcome.json()  # what each rank wrote with write_json
         ...
 
 The parts:
@@ -39,9 +41,13 @@ The parts:
   rows of the demo corpus (``lm_rows``), or the text rows for ``sft_lora``; ``tokenizer()``
   and ``prompts(n)`` for generation.
 * ``full_weights(trainer)``: every parameter gathered whole on every rank (a collective: call
-  it on both ranks), named as in ``trainer.model``; ``sharding(trainer)``: what each rank holds
-  locally; ``checkpoint_files(folder)``: the files of a checkpoint with their sizes;
-  ``records(trainer)``: ``log_history`` without timings.
+  it on both ranks), named as in ``trainer.model``; ``saved_weights(checkpoint)``: the weights a
+  ``checkpoint-N`` holds, read in one process from the engine's own files (consolidated,
+  ZeRO shards or FSDP's distributed checkpoint), named the same; ``sharding(trainer)``: what
+  each rank holds locally; ``engine_of(trainer)``: ``deepspeed``/``fsdp``/``ddp``;
+  ``checkpoint_files(folder)``: the files of a checkpoint with their sizes;
+  ``records(trainer)``: ``log_history`` without timings; ``write_json``/``read_json``: one
+  file per rank in the scenario's folder.
 * ``engine_scenarios(scenario, ...)``: ``pytest.param`` s that run ``scenario(out, engine[,
   trainer])`` in the launch, the engines outside ``first_tier`` marked ``second_tier``.
 """
