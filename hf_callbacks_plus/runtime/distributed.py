@@ -1,12 +1,13 @@
-"""The two collectives callbacks use (when ``torch.distributed`` is initialized): rank 0's
-decision on every rank, and a sum over ranks."""
+"""The collectives callbacks use (when ``torch.distributed`` is initialized): rank 0's decision
+on every rank, a sum over ranks, and every rank's small Python value on every rank."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Callable, TypeVar
 
-__all__ = ["broadcast_from_rank0", "distributed_world_size", "from_rank0", "sum_over_ranks"]
+__all__ = ["all_gather_objects", "broadcast_from_rank0", "distributed_rank", "distributed_world_size",
+           "from_rank0", "sum_over_ranks"]
 
 T = TypeVar("T")
 
@@ -25,6 +26,27 @@ def distributed_world_size() -> int:
     """The number of processes of the default group; 1 when not distributed."""
     dist = _dist()
     return dist.get_world_size() if dist is not None else 1
+
+
+def distributed_rank() -> int:
+    """This process's rank in the default group; 0 when not distributed."""
+    dist = _dist()
+    return dist.get_rank() if dist is not None else 0
+
+
+def all_gather_objects(value: T) -> list[T]:
+    """Every rank's ``value``, rank 0's first, on every rank (``[value]`` when not distributed).
+
+    A collective (every rank calls it at the same point); the values travel pickled
+    (``all_gather_object``, as accelerate's ``gather_object``): for small values such as a few
+    generated texts.
+    """
+    dist = _dist()
+    if dist is None or dist.get_world_size() <= 1:
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def _tensor(dist: Any, values: Sequence[float]) -> Any:

@@ -1,0 +1,166 @@
+"""The scenario that trains under each sharding engine with the callbacks that touch the parameters:
+``GenerationSamples`` and ``EarlyStopping(restore_best=True)`` (tests/sharded.py runs the engines).
+
+Under ``engine`` and a trainer kind, on the 2 ranks of the suite's launch, the tiny Llama trains
+``STEPS`` steps, evaluating and saving every ``EVERY`` steps, twice: without callbacks, and with
+
+* ``EarlyStopping("eval_loss", mode="max", restore_best=True)``: ``mode="max"`` makes an early
+  evaluation the best (the loss falls), so the restore changes the weights; patience never ends
+  the run;
+* ``GenerationSamples`` on ``PROMPTS`` (5 prompts of different lengths: uneven shares on 2 ranks,
+  left padding in batches of ``BATCH``);
+* test-side recorders, independent of the callbacks: ``WeightsAtEvaluation`` (every parameter
+  gathered whole at each evaluation, rank 0 saves them: the generation's ground truth) and
+  ``CopyCheckpoints`` (a copy of every checkpoint before rotation deletes it: the weights "as the
+  engine saved them" at the best step).
+
+``variant``: ``plain``; ``limit`` (``save_total_limit=1``: the best checkpoint is rotated away);
+``resume`` (the run is stopped after the checkpoint of ``STOP_AT``, after the best, and a new
+trainer resumes from it with ``save_total_limit=1``); ``bf16`` (mixed precision: bf16 weights and
+fp32 masters under DeepSpeed, bf16 compute over fp32 shards under FSDP); ``persistent`` (ZeRO-3 with
+its default-like persistence threshold: small parameters stay whole on every rank).
+
+Each rank writes ``outcome-rank<R>.json``: the trainer's records of both runs, the best step the
+callback chose, its copy's size on this rank, the generation files; rank 0 writes ``final.pt`` (the
+weights gathered after training) and ``weights-<step>.pt``; ``final_model/`` is what
+``trainer.save_model()`` wrote after training.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+STEPS, EVERY, STOP_AT = 6, 2, 4
+MAX_NEW_TOKENS, BATCH = 6, 2
+VARIANTS = ("plain", "limit", "resume", "bf16", "persistent")
+
+
+def prompts() -> list[str]:
+    """5 held-out prompts of 2 to 6 words."""
+    from tests.trl_peft import tiny_lm
+
+    return [" ".join(text.split()[:words]) for text, words in zip(tiny_lm.texts()[2000:2005], (2, 5, 3, 6, 4))]
+
+
+def rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+class WeightsAtEvaluation(TrainerCallback):
+    """Gathers every parameter whole at each evaluation (a collective); rank 0 saves them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.trainer = folder, None
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        import torch
+
+        from tests import sharded
+
+        weights = sharded.full_weights(self.trainer)
+        if rank() == 0:
+            torch.save(weights, self.folder / f"weights-{state.global_step}.pt")
+
+
+class CopyCheckpoints(TrainerCallback):
+    """After every save (and every rank's files), rank 0 copies the checkpoint aside."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def on_save(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        dist.barrier()
+        name = f"checkpoint-{state.global_step}"
+        if rank() == 0:
+            shutil.copytree(Path(args.output_dir) / name, self.folder / "copies" / name, dirs_exist_ok=True)
+        dist.barrier()
+
+
+class StopAt(TrainerCallback):
+    """Ends the run after the checkpoint of ``step`` (standing in for a crash)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def training_kwargs(engine: str, variant: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"max_steps": STEPS, "eval_strategy": "steps", "eval_steps": EVERY,
+                              "save_strategy": "steps", "save_steps": EVERY}
+    if variant in ("limit", "resume"):
+        kwargs["save_total_limit"] = 1
+    if variant == "bf16":
+        kwargs["bf16"] = True
+        if engine.startswith("zero"):
+            kwargs["deepspeed"] = {"bf16": {"enabled": "auto"}}
+    if variant == "persistent":  # ZeRO-3 keeps parameters below this size whole on every rank
+        kwargs["deepspeed"] = {"zero_optimization": {"stage3_param_persistence_threshold": 200}}
+    return kwargs
+
+
+def nbytes(tensors: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def callbacks_under_engine(out: Path, engine: str, trainer: str = "trainer", variant: str = "plain") -> None:
+    """See the module docstring."""
+    from hf_callbacks_plus import GenerationSamples
+    from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
+    from tests import sharded
+
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r}: expected one of {VARIANTS}")
+    kwargs = training_kwargs(engine, variant)
+    outcome: dict[str, Any] = {}
+    with sharded.sharded_on_cpu():
+        without = sharded.make_trainer(engine, out / "without", trainer=trainer, **kwargs)
+        without.train()
+        outcome["without"] = sharded.records(without)
+
+        def callbacks() -> list[Any]:
+            stopper = EarlyStopping("eval_loss", mode="max", patience=100, restore_best=True, report=False,
+                                    verbose=False)
+            samples = GenerationSamples(prompts(), max_new_tokens=MAX_NEW_TOKENS, batch_size=BATCH)
+            return [stopper, samples, WeightsAtEvaluation(out), CopyCheckpoints(out)]
+
+        run = out / "with"
+        first = callbacks()
+        if variant == "resume":
+            first.append(StopAt(STOP_AT))
+        with_callbacks = sharded.make_trainer(engine, run, trainer=trainer, callbacks=first, **kwargs)
+        first[2].trainer = with_callbacks
+        with_callbacks.train()
+        records = sharded.records(with_callbacks)
+        stopper, samples = first[0], first[1]
+        if variant == "resume":  # a new trainer (new callbacks) resumes after the best step
+            second = callbacks()
+            with_callbacks = sharded.make_trainer(engine, run, trainer=trainer, callbacks=second, **kwargs)
+            second[2].trainer = with_callbacks
+            with_callbacks.train(resume_from_checkpoint=str(run / f"checkpoint-{STOP_AT}"))
+            outcome["resumed_records"] = sharded.records(with_callbacks)
+            outcome["resumed_snapshot_step"] = second[0]._best_weights.snapshot_step
+            stopper, samples = second[0], second[1]
+        outcome["with"] = records
+        copy = stopper._best_weights.snapshot or {}
+        outcome.update(best_step=stopper.best_step, per_rank=stopper._best_weights.per_rank,
+                       snapshot_bytes=nbytes(copy), snapshot_keys=sorted(copy),
+                       files=[path.name for path in samples.files],
+                       rank_files=[str(path.relative_to(run)) for path in sorted(run.glob("checkpoint-*/best_weights-*"))])
+        final = sharded.full_weights(with_callbacks)
+        with_callbacks.save_model(str(out / "final_model"))
+        if rank() == 0:
+            import torch
+
+            torch.save(final, out / "final.pt")
+    sharded.write_json(out, outcome)
