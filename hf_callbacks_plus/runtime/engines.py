@@ -182,7 +182,7 @@ def _check_zero(zero: Any) -> None:
             "offload to 'cpu' or 'none', or use checkpoints (load_best_model_at_end=True)."
         )
     if hasattr(zero, _ZERO3_MASTERS):
-        needed = ("fp16_partitioned_groups_flat",)
+        needed = ("fp16_partitioned_groups_flat", "checkpoint_event_prologue", "checkpoint_event_epilogue")
     else:
         needed = ("update_lp_params",)
     missing = [name for name in needed if not hasattr(zero, name)]
@@ -286,8 +286,10 @@ def load_local(model: Any, optimizer: Any, copy: dict[str, Any]) -> None:
     """Put a `copy_local` copy back into this rank's tensors, then let the engine's parameters
     follow as its own optimizer step makes them follow:
 
-    * ZeRO-3: the masters are copied into the partitioned parameters (``ds_tensor``) and the
-      persistent (never partitioned) parameters are gathered again, as after each step;
+    * ZeRO-3: as DeepSpeed loads a checkpoint, every parameter is released (the persistent ones,
+      kept whole on every rank, too), the masters are copied into the partitions (``ds_tensor``),
+      and the persistent parameters are gathered again (``checkpoint_event_prologue`` /
+      ``_epilogue``);
     * ZeRO-1/2: the masters are copied into this rank's partition of the model's parameters and
       the partitions gathered (DeepSpeed's ``update_lp_params``, an all-gather like each step's);
     * FSDP1 / FSDP2: gathered parameters kept from the last forward are freed, so the next
@@ -306,20 +308,22 @@ def load_local(model: Any, optimizer: Any, copy: dict[str, Any]) -> None:
         differ = sorted(set(layout(tensors).items()) ^ set(layout(copy).items()))[:4]
         raise ValueError(f"the kept copy of the weights does not fit this model on this rank (first "
                          f"differences, key/(shape, dtype): {differ}).")
-    engine = sharding_engine(model)
+    engine, zero = sharding_engine(model), zero_optimizer(optimizer)
     if engine == "fsdp1":
         for handle in _fsdp1_handles(model):  # free what the last forward left gathered
             if handle.uses_sharded_strategy:
                 handle.reshard(True)
                 handle.post_reshard()
+    zero3 = zero is not None and hasattr(zero, _ZERO3_MASTERS)
+    if zero3:  # as ZeRO-3 loads a checkpoint: release every gathered parameter, persistent ones too
+        zero.checkpoint_event_prologue()
     with torch.no_grad():
         for name, tensor in tensors.items():
             tensor.copy_(copy[name])
-    zero = zero_optimizer(optimizer)
     if zero is None:
         return
-    if hasattr(zero, _ZERO3_MASTERS):
-        with torch.no_grad():
+    if zero3:
+        with torch.no_grad():  # the masters into the partitioned parameters, as after a step
             for index, master in enumerate(zero.fp32_partitioned_groups_flat):
                 partition = zero.fp16_partitioned_groups_flat[index]
                 if partition is not None and master.numel() > 0:
@@ -327,11 +331,6 @@ def load_local(model: Any, optimizer: Any, copy: dict[str, Any]) -> None:
                     unflatten = getattr(zero, "_unflatten_partitioned_parameters", None)
                     if callable(unflatten):
                         unflatten(index)
-        persistent = list(getattr(zero, "persistent_parameters", []) or [])
-        if persistent:
-            persistent[0].all_gather(persistent)
-        invalidate = getattr(zero, "invalidate_secondary_tensor", None)
-        if callable(invalidate):
-            invalidate()
+        zero.checkpoint_event_epilogue()  # gathers the persistent parameters again
     else:
         zero.update_lp_params()

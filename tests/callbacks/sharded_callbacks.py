@@ -109,6 +109,19 @@ def training_kwargs(engine: str, variant: str) -> dict[str, Any]:
     return kwargs
 
 
+def save_final_model(trainer: Any, folder: Path) -> None:
+    """What a user saves after training: ``trainer.save_model``; with FSDP's
+    ``SHARDED_STATE_DICT``, where ``save_model`` writes no weights (transformers 5.23), the engine's
+    own save of the checkpoints (accelerate's ``save_fsdp_model``: ``pytorch_model_fsdp_0/``)."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if trainer.is_fsdp_enabled and "SHARDED" in str(plugin.state_dict_type):
+        from accelerate.utils import save_fsdp_model
+
+        save_fsdp_model(plugin, trainer.accelerator, trainer.model, str(folder))
+    else:
+        trainer.save_model(str(folder))
+
+
 def nbytes(tensors: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -124,9 +137,15 @@ def callbacks_under_engine(out: Path, engine: str, trainer: str = "trainer", var
     kwargs = training_kwargs(engine, variant)
     outcome: dict[str, Any] = {}
     with sharded.sharded_on_cpu():
-        without = sharded.make_trainer(engine, out / "without", trainer=trainer, **kwargs)
+        # the same lifecycle without the package's callbacks: the trainer's records to match
+        without = sharded.make_trainer(engine, out / "without", trainer=trainer,
+                                       callbacks=[StopAt(STOP_AT)] if variant == "resume" else [], **kwargs)
         without.train()
         outcome["without"] = sharded.records(without)
+        if variant == "resume":
+            without = sharded.make_trainer(engine, out / "without", trainer=trainer, **kwargs)
+            without.train(resume_from_checkpoint=str(out / "without" / f"checkpoint-{STOP_AT}"))
+            outcome["without_resumed"] = sharded.records(without)
 
         def callbacks() -> list[Any]:
             stopper = EarlyStopping("eval_loss", mode="max", patience=100, restore_best=True, report=False,
@@ -158,7 +177,7 @@ def callbacks_under_engine(out: Path, engine: str, trainer: str = "trainer", var
                        files=[path.name for path in samples.files],
                        rank_files=[str(path.relative_to(run)) for path in sorted(run.glob("checkpoint-*/best_weights-*"))])
         final = sharded.full_weights(with_callbacks)
-        with_callbacks.save_model(str(out / "final_model"))
+        save_final_model(with_callbacks, out / "final_model")
         if rank() == 0:
             import torch
 
