@@ -428,15 +428,16 @@ def read_json(folder: Path, name: str = "outcome") -> list[Any]:
 
 def engine_scenarios(scenario: Callable[..., None], engines: Sequence[str] = ENGINES,
                      first_tier: Sequence[str] = ENGINES, trainers: Sequence[str] | None = None,
-                     reference: str | None = None) -> list[Any]:
+                     reference: str | None = None, args: Sequence[str] = ()) -> list[Any]:
     """``pytest.param`` s running ``scenario(out, engine)`` (or ``scenario(out, engine, trainer)``
-    for each of ``trainers``) in the launch; those whose engine is not in ``first_tier`` (and,
-    with ``trainers``, whose trainer is not the first) are ``second_tier``. With ``reference``
-    (an engine, typically ``"ddp"``), the launch also runs the scenario under that engine (same
-    trainer), which the test reads with ``distributed_launch.outcome(spec_of(scenario, args))``.
+    for each of ``trainers``; then ``args``, more string arguments) in the launch; those whose
+    engine is not in ``first_tier`` (and, with ``trainers``, whose trainer is not the first) are
+    ``second_tier``. With ``reference`` (an engine, typically ``"ddp"``), the launch also runs the
+    scenario under that engine (same trainer), which the test reads with
+    ``distributed_launch.outcome(spec_of(scenario, args))``.
 
-    Use with ``@pytest.mark.parametrize("engine", ...)`` (or ``("engine", "trainer")``) and take
-    ``distributed_outcome``.
+    Use with ``@pytest.mark.parametrize("engine", ...)`` (or ``("engine", "trainer")``, one more
+    name per item of ``args``) and take ``distributed_outcome``.
     """
     import pytest
 
@@ -445,12 +446,12 @@ def engine_scenarios(scenario: Callable[..., None], engines: Sequence[str] = ENG
     params = []
     for engine in engines:
         for trainer in (trainers or (None,)):
-            args = (engine,) if trainer is None else (engine, trainer)
-            also = [] if reference is None else [(scenario, (reference, *args[1:]))]
-            marks = [pytest.mark.distributed(scenario=scenario, args=args, also=also)]
+            values = ((engine,) if trainer is None else (engine, trainer)) + tuple(args)
+            also = [] if reference is None else [(scenario, (reference, *values[1:]))]
+            marks = [pytest.mark.distributed(scenario=scenario, args=values, also=also)]
             if engine not in first_tier or (trainer is not None and trainer != trainers[0]):
                 marks.append(pytest.mark.second_tier)
-            params.append(pytest.param(*args, marks=marks, id="-".join(args)))
+            params.append(pytest.param(*values, marks=marks, id="-".join(values)))
     return params
 
 

@@ -35,6 +35,7 @@ from typing import Any, Optional
 __all__ = [
     "copy_local",
     "generation_model",
+    "layout",
     "load_local",
     "local_tensors",
     "sharding_engine",
@@ -274,12 +275,14 @@ def local_tensors(model: Any, optimizer: Any = None) -> dict[str, Any]:
 
 def copy_local(model: Any, optimizer: Any = None) -> dict[str, Any]:
     """CPU copies of `local_tensors` (no collective: one shard of memory per rank)."""
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in local_tensors(model, optimizer).items()}
+    tensors = local_tensors(model, optimizer)
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in tensors.items()}
 
 
-def layout(tensors: dict[str, Any]) -> dict[str, tuple[list[int], str]]:
+def layout(tensors: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{key: (shape, dtype)}`` of `local_tensors` or a copy of them, to compare two."""
-    return {name: (list(tensor.shape), str(tensor.dtype).replace("torch.", "")) for name, tensor in tensors.items()}
+    return {name: (tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""))
+            for name, tensor in tensors.items()}
 
 
 def load_local(model: Any, optimizer: Any, copy: dict[str, Any]) -> None:

@@ -14,16 +14,16 @@ Under ``engine`` and a trainer kind, on the 2 ranks of the suite's launch, the t
   ``CopyCheckpoints`` (a copy of every checkpoint before rotation deletes it: the weights "as the
   engine saved them" at the best step).
 
-``variant``: ``plain``; ``limit`` (``save_total_limit=1``: the best checkpoint is rotated away);
-``resume`` (the run is stopped after the checkpoint of ``STOP_AT``, after the best, and a new
-trainer resumes from it with ``save_total_limit=1``); ``bf16`` (mixed precision: bf16 weights and
+``variant``: ``plain``; ``resume`` (``save_total_limit=1``, so the best checkpoint is rotated away;
+the run is stopped after the checkpoint of ``STOP_AT``, after the best, and a new trainer with new
+callbacks resumes from it); ``bf16`` (mixed precision: bf16 weights and
 fp32 masters under DeepSpeed, bf16 compute over fp32 shards under FSDP); ``persistent`` (ZeRO-3 with
 its default-like persistence threshold: small parameters stay whole on every rank).
 
 Each rank writes ``outcome-rank<R>.json``: the trainer's records of both runs, the best step the
 callback chose, its copy's size on this rank, the generation files; rank 0 writes ``final.pt`` (the
-weights gathered after training) and ``weights-<step>.pt``; ``final_model/`` is what
-``trainer.save_model()`` wrote after training.
+weights gathered after training) and ``weights-<step>.pt``; ``final_model/`` is what the user saves
+after training (`save_final_model`), ``final_engine/`` a DeepSpeed checkpoint of the engine then.
 """
 
 from __future__ import annotations
@@ -36,14 +36,15 @@ from transformers import TrainerCallback
 
 STEPS, EVERY, STOP_AT = 6, 2, 4
 MAX_NEW_TOKENS, BATCH = 6, 2
-VARIANTS = ("plain", "limit", "resume", "bf16", "persistent")
+VARIANTS = ("plain", "resume", "bf16", "persistent")
 
 
 def prompts() -> list[str]:
     """5 held-out prompts of 2 to 6 words."""
     from tests.trl_peft import tiny_lm
 
-    return [" ".join(text.split()[:words]) for text, words in zip(tiny_lm.texts()[2000:2005], (2, 5, 3, 6, 4))]
+    texts = tiny_lm.texts()[2000:2005]
+    return [" ".join(text.split()[:words]) for text, words in zip(texts, (2, 5, 3, 6, 4))]
 
 
 def rank() -> int:
@@ -98,7 +99,7 @@ class StopAt(TrainerCallback):
 def training_kwargs(engine: str, variant: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"max_steps": STEPS, "eval_strategy": "steps", "eval_steps": EVERY,
                               "save_strategy": "steps", "save_steps": EVERY}
-    if variant in ("limit", "resume"):
+    if variant == "resume":
         kwargs["save_total_limit"] = 1
     if variant == "bf16":
         kwargs["bf16"] = True
@@ -175,9 +176,12 @@ def callbacks_under_engine(out: Path, engine: str, trainer: str = "trainer", var
         outcome.update(best_step=stopper.best_step, per_rank=stopper._best_weights.per_rank,
                        snapshot_bytes=nbytes(copy), snapshot_keys=sorted(copy),
                        files=[path.name for path in samples.files],
-                       rank_files=[str(path.relative_to(run)) for path in sorted(run.glob("checkpoint-*/best_weights-*"))])
+                       rank_files=[str(path.relative_to(run))
+                                   for path in sorted(run.glob("checkpoint-*/best_weights-*"))])
         final = sharded.full_weights(with_callbacks)
         save_final_model(with_callbacks, out / "final_model")
+        if with_callbacks.is_deepspeed_enabled:  # ZeRO's own checkpoint: its fp32 master weights
+            with_callbacks.model_wrapped.save_checkpoint(str(out / "final_engine"))
         if rank() == 0:
             import torch
 

@@ -169,7 +169,9 @@ def keeps_shards(model: Any, optimizer: Any = None) -> bool:
     """Whether each rank keeps its own part of the weights (`copy_local`) rather than the whole
     trainable state: the model is sharded (ZeRO-3, FSDP1, FSDP2) or DeepSpeed ZeRO's optimizer
     holds the master weights (ZeRO-1/2 too)."""
-    return is_torch_module(model) and (sharding_engine(model) is not None or zero_optimizer(optimizer) is not None)
+    if not is_torch_module(model):
+        return False
+    return sharding_engine(model) is not None or zero_optimizer(optimizer) is not None
 
 
 def trainable_state(model: Any) -> dict[str, Any]:
@@ -233,7 +235,8 @@ class BestWeights:
         return f"best_weights-{self._safe_key}.safetensors"
 
     def rank_file_name(self, rank: int) -> str:
-        """Name of rank ``rank``'s part under a sharding engine (``best_weights-<key>-rank<R>.safetensors``)."""
+        """Name of rank ``rank``'s part under a sharding engine
+        (``best_weights-<key>-rank<R>.safetensors``)."""
         return f"best_weights-{self._safe_key}-rank{rank}.safetensors"
 
     @property
