@@ -85,6 +85,17 @@ class CopyCheckpoints(TrainerCallback):
         dist.barrier()
 
 
+class CopyAtTrainBegin(TrainerCallback):
+    """Notes the step of the copy ``stopper`` holds right after its train begin (after a resume:
+    the copy read back from the checkpoint)."""
+
+    def __init__(self, stopper: Any, outcome: dict[str, Any]) -> None:
+        self.stopper, self.outcome = stopper, outcome
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.outcome["resumed_copy_step"] = self.stopper._best_weights.snapshot_step
+
+
 class StopAt(TrainerCallback):
     """Ends the run after the checkpoint of ``step`` (standing in for a crash)."""
 
@@ -165,11 +176,11 @@ def callbacks_under_engine(out: Path, engine: str, trainer: str = "trainer", var
         stopper, samples = first[0], first[1]
         if variant == "resume":  # a new trainer (new callbacks) resumes after the best step
             second = callbacks()
+            second.append(CopyAtTrainBegin(second[0], outcome))
             with_callbacks = sharded.make_trainer(engine, run, trainer=trainer, callbacks=second, **kwargs)
             second[2].trainer = with_callbacks
             with_callbacks.train(resume_from_checkpoint=str(run / f"checkpoint-{STOP_AT}"))
             outcome["resumed_records"] = sharded.records(with_callbacks)
-            outcome["resumed_snapshot_step"] = second[0]._best_weights.snapshot_step
             stopper, samples = second[0], second[1]
         outcome["with"] = records
         copy = stopper._best_weights.snapshot or {}
