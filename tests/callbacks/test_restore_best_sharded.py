@@ -68,7 +68,8 @@ def check_restored(folder: Path, engine: str, trainer: str, ranks: list[dict], r
     import torch
 
     best = expected_best_step(records)
-    assert best < STEPS  # the restore has something to do
+    # the restore has something to do (except after a resume that restarted from the first weights)
+    assert best < STEPS or (engine, trainer) in EMPTY_CHECKPOINTS
     assert [got["best_step"] for got in ranks] == [best, best]
     final = torch.load(folder / "final.pt", weights_only=True)
     at_best = torch.load(folder / f"weights-{best}.pt", weights_only=True)
@@ -76,7 +77,8 @@ def check_restored(folder: Path, engine: str, trainer: str, ranks: list[dict], r
     assert set(final) == set(at_best)
     for name, tensor in final.items():
         assert torch.equal(tensor, at_best[name]), name
-    assert any(not torch.equal(final[name], last[name]) for name in final)  # training had moved on
+    if best < STEPS:
+        assert any(not torch.equal(final[name], last[name]) for name in final)  # training had moved on
     saved = saved_weights(folder / "copies" / f"checkpoint-{best}")  # as the engine saved it
     assert saved or (engine, trainer) in EMPTY_CHECKPOINTS
     for name, tensor in saved.items():
@@ -118,16 +120,15 @@ def test_restores_the_best_step_as_the_engine_saved_it(engine, trainer, distribu
     check_copies(distributed_outcome.dir, engine, trainer, ranks)
 
 
-RESUME_FIRST_TIER = ("zero3",)
-
-
 @pytest.mark.parametrize(("engine", "trainer", "variant"), engine_scenarios(
-    callbacks_under_engine, trainers=TRAINERS, first_tier=RESUME_FIRST_TIER, args=("resume",)))
+    callbacks_under_engine, trainers=TRAINERS, first_tier=(), args=("resume",)))
 def test_the_best_survives_a_resume_after_its_checkpoint_was_rotated(engine, trainer, variant,
                                                                       distributed_outcome):
     """``save_total_limit=1``: checkpoint-2 (the best) is gone when the run stops after checkpoint-4;
     a new trainer resumes from checkpoint-4, and each rank reads back its part of the best step
-    from its file there (``best_weights-<key>-rank<R>.safetensors``)."""
+    from its file there (``best_weights-<key>-rank<R>.safetensors``). Second tier (about 10 s a
+    scenario); the first tier reads such a file back in one process
+    (``tests/runtime/test_engines.py``)."""
     folder = distributed_outcome.dir
     ranks = distributed_outcome.json()
     for got in ranks:
