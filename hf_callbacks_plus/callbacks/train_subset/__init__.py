@@ -32,6 +32,7 @@ from ...runtime.isolated_evaluation import (
     accumulators_set_aside,
     evaluation_arguments,
     isolated_evaluate,
+    record_evaluate_calls,
     relabel_metrics,
 )
 from .sampling import take_subset
@@ -163,6 +164,8 @@ class TrainSubsetEvaluation(TrainerCallback):
             self._subset = None
             self.indices = None
         self.trainer = trainer
+        if callable(getattr(trainer, "get_eval_dataloader", None)):  # a transformers.Trainer
+            record_evaluate_calls(trainer)  # the subset evaluates with the arguments of evaluate()
         return self
 
     def _require_trainer(self) -> Any:
