@@ -432,8 +432,9 @@ def test_gap_metrics_true_reports_only_gaps_that_mean_something(tmp_path):
     """``gap_metrics=True`` beside the streaming metrics: a gap for every score (loss, accuracy,
     precision, recall, F1), none for the confusion counts (``gap_confusion_0_1`` meant nothing)."""
     subset = TrainSubsetEvaluation(size=11, seed=3, gap_metrics=True)
-    trainer = build("classification", tmp_path, callbacks=[streaming("classification", train_metrics=None), subset],
-                    eval_strategy="steps", eval_steps=2, max_steps=2)
+    callbacks = [streaming("classification", train_metrics=None), subset]
+    trainer = build("classification", tmp_path, callbacks=callbacks, eval_strategy="steps", eval_steps=2,
+                    max_steps=2)
     trainer.train()
     record = next(r for r in trainer.state.log_history if "eval_loss" in r)
     gaps = {key for key in record if key.startswith("gap_")}

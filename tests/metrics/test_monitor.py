@@ -246,8 +246,9 @@ def test_every_metric_trl_logs_has_a_direction_or_is_a_known_diagnostic():
 
 @pytest.mark.parametrize(("name", "meaningful"), [
     ("loss", True), ("accuracy", True), ("f1_macro", True), ("precision_micro", True), ("perplexity", True),
-    ("token_accuracy", True), ("mean_token_accuracy", True), ("eval_squad_f1", True), ("rewards/accuracies", True),
-    ("confusion_0_1", False), ("confusion_12_3", False), ("num_tokens", False), ("num_input_tokens_seen", False),
+    ("token_accuracy", True), ("mean_token_accuracy", True), ("eval_squad_f1", True),
+    ("rewards/accuracies", True), ("confusion_0_1", False), ("confusion_12_3", False), ("num_tokens", False),
+    ("num_input_tokens_seen", False),
     ("entropy", False), ("completions/mean_length", False), ("runtime", False), ("samples_per_second", False),
     ("eval_steps_per_second", False), ("score", False), ("gap_loss", False),
 ])
