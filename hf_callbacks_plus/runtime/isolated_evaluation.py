@@ -45,7 +45,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
-from ..metrics.keys import TIMING_NAMES
+from ..metrics.keys import RUN_COUNTERS, TIMING_NAMES
 from .random_state import random_state_kept
 
 __all__ = [
@@ -94,9 +94,6 @@ TRAINER_SWITCHES: dict[str, Any] = {
 #: The split name under which an isolated evaluation hands its own dataloader to ``evaluate``.
 ISOLATED_SPLIT = "hf_callbacks_plus_isolated"
 
-#: Counters of training progress a trainer's ``log`` attaches to every record (trl's
-#: ``num_tokens``: tokens trained on so far): not measurements of the evaluated data.
-RUN_COUNTERS = ("num_tokens", "num_input_tokens_seen")
 
 
 def register_trainer_accumulator(attribute: str, policy: str = "fresh") -> None:
