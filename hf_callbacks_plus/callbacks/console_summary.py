@@ -193,8 +193,17 @@ class ConsoleSummary(TrainerCallback):
 
     # -- events ----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Forget the bests of a previous ``train()``; quiet a printer added since ``bind``."""
-        self._best, self._throughput = {}, {}
+        """Start the bests from the run's history (empty for a fresh ``train()``, the records up to
+        the checkpoint for a resumed one); quiet a printer added since ``bind``."""
+        self._best, self._throughput, self._last = {}, {}, None
+        for record in getattr(state, "log_history", None) or ():
+            if not isinstance(record, Mapping):
+                continue
+            if _is_training_record(record):
+                self._throughput = _throughput(record) or self._throughput
+            elif _evaluation_prefix(record) is not None:
+                self.evaluation_line(record, None, args, remember=True)
+        self._last = None
         self._quiet_printers()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:

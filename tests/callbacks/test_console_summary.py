@@ -217,3 +217,25 @@ def test_arguments_are_checked():
         ConsoleSummary(metrics="accuracy")
     with pytest.raises(TypeError, match="quiet_printer must be True or False"):
         ConsoleSummary(quiet_printer="yes")
+
+
+def test_a_resumed_run_starts_from_the_best_of_its_history(tmp_path, capsys):
+    """Without an EarlyStopping to ask, the best so far of a resumed run is rebuilt from the
+    checkpoint's ``log_history``: the lines after the resume equal those of the run that was
+    never interrupted."""
+    pytest.importorskip("transformers")
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
+    from tests.tiny_models import make_trainer
+
+    def lines(trainer, **train):
+        capsys.readouterr()
+        trainer.train(**train)
+        return [line for line in capsys.readouterr().out.splitlines() if "| eval_loss" in line]
+
+    common = dict(trainer_class=TrainerPlus, max_steps=12, eval_strategy="steps", eval_steps=2,
+                  logging_steps=2, save_strategy="steps", save_steps=2, learning_rate=1.0)
+    whole = lines(make_trainer(tmp_path / "whole", callbacks=[ConsoleSummary()], **common))
+    resumed = lines(make_trainer(tmp_path / "whole", callbacks=[ConsoleSummary()], **common),
+                    resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-6"))
+    assert len(whole) == 6 and resumed == whole[3:]
+    assert resumed[0].endswith("@ 4")  # the best is step 4's, before the checkpoint: from the history
