@@ -5,7 +5,8 @@ The default figure answers "is it over-fitting, and where did it stop": the loss
 monitored metric(s) (what `EarlyStopping` and `KeepBestCheckpoints` watched, read from the
 checkpoint's state or the ranking's keys), each with its train-subset and eval curves
 (`TrainSubsetEvaluation`), the generalization gap (the logged ``gap_<metric>`` on a right-hand
-axis, else the shaded area between the train-subset and eval curves), vertical markers at the
+axis, else the shaded area between the train-subset and eval curves where a gap means something:
+``metrics.monitor.gap_is_meaningful``), vertical markers at the
 best step and at the early-stopping point (``early_stopping/best_step``,
 ``early_stopping/stopped_step``, else the trainer state's ``best_global_step``/
 ``best_model_checkpoint``) and triangles on the step axis at the checkpoints `KeepBestCheckpoints`
@@ -41,6 +42,7 @@ from .metrics.keys import (
     KeyGrammar,
     did_you_mean,
 )
+from .metrics.monitor import gap_is_meaningful
 from .metrics.numbers import to_float
 
 __all__ = ["ALL", "LearningCurves", "collect_curves", "default_panels", "load_log_history",
@@ -560,7 +562,7 @@ def _draw_panel(axis: Any, name: str, curves: LearningCurves, colors: Mapping[st
         twin.set_ylabel("gap = train subset - eval", color=colors["gap"][0])
         twin.tick_params(axis="y", colors=colors["gap"][0])
         handles, labels = twin.get_legend_handles_labels()
-    else:
+    elif gap_is_meaningful(name):  # a loss, an accuracy...: not a diagnostic such as trl's entropy
         _shade_gap(axis, series, colors["gap"][0])
     if curves.best_step is not None:
         axis.axvline(curves.best_step, color=_BEST_COLOR, linestyle="--", linewidth=1,

@@ -414,3 +414,17 @@ def test_cli_all_and_the_default(story_run, tmp_path, capsys):
     assert (tmp_path / "a.png").read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(SystemExit):
         main(["plot", str(output), "--all", "-m", "mse"])  # one or the other
+
+
+def test_the_gap_is_shaded_only_where_it_means_something(tmp_path):
+    """The one rule (gap_is_meaningful): a shaded gap on the loss and an accuracy, none on trl's
+    entropy (a diagnostic with no better direction)."""
+    history = [{"loss": 1.0, "step": 1}]
+    for step in (2, 4):
+        history.append({"eval_loss": 0.9, "eval_mean_token_accuracy": 0.3, "eval_entropy": 2.0,
+                        "eval_runtime": 0.1, "train_subset_loss": 0.7,
+                        "train_subset_mean_token_accuracy": 0.4, "train_subset_entropy": 1.5, "step": step})
+    figure = plot_learning_curves(history, metrics=["loss", "mean_token_accuracy", "entropy"])
+    shaded = {title: any(collection.get_label() == "gap (shaded)" for collection in axis.collections)
+              for title, axis in panels(figure).items()}
+    assert shaded == {"loss": True, "mean_token_accuracy": True, "entropy": False}
