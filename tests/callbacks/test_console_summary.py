@@ -239,3 +239,41 @@ def test_a_resumed_run_starts_from_the_best_of_its_history(tmp_path, capsys):
                     resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-6"))
     assert len(whole) == 6 and resumed == whole[3:]
     assert resumed[0].endswith("@ 4")  # the best is step 4's, before the checkpoint: from the history
+
+
+def test_the_lines_shown_in_the_docs_are_what_the_callback_prints():
+    """docs/console.md shows a real run's lines: each is rebuilt from its numbers by the
+    formatting code, so a change of format fails here until the page shows the new one."""
+    from pathlib import Path
+
+    from hf_callbacks_plus.callbacks.console_summary import EvaluationLine, Shown
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "console.md").read_text(encoding="utf-8")
+    lines = [line for line in page.splitlines() if line.startswith("step ")]
+    assert len(lines) >= 5
+    head = re.compile(r"^step (\d+)/(\d+) \(epoch ([\d.]+)\) \| ")
+    shown = re.compile(r"(\w+) (\S+) \(subset (\S+), gap (\S+)\)")
+    summary = ConsoleSummary(metrics=["accuracy"])
+    for text in lines:
+        step, total, epoch = head.match(text).groups()
+        fields = {"global_step": int(step), "max_steps": int(total), "epoch": float(epoch)}
+        state = type("State", (), fields)()
+        parts = text.split(" | ")[1:]
+        rates = dict(reversed(item.split(" ", 1)) for item in parts[-1].split(", "))
+        throughput = {label: float(value[:-1]) * 1000 if value.endswith("k") else float(value)
+                      for label, value in rates.items()}
+        if "| eval_loss" in text:
+            metrics = [Shown(m[0], m[0][5:], float(m[1]), float(m[2]), float(m[3]))
+                       for m in (shown.match(part).groups() for part in parts[:-1])]
+            best = re.search(r"best (\S+) @ (\d+)( new| wait (\d+)/(\d+))", parts[0]).groups()
+            line = EvaluationLine(int(step), metrics, (float(best[0]), int(best[1])), best[2] == " new",
+                                  None if best[2] == " new" else (int(best[3]), int(best[4])), throughput)
+            rebuilt = summary.format_evaluation(line, state)
+        else:
+            values = dict(part.split(" ") for part in parts[:-1])
+            logs = {"loss": float(values["loss"]), "learning_rate": float(values["lr"]),
+                    "grad_norm": float(values["grad_norm"]),
+                    **{f"throughput/{key}": throughput[label] for key, label in
+                       (("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"))}}
+            rebuilt = summary.format_training(logs, state)
+        assert rebuilt == text
