@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.transformers
+# one kernel run for the module: both tests on one pytest-xdist worker (--dist loadgroup)
+pytestmark = [pytest.mark.transformers, pytest.mark.xdist_group("notebook")]
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
