@@ -91,6 +91,8 @@ def sharding_engine(model: Any) -> Optional[str]:
             return "zero3"
         if _is_dtensor(parameter):
             return "fsdp2"
+        if type(parameter).__name__ == "FlatParameter":  # FSDP1's, registered without its wrapper
+            return "fsdp1"
     return None
 
 
