@@ -68,7 +68,11 @@ def _fsdp2_module_class() -> Any:
 
 
 def _is_dtensor(tensor: Any) -> bool:
-    return type(tensor).__name__ == "DTensor" or hasattr(tensor, "_local_tensor")
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(tensor, DTensor)
 
 
 def sharding_engine(model: Any) -> Optional[str]:
@@ -201,8 +205,8 @@ def _persistent_buffers(model: Any) -> Iterator[tuple[str, Any]]:
     seen: set[int] = set()
     for prefix, module in model.named_modules():
         skip = getattr(module, "_non_persistent_buffers_set", set())
-        for name, buffer in getattr(module, "_buffers", {}).items():
-            if buffer is None or name in skip or id(buffer) in seen:
+        for name, buffer in module.named_buffers(recurse=False):
+            if name in skip or id(buffer) in seen:
                 continue
             seen.add(id(buffer))
             yield (f"{prefix}.{name}" if prefix else name), buffer
