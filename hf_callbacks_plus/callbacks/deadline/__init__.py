@@ -403,12 +403,18 @@ class Deadline(SelfRestoringState):
         self._mark = now
         step = int(state.global_step)
         self._saved_step = step
+        self._checkpoint_complete(step, checkpoint_folder(args.output_dir, step), now)
+
+    def _checkpoint_complete(self, step: int, folder: str, now: Optional[float] = None) -> None:
+        """The stop's checkpoint is complete: note where, and how long it took."""
         stop = self._stop
-        if stop is not None and stop["step"] == step:
-            self.decision_to_checkpoint = now - stop["decided"]
-            if stop["received"] is not None:
-                self.signal_to_checkpoint = now - stop["received"]
-            stop["checkpoint"] = checkpoint_folder(args.output_dir, step)
+        if stop is None or stop["step"] != step:
+            return
+        now = self._clock() if now is None else now
+        self.decision_to_checkpoint = now - stop["decided"]
+        if stop["received"] is not None:
+            self.signal_to_checkpoint = now - stop["received"]
+        stop["checkpoint"] = folder
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Add ``deadline/reason`` to the end-of-training record."""
@@ -510,8 +516,10 @@ class Deadline(SelfRestoringState):
                    evaluate: bool, plan: Plan, received: Optional[float], now: float) -> None:
         step = int(state.global_step)
         skipped = bool(control.should_evaluate) and not evaluate
+        evaluate = evaluate and self._evaluated_step != step
+        saved = self._saved_step == step and not evaluate  # an epoch's end just after this step's save
         control.should_training_stop = True
-        control.should_save = True
+        control.should_save = not saved
         control.should_evaluate = evaluate
         trainer = self.trainer
         logs_now = bool(control.should_log) and trainer is not None \
@@ -520,6 +528,11 @@ class Deadline(SelfRestoringState):
         self.stopped_step, self.reason, self.stopped_signal = step, reason, name
         self._stop = {"step": step, "reason": reason, "evaluate": evaluate, "decided": now, "received": received,
                       "checkpoint": None}
+        if saved:  # no second save: this stop's state goes into the checkpoint just written
+            folder = checkpoint_folder(args.output_dir, step)
+            if getattr(state, "is_world_process_zero", True):
+                self.write_state_into_checkpoint(folder)
+            self._checkpoint_complete(step, folder)
         durations = self.measurements.estimate()
         if reason is EndReason.SIGNAL:
             why = (f"{name} received {show_seconds(now - received)} ago" if received is not None
