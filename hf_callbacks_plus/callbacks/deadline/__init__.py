@@ -226,9 +226,10 @@ class Deadline(SelfRestoringState):
                 "report": self.report, "verbose": self.verbose}
 
     def state_attributes(self) -> dict[str, Any]:
+        spent = self.budget if self.reason is EndReason.BUDGET else None
         return {"elapsed": self.elapsed_now(), "durations": self.measurements.to_dict(), "window": self.window,
                 "stopped_step": self.stopped_step, "reason": self.reason.value,
-                "stopped_signal": self.stopped_signal}
+                "stopped_signal": self.stopped_signal, "spent_budget": spent}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         elapsed = attributes.get("elapsed")
@@ -238,6 +239,16 @@ class Deadline(SelfRestoringState):
         self.window = window if isinstance(window, dict) else None
         self._resumed_from = (attributes.get("reason"), attributes.get("stopped_signal"),
                               attributes.get("stopped_step"))
+
+    def _spent_in(self, attributes: Optional[dict[str, Any]]) -> bool:
+        """Whether ``attributes`` (a checkpoint's) leave no budget: the run stopped on this budget (or
+        a larger one), or its training time reaches the budget less the margin."""
+        if self.budget is None or not attributes:
+            return False
+        spent, elapsed = attributes.get("spent_budget"), attributes.get("elapsed")
+        if isinstance(spent, (int, float)) and self.budget <= spent:
+            return True
+        return isinstance(elapsed, (int, float)) and elapsed >= self.budget - self.margin
 
     def elapsed_now(self) -> float:
         """Training time spent: the sessions before this one, plus this one so far."""
@@ -287,17 +298,16 @@ class Deadline(SelfRestoringState):
     def on_resume_check(self, args: Any, state: Any, control: Any, reasons: Any = None, **kwargs: Any) -> None:
         """(TrainerPlus / LightweightTrainer) veto a resumed run whose budget is spent: no step runs."""
         saved = self.find_saved_state(state)
-        if self.budget is None or not saved:
-            return
-        elapsed = saved.get("elapsed")
-        if isinstance(elapsed, (int, float)) and elapsed >= self.budget - self.margin:
+        if self._spent_in(saved):
             control.should_training_stop = True
-            self.elapsed = float(elapsed)
+            elapsed = saved.get("elapsed") if saved else None
+            self.elapsed = float(elapsed) if isinstance(elapsed, (int, float)) else 0.0
             self._end(state, EndReason.BUDGET, int(getattr(state, "global_step", 0)))
             self._write_status(state)
             if isinstance(reasons, list):
                 reasons.append(f"Deadline: the training budget of {show_seconds(self.budget)} is spent "
-                               f"({show_seconds(elapsed)} used, margin {show_seconds(self.margin)}).")
+                               f"({show_seconds(self.elapsed)} used, margin {show_seconds(self.margin)}); "
+                               "raise Deadline(budget=...) to train on.")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the settings, restore the state (elapsed time, durations, logging window), set the
@@ -310,6 +320,7 @@ class Deadline(SelfRestoringState):
         self._reset_session()
         self.ending = Ending(step=int(getattr(state, "global_step", 0)), max_steps=int(state.max_steps or 0))
         super().on_train_begin(args, state, control, **kwargs)  # restores the saved attributes
+        self._spent = step_spent = self._spent_in(self.find_saved_state(state)) if state.global_step else False
         step = int(getattr(state, "global_step", 0))
         if self.window is not None:
             if logging_window.restore(self.trainer, self.window, step):
@@ -330,11 +341,10 @@ class Deadline(SelfRestoringState):
         if stopped is not None and reason in (EndReason.DEADLINE.value, EndReason.SIGNAL.value):
             logger.info("Deadline: resuming at step %s after a stop on %s.", step,
                         name if reason == EndReason.SIGNAL.value else reason)
-        if self.budget is not None and self.elapsed >= self.budget - self.margin:
-            self._spent = True
+        if step_spent:
             tell(f"Deadline: the training budget of {show_seconds(self.budget)} is spent "
-                 f"({show_seconds(self.elapsed)} used); stopping after the first step (a stock Trainer "
-                 "checks only then; TrainerPlus and LightweightTrainer run none).", state,
+                 f"({show_seconds(self.elapsed)} used); a stock Trainer stops after one step (TrainerPlus and "
+                 "LightweightTrainer veto such a resume before any step). Raise the budget to train on.", state,
                  verbose=self.verbose, level=logging.WARNING)
 
     def _not_training(self, frame: Any) -> bool:
