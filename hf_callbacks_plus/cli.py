@@ -35,10 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "stop-status",
         help="print how a training with Deadline(status_file=...) ended and exit with its code",
-        description="Exit with the code Deadline recorded: 0 (completed, or stopped for good), 75 (stopped on "
-        "a deadline or a signal with a complete checkpoint: resume it; Deadline's requeue_exit_code), 1 (no end "
-        "recorded: it crashed or was killed). For job scripts behind torchrun or accelerate launch, which "
-        "do not pass their workers' exit codes on.",
+        description="Exit with the code Deadline recorded: 0 (completed, or stopped for good), 75 (stopped "
+        "on a deadline or a signal with a complete checkpoint: resume it; Deadline's requeue_exit_code), 1 "
+        "(no end recorded: it crashed or was killed). For job scripts behind torchrun or accelerate launch, "
+        "which do not pass their workers' exit codes on.",
     )
     status.add_argument("file", help="the status_file given to Deadline")
     return parser

@@ -43,10 +43,10 @@ def cpu_group() -> Any:
     """A group of every rank whose collectives run on CPU tensors (gloo): the default group when
     its backend is gloo, else a gloo group made once per default group.
 
-    A collective on a CPU tensor never waits for the work queued on an accelerator (an NCCL collective on a
-    CUDA tensor read back with ``.item()`` would wait for the whole step). Making the group is a
-    collective itself the first time: every rank calls this at the same point. None when not
-    distributed.
+    A collective on a CPU tensor never waits for the work queued on an accelerator (an NCCL
+    collective on a CUDA tensor read back with ``.item()`` would wait for the whole step). Making
+    the group is a collective itself the first time: every rank calls this at the same point. None
+    when not distributed.
     """
     dist = _dist()
     if dist is None:

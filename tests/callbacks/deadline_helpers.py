@@ -35,8 +35,9 @@ class SignalAt(TrainerCallback):
     ``"save"``: inside the save of ``checkpoint-<step>``, its model and optimizer written, before its
     ``trainer_state.json`` (``TrainerState.save_to_json`` is wrapped while training)."""
 
-    def __init__(self, step: int, moment: str = "step", sig: int = signal.SIGUSR1,
-                 pid: Optional[int] = None) -> None:
+    def __init__(
+        self, step: int, moment: str = "step", sig: int = signal.SIGUSR1, pid: Optional[int] = None
+    ) -> None:
         if moment not in MOMENTS:
             raise ValueError(f"moment must be one of {MOMENTS}, got {moment!r}")
         self.step, self.moment, self.sig, self.pid = step, moment, sig, pid
@@ -159,8 +160,11 @@ def unpatch(patched: list[tuple[Any, Any]]) -> None:
 
 def comparable(log_history: list[dict]) -> list[dict]:
     """``log_history`` without the end-of-training record and the timing values."""
-    return [{key: value for key, value in record.items() if not any(part in key for part in TIMING)}
-            for record in log_history if "train_runtime" not in record]
+    return [
+        {key: value for key, value in record.items() if not any(part in key for part in TIMING)}
+        for record in log_history
+        if "train_runtime" not in record
+    ]
 
 
 def jsonl_points(path: Path) -> dict[tuple[str, int], float]:

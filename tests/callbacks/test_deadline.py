@@ -44,8 +44,14 @@ from tests.tiny_models import make_trainer  # noqa: E402
 
 pytestmark = [pytest.mark.transformers]
 
-ARGS = {"max_steps": 16, "logging_steps": 3, "eval_strategy": "steps", "eval_steps": 4,
-        "save_strategy": "steps", "save_steps": 8}
+ARGS = {
+    "max_steps": 16,
+    "logging_steps": 3,
+    "eval_strategy": "steps",
+    "eval_steps": 4,
+    "save_strategy": "steps",
+    "save_steps": 8,
+}
 WIRINGS = ("stock", "run_before_integrations", "TrainerPlus")
 
 
@@ -75,6 +81,7 @@ _REFERENCES: dict[str, object] = {}
 @pytest.fixture
 def reference(tmp_path_factory):
     """The uninterrupted run of a wiring (with Deadline and a JSONL logger), trained once per module."""
+
     def get(wiring: str):
         if wiring not in _REFERENCES:
             out = tmp_path_factory.mktemp(f"reference-{wiring}")
@@ -82,6 +89,7 @@ def reference(tmp_path_factory):
             trainer.train()
             _REFERENCES[wiring] = trainer
         return _REFERENCES[wiring]
+
     return get
 
 
@@ -92,15 +100,17 @@ def stop_then_resume(wiring: str, out: Path, gate: SignalAt, **deadline_args):
     stopped = build(wiring, out, [deadline, gate, saves, JsonlLogger()])
     stopped.train()
     assert read_status(out / "status.json")[0] == deadline.exit_code
-    resumed = build(wiring, out, [Deadline(margin=0, status_file=out / "status.json", **deadline_args),
-                                  JsonlLogger()])
+    resumed = build(
+        wiring, out, [Deadline(margin=0, status_file=out / "status.json", **deadline_args), JsonlLogger()]
+    )
     resumed.train(resume_from_checkpoint=True)
     return stopped, deadline, saves, resumed
 
 
 @pytest.mark.parametrize("wiring", WIRINGS)
 def test_a_signal_inside_a_step_stops_there_and_the_resume_ends_like_an_uninterrupted_run(
-        wiring, tmp_path, reference, capsys):
+    wiring, tmp_path, reference, capsys
+):
     out = tmp_path / "run"
     previous = signal.getsignal(signal.SIGUSR1)
     stopped, deadline, saves, resumed = stop_then_resume(wiring, out, SignalAt(7, "step"))
@@ -111,9 +121,15 @@ def test_a_signal_inside_a_step_stops_there_and_the_resume_ends_like_an_uninterr
     assert deadline.exit_code == 75 and deadline.ending.label == "SIGUSR1"
     assert read_status(out / "status.json")[0] == 0  # the resumed run ended complete (same file)
     err = capsys.readouterr().err
-    assert err.count("Deadline: SIGUSR1 received") == 1 and "stopping after step 7: saving checkpoint-7" in err
+    assert (
+        err.count("Deadline: SIGUSR1 received") == 1 and "stopping after step 7: saving checkpoint-7" in err
+    )
     assert "Deadline summary: stopped at step 7 of 16 on SIGUSR1; checkpoint-7 complete" in err
-    ends = [json_line for json_line in (out / "metrics.jsonl").read_text().splitlines() if "deadline/reason" in json_line]
+    ends = [
+        json_line
+        for json_line in (out / "metrics.jsonl").read_text().splitlines()
+        if "deadline/reason" in json_line
+    ]
     assert len(ends) == 2 and '"SIGUSR1"' in ends[0] and '"completed"' in ends[1]
     assert signal.getsignal(signal.SIGUSR1) is previous  # put back at train end
 
@@ -121,22 +137,33 @@ def test_a_signal_inside_a_step_stops_there_and_the_resume_ends_like_an_uninterr
     ref = reference(wiring)
     assert same_weights(resumed.model, ref.model)
     ours, theirs = comparable(resumed.state.log_history), comparable(ref.state.log_history)
-    points, ref_points = jsonl_points(out / "metrics.jsonl"), jsonl_points(Path(ref.args.output_dir) / "metrics.jsonl")
-    if wiring == "stock":  # no trainer bound: the loss at step 9 averages steps 8-9 only (transformers' resume)
+    points, ref_points = (
+        jsonl_points(out / "metrics.jsonl"),
+        jsonl_points(Path(ref.args.output_dir) / "metrics.jsonl"),
+    )
+    if (
+        wiring == "stock"
+    ):  # no trainer bound: the loss at step 9 averages steps 8-9 only (transformers' resume)
         differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
-        assert [ours[i]["step"] for i in differ] == [9] and ours[differ[0]]["loss"] != theirs[differ[0]]["loss"]
+        assert [ours[i]["step"] for i in differ] == [9] and ours[differ[0]]["loss"] != theirs[differ[0]][
+            "loss"
+        ]
         assert {k for k in points if points[k] != ref_points.get(k)} == {("train/loss", 9)}
     else:  # the logging window of steps 7-8 travelled in checkpoint-7
         assert ours == theirs
         assert points == ref_points
 
 
-@pytest.mark.parametrize(("moment", "step", "stops", "saved"), [
-    ("evaluation", 4, 5, [5]),  # during the evaluation after step 4: the next step's end
-    ("save", 8, 8, [8]),        # during the save of step 8, which ends the epoch: the epoch's end, no 2nd save
-])
-def test_a_signal_during_an_evaluation_or_a_save_stops_at_the_next_boundary(moment, step, stops, saved, tmp_path,
-                                                                            reference):
+@pytest.mark.parametrize(
+    ("moment", "step", "stops", "saved"),
+    [
+        ("evaluation", 4, 5, [5]),  # during the evaluation after step 4: the next step's end
+        ("save", 8, 8, [8]),  # during the save of step 8, which ends the epoch: the epoch's end, no 2nd save
+    ],
+)
+def test_a_signal_during_an_evaluation_or_a_save_stops_at_the_next_boundary(
+    moment, step, stops, saved, tmp_path, reference
+):
     out = tmp_path / "run"
     stopped, deadline, saves, resumed = stop_then_resume("TrainerPlus", out, SignalAt(step, moment))
     assert stopped.state.global_step == stops == stop_step(step, moment, steps_per_epoch=8)
@@ -156,7 +183,7 @@ def lightweight(out: Path, callbacks: list):
     model = TinyRegressionModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = RegressionDataset(48, seed=1)
-    batches = [(data.x[i:i + 8], data.y[i:i + 8]) for i in range(0, 48, 8)]
+    batches = [(data.x[i : i + 8], data.y[i : i + 8]) for i in range(0, 48, 8)]
 
     def train_step(batch):
         loss = model(batch[0], batch[1])["loss"]
@@ -167,10 +194,26 @@ def lightweight(out: Path, callbacks: list):
         with torch.no_grad():
             return model(batch[0], batch[1])["loss"].item()
 
-    args = LoopArguments(output_dir=str(out), max_steps=14, logging_steps=4, eval_strategy="steps", eval_steps=5,
-                         save_strategy="steps", save_steps=100, disable_tqdm=True)
-    return LightweightTrainer(args, train_step=train_step, train_data=batches, eval_data=batches[:2],
-                              eval_step=eval_step, callbacks=callbacks, model=model, optimizer=optimizer)
+    args = LoopArguments(
+        output_dir=str(out),
+        max_steps=14,
+        logging_steps=4,
+        eval_strategy="steps",
+        eval_steps=5,
+        save_strategy="steps",
+        save_steps=100,
+        disable_tqdm=True,
+    )
+    return LightweightTrainer(
+        args,
+        train_step=train_step,
+        train_data=batches,
+        eval_data=batches[:2],
+        eval_step=eval_step,
+        callbacks=callbacks,
+        model=model,
+        optimizer=optimizer,
+    )
 
 
 def test_lightweight_trainer_same_semantics(tmp_path):
@@ -201,7 +244,9 @@ def test_a_deadline_with_a_slow_save_ends_with_a_complete_checkpoint_before_it(t
     start = clock.now
     trainer.train()
     step, end = costs.saves[-1]
-    assert trainer.state.global_step == step == deadline.stopped_step == 12 and deadline.ending.label == "budget"
+    assert (
+        trainer.state.global_step == step == deadline.stopped_step == 12 and deadline.ending.label == "budget"
+    )
     assert complete(tmp_path / f"checkpoint-{step}")
     assert end - start <= 60 - 5  # the stop's evaluation and save ended before the deadline, margin kept
     # the last such boundary: the evaluation and save scheduled there, one more step and a save would not fit
@@ -212,8 +257,9 @@ def test_a_deadline_with_a_slow_save_ends_with_a_complete_checkpoint_before_it(t
 
 def test_the_budget_counts_on_across_resumes(tmp_path):
     clock = SimulatedClock()
-    first, deadline, _ = slow_save_run(tmp_path, clock, [SignalAt(6, "step")], budget=60, margin=5,
-                                       signals=("SIGUSR1",))
+    first, deadline, _ = slow_save_run(
+        tmp_path, clock, [SignalAt(6, "step")], budget=60, margin=5, signals=("SIGUSR1",)
+    )
     first.train()
     assert (first.state.global_step, deadline.exit_code) == (6, 75)
     # checkpoint-6 counts the training up to its state, written inside its save: 6 steps, an evaluation
@@ -242,7 +288,10 @@ def test_evaluate_before_a_signal_stop_lets_early_stopping_and_the_kept_checkpoi
     assert evaluated == [4, 7] and stopper.best_step == 7
     kept = out / "best_checkpoints"
     assert sorted(p.name for p in kept.glob("checkpoint-*")) == ["checkpoint-7"]  # saved steps only: 7
-    resumed_stopper, resumed_keeper = EarlyStopping("eval_loss", patience=5), KeepBestCheckpoints("eval_loss", k=2)
+    resumed_stopper, resumed_keeper = (
+        EarlyStopping("eval_loss", patience=5),
+        KeepBestCheckpoints("eval_loss", k=2),
+    )
     resumed = build("TrainerPlus", out, [Deadline(margin=0), resumed_stopper, resumed_keeper])
     resumed.train(resume_from_checkpoint=True)
     # both went on from their checkpoint-7 state: the loss keeps falling, step 7 drops out of the two best
@@ -273,8 +322,12 @@ def test_final_evaluation_when_another_callback_stops_between_evaluations(final,
 def test_jit_checkpoint_on_sigterm_is_refused_and_usr1_only_coexists(tmp_path):
     with pytest.raises(ValueError, match="enable_jit_checkpoint=True.*signals=\\['SIGUSR1'\\]"):
         build("stock", tmp_path, [Deadline()], enable_jit_checkpoint=True)
-    trainer = build("stock", tmp_path, [Deadline(signals=["SIGUSR1"], margin=0), SignalAt(3, "step")],
-                    enable_jit_checkpoint=True)
+    trainer = build(
+        "stock",
+        tmp_path,
+        [Deadline(signals=["SIGUSR1"], margin=0), SignalAt(3, "step")],
+        enable_jit_checkpoint=True,
+    )
     trainer.train()
     assert trainer.state.global_step == 3
 
@@ -295,7 +348,9 @@ def test_misuse_is_refused_early(tmp_path):
     trainer.add_callback(Deadline())
     with pytest.raises(ValueError, match="2 instances share state_key='Deadline'"):
         trainer.train()
-    bare = make_trainer(tmp_path, callbacks=[Deadline(final_evaluation=True)], trainer_class=TrainerPlus, **ARGS)
+    bare = make_trainer(
+        tmp_path, callbacks=[Deadline(final_evaluation=True)], trainer_class=TrainerPlus, **ARGS
+    )
     bare.eval_dataset = None
     with pytest.raises(ValueError, match="final_evaluation=True but the trainer has nothing to evaluate"):
         bare.train()

@@ -28,8 +28,15 @@ seconds = st.floats(min_value=0.0, max_value=50.0, allow_nan=False)
 positive = st.floats(min_value=0.01, max_value=50.0, allow_nan=False)
 
 
-def simulate(true: Durations, estimate: Durations, schedule: Schedule, deadline: float, margin: float,
-             check_every: int, evaluate_before_stop: bool):
+def simulate(
+    true: Durations,
+    estimate: Durations,
+    schedule: Schedule,
+    deadline: float,
+    margin: float,
+    check_every: int,
+    evaluate_before_stop: bool,
+):
     """Train on a simulated clock with the rule deciding at every check; return what happened:
     ``(kind, step, end_time, plan, trace)`` with ``kind`` "stop" or "end" (the last step), ``trace``
     the time at each boundary before its tail."""
@@ -40,9 +47,16 @@ def simulate(true: Durations, estimate: Durations, schedule: Schedule, deadline:
         evaluates, saves = schedule.evaluates(step), schedule.saves(step)
         check = step % check_every == 0 or step == schedule.max_steps
         if check:
-            plan = plan_boundary(deadline - t - margin, step, estimate, schedule, check_every=check_every,
-                                 evaluates_now=evaluates, saves_now=saves,
-                                 evaluate_before_stop=evaluate_before_stop)
+            plan = plan_boundary(
+                deadline - t - margin,
+                step,
+                estimate,
+                schedule,
+                check_every=check_every,
+                evaluates_now=evaluates,
+                saves_now=saves,
+                evaluate_before_stop=evaluate_before_stop,
+            )
             if plan.stop:
                 t += (true.evaluate if plan.evaluate else 0.0) + true.save
                 return ("end" if step == schedule.max_steps else "stop"), step, t, plan, trace
@@ -50,20 +64,30 @@ def simulate(true: Durations, estimate: Durations, schedule: Schedule, deadline:
     raise AssertionError("the last step always ends the simulation")
 
 
-schedules = st.builds(Schedule, eval_every=st.integers(0, 7), save_every=st.integers(0, 7),
-                      max_steps=st.integers(1, 60))
+schedules = st.builds(
+    Schedule, eval_every=st.integers(0, 7), save_every=st.integers(0, 7), max_steps=st.integers(1, 60)
+)
 
 
-@given(true=st.builds(Durations, step=positive, evaluate=seconds, save=seconds), schedule=schedules,
-       deadline=st.floats(min_value=0.0, max_value=3000.0), margin=st.floats(min_value=0.0, max_value=30.0),
-       check_every=st.integers(1, 6), evaluate_before_stop=st.booleans(),
-       shrink=st.floats(min_value=0.0, max_value=1.0))
+@given(
+    true=st.builds(Durations, step=positive, evaluate=seconds, save=seconds),
+    schedule=schedules,
+    deadline=st.floats(min_value=0.0, max_value=3000.0),
+    margin=st.floats(min_value=0.0, max_value=30.0),
+    check_every=st.integers(1, 6),
+    evaluate_before_stop=st.booleans(),
+    shrink=st.floats(min_value=0.0, max_value=1.0),
+)
 def test_a_stop_saves_before_the_deadline_at_the_last_boundary_where_a_save_fits(
-        true, schedule, deadline, margin, check_every, evaluate_before_stop, shrink):
+    true, schedule, deadline, margin, check_every, evaluate_before_stop, shrink
+):
     # the estimates are the longest durations seen, so the true ones are at most as long
-    actual = Durations(true.step * (1 - shrink / 2), true.evaluate * (1 - shrink / 3), true.save * (1 - shrink))
-    kind, step, end, plan, trace = simulate(actual, true, schedule, deadline, margin, check_every,
-                                            evaluate_before_stop)
+    actual = Durations(
+        true.step * (1 - shrink / 2), true.evaluate * (1 - shrink / 3), true.save * (1 - shrink)
+    )
+    kind, step, end, plan, trace = simulate(
+        actual, true, schedule, deadline, margin, check_every, evaluate_before_stop
+    )
     limit = deadline - margin
     first_check = min(check_every, schedule.max_steps)
     if kind == "stop":
@@ -75,24 +99,36 @@ def test_a_stop_saves_before_the_deadline_at_the_last_boundary_where_a_save_fits
             assert true.evaluate + true.save <= limit - trace[step - 1] + 1e-9
         # the last boundary: going on to the next check and saving there would not have fit
         following = schedule.next_check(step, check_every)
-        cost = ((true.evaluate if schedule.evaluates(step) else 0) + (true.save if schedule.saves(step) else 0)
-                + (following - step) * true.step + true.save
-                + sum((true.evaluate if schedule.evaluates(s) else 0) + (true.save if schedule.saves(s) else 0)
-                      for s in range(step + 1, following)))
+        cost = (
+            (true.evaluate if schedule.evaluates(step) else 0)
+            + (true.save if schedule.saves(step) else 0)
+            + (following - step) * true.step
+            + true.save
+            + sum(
+                (true.evaluate if schedule.evaluates(s) else 0) + (true.save if schedule.saves(s) else 0)
+                for s in range(step + 1, following)
+            )
+        )
         assert trace[step - 1] + cost > limit - 1e-9
     elif step > first_check:  # the run reached its last step, and the check before kept room for its save
         assert plan.fits and end <= limit + 1e-9
 
 
-@given(durations=st.builds(Durations, step=positive, evaluate=seconds, save=seconds), schedule=schedules,
-       check_every=st.integers(1, 6))
+@given(
+    durations=st.builds(Durations, step=positive, evaluate=seconds, save=seconds),
+    schedule=schedules,
+    check_every=st.integers(1, 6),
+)
 def test_without_a_deadline_training_goes_on_to_its_last_step(durations, schedule, check_every):
     kind, step, _, plan, _ = simulate(durations, durations, schedule, math.inf, 0.0, check_every, False)
     assert (kind, step) == ("end", schedule.max_steps) and plan.fits
 
 
-@given(left=st.floats(min_value=-10, max_value=100), durations=st.builds(Durations, step=seconds,
-       evaluate=seconds, save=seconds), evaluate=st.booleans())
+@given(
+    left=st.floats(min_value=-10, max_value=100),
+    durations=st.builds(Durations, step=seconds, evaluate=seconds, save=seconds),
+    evaluate=st.booleans(),
+)
 def test_a_stop_evaluates_only_when_asked_and_both_fit(left, durations, evaluate):
     plan = plan_stop(left, durations, evaluate=evaluate)
     assert plan.stop
@@ -100,22 +136,28 @@ def test_a_stop_evaluates_only_when_asked_and_both_fit(left, durations, evaluate
     assert plan.fits == (plan.needed <= left)
 
 
-SLOW_EVALUATION, SLOW_STEP = Durations(step=1.0, evaluate=5.0, save=2.0), Durations(step=4.0, evaluate=1.0, save=2.0)
+SLOW_EVALUATION, SLOW_STEP = (
+    Durations(step=1.0, evaluate=5.0, save=2.0),
+    Durations(step=4.0, evaluate=1.0, save=2.0),
+)
 
 
-@pytest.mark.parametrize(("left", "durations", "kwargs", "stop", "evaluate"), [
-    (100.0, SLOW_EVALUATION, {}, False, False),                         # room for many steps
-    (2.9, SLOW_EVALUATION, {}, True, False),                            # a step (1) + a save (2) > 2.9
-    (3.0, SLOW_EVALUATION, {}, False, False),                           # exactly: go on
-    (4.9, SLOW_EVALUATION, {"saves_now": True}, True, False),           # this save + a step + a save = 5
-    (7.5, SLOW_EVALUATION, {"evaluates_now": True}, True, True),        # 5 + 1 + 2 > 7.5: stop; 5 + 2 fits
-    (6.9, SLOW_EVALUATION, {"evaluates_now": True}, True, False),       # the evaluation would not fit: skipped
-    (5.9, SLOW_STEP, {"evaluate_before_stop": True}, True, True),       # asked for before a stop, and it fits
-    (5.9, SLOW_STEP, {}, True, False),                                  # not asked for
-    (2.9, SLOW_STEP, {"evaluate_before_stop": True}, True, False),      # asked for, does not fit
-    (2.0, SLOW_EVALUATION, {"epoch_ends_here": True}, False, False),    # the next check is the epoch's end
-    (2.9, SLOW_EVALUATION, {"check_every": 2}, True, False),            # two steps and a save > 2.9
-])
+@pytest.mark.parametrize(
+    ("left", "durations", "kwargs", "stop", "evaluate"),
+    [
+        (100.0, SLOW_EVALUATION, {}, False, False),  # room for many steps
+        (2.9, SLOW_EVALUATION, {}, True, False),  # a step (1) + a save (2) > 2.9
+        (3.0, SLOW_EVALUATION, {}, False, False),  # exactly: go on
+        (4.9, SLOW_EVALUATION, {"saves_now": True}, True, False),  # this save + a step + a save = 5
+        (7.5, SLOW_EVALUATION, {"evaluates_now": True}, True, True),  # 5 + 1 + 2 > 7.5: stop; 5 + 2 fits
+        (6.9, SLOW_EVALUATION, {"evaluates_now": True}, True, False),  # the evaluation would not fit: skipped
+        (5.9, SLOW_STEP, {"evaluate_before_stop": True}, True, True),  # asked for before a stop, and it fits
+        (5.9, SLOW_STEP, {}, True, False),  # not asked for
+        (2.9, SLOW_STEP, {"evaluate_before_stop": True}, True, False),  # asked for, does not fit
+        (2.0, SLOW_EVALUATION, {"epoch_ends_here": True}, False, False),  # the next check is the epoch's end
+        (2.9, SLOW_EVALUATION, {"check_every": 2}, True, False),  # two steps and a save > 2.9
+    ],
+)
 def test_the_rule_at_one_boundary(left, durations, kwargs, stop, evaluate):
     plan = plan_boundary(left, 4, durations, Schedule(max_steps=100), **kwargs)
     assert (plan.stop, plan.evaluate) == (stop, evaluate)
@@ -145,20 +187,37 @@ def test_measurements_keep_the_longest_of_the_last_ones_and_travel_through_a_che
     assert again.estimate() == Durations(step=3.0, evaluate=0.0, save=4.0)
 
 
-@pytest.mark.parametrize(("value", "seconds"), [
-    (90, 90.0), (1.5, 1.5), ("1:00:00", 3600.0), ("3:50:00", 13800.0), ("2-04:00:00", 187200.0),
-    ("00:12:00:00", 43200.0), (dt.timedelta(minutes=5), 300.0), ({"hours": 1, "minutes": 1}, 3660.0),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (90, 90.0),
+        (1.5, 1.5),
+        ("1:00:00", 3600.0),
+        ("3:50:00", 13800.0),
+        ("2-04:00:00", 187200.0),
+        ("00:12:00:00", 43200.0),
+        (dt.timedelta(minutes=5), 300.0),
+        ({"hours": 1, "minutes": 1}, 3660.0),
+        (None, None),
+    ],
+)
 def test_durations_are_read_in_every_documented_form(value, seconds):
     assert parse_duration(value, "duration") == seconds
 
 
-@pytest.mark.parametrize(("value", "error", "words"), [
-    ("4h", ValueError, "'H:MM:SS'"), ("10:00", ValueError, "SLURM's --time"), (0, ValueError, "positive"),
-    (-5, ValueError, "positive"), (math.inf, ValueError, "finite"), (True, TypeError, "seconds as a number"),
-    ([1], TypeError, "got [1]"), ({"hour": 1}, TypeError, "hour"),
-])
+@pytest.mark.parametrize(
+    ("value", "error", "words"),
+    [
+        ("4h", ValueError, "'H:MM:SS'"),
+        ("10:00", ValueError, "SLURM's --time"),
+        (0, ValueError, "positive"),
+        (-5, ValueError, "positive"),
+        (math.inf, ValueError, "finite"),
+        (True, TypeError, "seconds as a number"),
+        ([1], TypeError, "got [1]"),
+        ({"hour": 1}, TypeError, "hour"),
+    ],
+)
 def test_bad_durations_name_the_argument_and_the_forms(value, error, words):
     with pytest.raises(error, match="budget") as raised:
         parse_duration(value, "budget")
@@ -175,18 +234,31 @@ def test_absolute_times_and_the_process_age():
     assert (show_seconds(12.34), show_seconds(3725), show_seconds(math.inf)) == ("12.3 s", "1:02:05", "inf")
 
 
-@pytest.mark.parametrize(("given", "names"), [
-    (("SIGTERM", "SIGUSR1"), ("SIGTERM", "SIGUSR1")), (["term", "usr2", "SIGTERM"], ("SIGTERM", "SIGUSR2")),
-    ([int(signal.SIGUSR1)], ("SIGUSR1",)), ("SIGUSR1", ("SIGUSR1",)), ((), ()), (None, ()),
-])
+@pytest.mark.parametrize(
+    ("given", "names"),
+    [
+        (("SIGTERM", "SIGUSR1"), ("SIGTERM", "SIGUSR1")),
+        (["term", "usr2", "SIGTERM"], ("SIGTERM", "SIGUSR2")),
+        ([int(signal.SIGUSR1)], ("SIGUSR1",)),
+        ("SIGUSR1", ("SIGUSR1",)),
+        ((), ()),
+        (None, ()),
+    ],
+)
 def test_signal_names(given, names):
     assert signal_names(given) == names
 
 
-@pytest.mark.parametrize(("given", "error", "words"), [
-    (["SIGINT"], ValueError, "KeyboardInterrupt"), (["SIGKILL"], ValueError, "cannot be caught"),
-    (["SIGNOPE"], ValueError, "valid names"), ([1.5], TypeError, "1.5"), (5.0, TypeError, "signal names"),
-])
+@pytest.mark.parametrize(
+    ("given", "error", "words"),
+    [
+        (["SIGINT"], ValueError, "KeyboardInterrupt"),
+        (["SIGKILL"], ValueError, "cannot be caught"),
+        (["SIGNOPE"], ValueError, "valid names"),
+        ([1.5], TypeError, "1.5"),
+        (5.0, TypeError, "signal names"),
+    ],
+)
 def test_bad_signals_are_refused_with_the_choices(given, error, words):
     with pytest.raises(error, match="Deadline: signals") as raised:
         signal_names(given)

@@ -142,8 +142,9 @@ class Deadline(SelfRestoringState):
                     or value < 0:
                 raise ValueError(f"Deadline: {name} must be a number of seconds >= 0, got {value!r}.")
         self.margin, self.grace = float(margin), float(grace)
-        for name, value in (("final_evaluation", final_evaluation), ("evaluate_before_stop", evaluate_before_stop),
-                            ("report", report), ("verbose", verbose)):
+        flags = {"final_evaluation": final_evaluation, "evaluate_before_stop": evaluate_before_stop,
+                 "report": report, "verbose": verbose}
+        for name, value in flags.items():
             if not isinstance(value, bool):
                 raise TypeError(f"Deadline: {name} must be True or False, got {value!r}.")
         self.final_evaluation, self.evaluate_before_stop = final_evaluation, evaluate_before_stop
@@ -191,18 +192,21 @@ class Deadline(SelfRestoringState):
         """Refuse what cannot work with these ``TrainingArguments``/``LoopArguments``."""
         if getattr(args, "enable_jit_checkpoint", False) and "SIGTERM" in self.signals:
             raise ValueError(
-                "Deadline: TrainingArguments(enable_jit_checkpoint=True) saves on SIGTERM too, on the rank that "
-                "got it and without the other ranks (transformers' trainer_jit_checkpoint.py); both would answer "
-                "one signal. Keep one: enable_jit_checkpoint=False (Deadline then saves on SIGTERM, every rank "
-                "together), or Deadline(signals=['SIGUSR1']) to leave SIGTERM to the JIT checkpoint.")
+                "Deadline: TrainingArguments(enable_jit_checkpoint=True) saves on SIGTERM too, on the rank "
+                "that got it and without the other ranks (transformers' trainer_jit_checkpoint.py); both "
+                "would answer one signal. Keep one: enable_jit_checkpoint=False (Deadline then saves on "
+                "SIGTERM, every rank together), or Deadline(signals=['SIGUSR1']) to leave SIGTERM to the JIT "
+                "checkpoint.")
         if not (self.final_evaluation or self.evaluate_before_stop) or trainer is None:
             return
-        nothing = (getattr(trainer, "eval_dataset", True) is None if hasattr(trainer, "eval_dataset")
-                   else getattr(trainer, "eval_data", True) is None and getattr(trainer, "eval_fn", True) is None)
+        if hasattr(trainer, "eval_dataset"):  # transformers
+            nothing = trainer.eval_dataset is None
+        else:  # LightweightTrainer
+            nothing = getattr(trainer, "eval_data", 1) is None and getattr(trainer, "eval_fn", 1) is None
         if nothing:
             name = "final_evaluation" if self.final_evaluation else "evaluate_before_stop"
-            raise ValueError(f"Deadline: {name}=True but the trainer has nothing to evaluate (no eval dataset); "
-                             f"pass one to the trainer, or {name}=False.")
+            raise ValueError(f"Deadline: {name}=True but the trainer has nothing to evaluate (no eval "
+                             f"dataset); pass one to the trainer, or {name}=False.")
 
     def bind(self, trainer: Any) -> Deadline:
         """Keep the trainer (weakly): its logging window travels through a stop's checkpoint."""
@@ -219,16 +223,17 @@ class Deadline(SelfRestoringState):
 
     # -- state ------------------------------------------------------------------------------
     def state_args(self) -> dict[str, Any]:
-        return {"duration": self.duration, "budget": self.budget, "at": self.at, "signals": list(self.signals),
-                "margin": self.margin, "grace": self.grace, "final_evaluation": self.final_evaluation,
+        return {"duration": self.duration, "budget": self.budget, "at": self.at,
+                "signals": list(self.signals), "margin": self.margin, "grace": self.grace,
+                "final_evaluation": self.final_evaluation,
                 "evaluate_before_stop": self.evaluate_before_stop, "check_every": self.check_every,
                 "requeue_exit_code": self.requeue_exit_code, "status_file": self.status_file,
                 "report": self.report, "verbose": self.verbose}
 
     def state_attributes(self) -> dict[str, Any]:
         spent = self.budget if self.reason is EndReason.BUDGET else None
-        return {"elapsed": self.elapsed_now(), "durations": self.measurements.to_dict(), "window": self.window,
-                "stopped_step": self.stopped_step, "reason": self.reason.value,
+        return {"elapsed": self.elapsed_now(), "durations": self.measurements.to_dict(),
+                "window": self.window, "stopped_step": self.stopped_step, "reason": self.reason.value,
                 "stopped_signal": self.stopped_signal, "spent_budget": spent}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
@@ -295,7 +300,8 @@ class Deadline(SelfRestoringState):
         """Refuse a conflict with ``enable_jit_checkpoint`` as soon as the trainer exists."""
         self._check_args(args)
 
-    def on_resume_check(self, args: Any, state: Any, control: Any, reasons: Any = None, **kwargs: Any) -> None:
+    def on_resume_check(self, args: Any, state: Any, control: Any, reasons: Any = None,
+                        **kwargs: Any) -> None:
         """(TrainerPlus / LightweightTrainer) veto a resumed run whose budget is spent: no step runs."""
         saved = self.find_saved_state(state)
         if self._spent_in(saved):
@@ -320,11 +326,11 @@ class Deadline(SelfRestoringState):
         self._reset_session()
         self.ending = Ending(step=int(getattr(state, "global_step", 0)), max_steps=int(state.max_steps or 0))
         super().on_train_begin(args, state, control, **kwargs)  # restores the saved attributes
-        self._spent = step_spent = self._spent_in(self.find_saved_state(state)) if state.global_step else False
         step = int(getattr(state, "global_step", 0))
+        self._spent = spent = step > 0 and self._spent_in(self.find_saved_state(state))
         if self.window is not None:
             if logging_window.restore(self.trainer, self.window, step):
-                logger.debug("Deadline: the logging window since step %s is carried on.", self.window.get("since"))
+                logger.debug("Deadline: the logging window since step %s goes on.", self.window.get("since"))
             self.window = None
         self._training = True
         self._session_start = self._mark = self._clock()
@@ -341,11 +347,11 @@ class Deadline(SelfRestoringState):
         if stopped is not None and reason in (EndReason.DEADLINE.value, EndReason.SIGNAL.value):
             logger.info("Deadline: resuming at step %s after a stop on %s.", step,
                         name if reason == EndReason.SIGNAL.value else reason)
-        if step_spent:
+        if spent:
             tell(f"Deadline: the training budget of {show_seconds(self.budget)} is spent "
-                 f"({show_seconds(self.elapsed)} used); a stock Trainer stops after one step (TrainerPlus and "
-                 "LightweightTrainer veto such a resume before any step). Raise the budget to train on.", state,
-                 verbose=self.verbose, level=logging.WARNING)
+                 f"({show_seconds(self.elapsed)} used); a stock Trainer stops after one step (TrainerPlus "
+                 "and LightweightTrainer veto such a resume before any step). Raise the budget to train on.",
+                 state, verbose=self.verbose, level=logging.WARNING)
 
     def _not_training(self, frame: Any) -> bool:
         """For the signal handler: True when no training loop is on the stack (a stock Trainer that
@@ -372,8 +378,8 @@ class Deadline(SelfRestoringState):
         epoch = float(getattr(state, "epoch", 0) or 0)
         checks = bool(self.signals or self._deadline_kind)
         # the same on every rank: the step, the last step, a stop another callback decided (synced)
-        due = (self._spent or step % self.check_every == 0 or bool(state.max_steps and step >= state.max_steps)
-               or bool(control.should_training_stop))
+        last = bool(state.max_steps and step >= state.max_steps)
+        due = self._spent or step % self.check_every == 0 or last or bool(control.should_training_stop)
         if checks and due:
             self._boundary(args, state, control, epoch_ends_here=epoch > 0 and epoch == int(epoch))
         elif control.should_training_stop:
@@ -485,7 +491,8 @@ class Deadline(SelfRestoringState):
         signal_plan = plan_stop(min(left, self.grace - since - self.margin), durations, evaluate=wants)
         end_plan = plan_stop(left, durations, evaluate=bool(control.should_evaluate) or self.final_evaluation)
         mine = [1.0 if received is not None and received[0] == name else 0.0 for name in self.signals]
-        budget_stop = self._spent or (deadline_plan.stop and not ends_anyway and self._deadline_kind == "budget")
+        by_budget = self._deadline_kind == "budget"
+        budget_stop = self._spent or (deadline_plan.stop and not ends_anyway and by_budget)
         other_stop = deadline_plan.stop and not ends_anyway and not budget_stop
         mine += [float(other_stop), float(budget_stop), float(not stop_plan.evaluate),
                  float(not signal_plan.evaluate), float(not end_plan.evaluate)]
@@ -536,8 +543,8 @@ class Deadline(SelfRestoringState):
             and step > int(getattr(trainer, "_globalstep_last_logged", step))
         self.window = logging_window.capture(trainer, step, logs_now, group=self._group)
         self.stopped_step, self.reason, self.stopped_signal = step, reason, name
-        self._stop = {"step": step, "reason": reason, "evaluate": evaluate, "decided": now, "received": received,
-                      "checkpoint": None}
+        self._stop = {"step": step, "reason": reason, "evaluate": evaluate, "decided": now,
+                      "received": received, "checkpoint": None}
         if saved:  # no second save: this stop's state goes into the checkpoint just written
             folder = checkpoint_folder(args.output_dir, step)
             if getattr(state, "is_world_process_zero", True):
@@ -548,11 +555,12 @@ class Deadline(SelfRestoringState):
             why = (f"{name} received {show_seconds(now - received)} ago" if received is not None
                    else f"{name} received by another rank")
         else:
-            limit = {"duration": self.duration, "at": None, "budget": self.budget}[self._deadline_kind or "at"]
+            limits = {"duration": self.duration, "at": None, "budget": self.budget}
+            limit = limits[self._deadline_kind or "at"]
             what = f"the {self._deadline_kind}" + (f" of {show_seconds(limit)}" if limit is not None else "")
             why = (f"{what} ends in {show_seconds(self._deadline - now)}: another step "
-                   f"(~{show_seconds(durations.step)}) and a save (~{show_seconds(durations.save)}) would not "
-                   f"fit within the margin of {show_seconds(self.margin)}")
+                   f"(~{show_seconds(durations.step)}) and a save (~{show_seconds(durations.save)}) would "
+                   f"not fit within the margin of {show_seconds(self.margin)}")
         todo = ("evaluating, then saving" if evaluate else "saving") + f" checkpoint-{step}"
         late = "" if plan.fits else " (it may not end before the deadline: it came sooner than one save)"
         note = "; the scheduled evaluation is skipped (it would not fit)" if skipped else ""
@@ -590,11 +598,11 @@ class Deadline(SelfRestoringState):
                       if self.decision_to_checkpoint is not None else "")
             done = (f"checkpoint-{step} complete{timing}; resume with train(resume_from_checkpoint=True)"
                     if saved else "its checkpoint was NOT saved")
-            ending.message = (f"Deadline summary: stopped at step {step} of {ending.max_steps} on {ending.label}; "
-                              f"{done}; {used}; exit code {code}.")
+            ending.message = (f"Deadline summary: stopped at step {step} of {ending.max_steps} on "
+                              f"{ending.label}; {done}; {used}; exit code {code}.")
         else:
-            ending.message = (f"Deadline summary: training {reason.value} at step {step} of {ending.max_steps}; "
-                              f"{used}; exit code {code}.")
+            ending.message = (f"Deadline summary: training {reason.value} at step {step} of "
+                              f"{ending.max_steps}; {used}; exit code {code}.")
         if self.signal_to_checkpoint is not None:
             ending.extra["signal_to_checkpoint_seconds"] = round(self.signal_to_checkpoint, 6)
         ending.extra["elapsed_seconds"] = round(self.elapsed_now(), 3)

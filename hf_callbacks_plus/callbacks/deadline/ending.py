@@ -86,10 +86,10 @@ def read_status(path: Union[str, os.PathLike]) -> tuple[int, str]:
         reason = EndReason(data.get("reason", "running"))
         code = int(data.get("exit_code", UNFINISHED_EXIT_CODE))
     except FileNotFoundError:
-        return UNFINISHED_EXIT_CODE, f"{path}: no such file (the training never started, or wrote it elsewhere)"
+        return UNFINISHED_EXIT_CODE, f"{path}: no such file (the training never started, or wrote elsewhere)"
     except (OSError, ValueError, TypeError, AttributeError) as error:
         return UNFINISHED_EXIT_CODE, f"{path}: unreadable ({type(error).__name__}: {error})"
     if reason is EndReason.RUNNING:
-        return UNFINISHED_EXIT_CODE, (f"{path}: the training started at step {data.get('step')} and recorded no "
-                                      "end: it crashed or was killed")
+        return UNFINISHED_EXIT_CODE, (f"{path}: the training started at step {data.get('step')} and "
+                                      "recorded no end: it crashed or was killed")
     return code, str(data.get("message") or f"ended: {reason.value} at step {data.get('step')}")

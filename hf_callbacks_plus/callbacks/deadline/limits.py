@@ -57,7 +57,8 @@ def parse_duration(value: DurationArg, name: str) -> Optional[float]:
             d, h, m, s = (int(part) for part in days.groups())
             seconds = float(((d * 24 + h) * 60 + m) * 60 + s)
         else:
-            raise ValueError(f"Deadline: {name}={value!r} is not a duration; write one of: {', '.join(FORMATS)}.")
+            raise ValueError(f"Deadline: {name}={value!r} is not a duration; write one of: "
+                             f"{', '.join(FORMATS)}.")
     if seconds is None:
         raise TypeError(f"Deadline: {name} must be one of: {', '.join(FORMATS)}; got {value!r} "
                         f"({type(value).__name__}).")

@@ -51,7 +51,7 @@ def signal_names(signals: Optional[Iterable[SignalArg]]) -> tuple[str, ...]:
             else:
                 raise TypeError
         except (KeyError, ValueError):
-            valid = sorted(s.name for s in signal.Signals if s.name not in REFUSED and not s.name.startswith("SIG_"))
+            valid = sorted(s.name for s in signal.Signals if s.name not in REFUSED)
             raise ValueError(f"Deadline: signals holds {item!r}, which is not a signal here; valid names: "
                              f"{', '.join(valid)}.") from None
         except TypeError:

@@ -83,8 +83,8 @@ def restore(trainer: Any, window: Optional[dict[str, Any]], step: int) -> bool:
     losses = list(window.get("loss") or [])
     world, rank = distributed_world_size(), distributed_rank()
     if len(losses) != world or any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in losses):
-        logger.warning("Deadline: the checkpoint's logging window was kept by %d rank(s), this run has %d; the "
-                       "loss logged at the next logging step covers only the steps after step %d.",
+        logger.warning("Deadline: the checkpoint's logging window was kept by %d rank(s), this run has %d; "
+                       "the loss logged at the next logging step covers only the steps after step %d.",
                        len(losses), world, step)
         return False
     value = float(losses[rank])
