@@ -11,6 +11,7 @@ after the resume covers only the resumed steps, as after any transformers resume
 from __future__ import annotations
 
 import json
+import random
 import signal
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from hf_callbacks_plus import (  # noqa: E402
 from hf_callbacks_plus.callbacks.deadline.ending import read_status  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from tests.callbacks.deadline_helpers import (  # noqa: E402
+    MOMENTS,
     SignalAt,
     SimulatedClock,
     SimulatedCosts,
@@ -374,3 +376,48 @@ def test_a_signal_after_a_stock_trainer_raised_goes_to_the_previous_handler(tmp_
         assert signal.getsignal(signal.SIGUSR1) is not None and received
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+# -- second tier: the random-moment matrix ---------------------------------------------------------
+
+
+def random_cases(seed: int = 34) -> list[tuple[str, str, int, int]]:
+    """Every wiring x moment, at a seeded random step, checking every 1 or 3 steps."""
+    rng = random.Random(seed)
+    steps = {"step": list(range(1, 16)), "evaluation": [4, 8, 12], "save": [8]}
+    return [
+        (wiring, moment, rng.choice(steps[moment]), rng.choice([1, 3]))
+        for wiring in ("stock", "run_before_integrations", "TrainerPlus")
+        for moment in MOMENTS
+    ]
+
+
+def expected_stop(moment: str, step: int, every: int) -> int:
+    """The first boundary after the signal: a check (multiples of ``every``, the last step, the epoch's
+    end at 8 and 16)."""
+    if moment != "step" and step % 8 == 0:
+        return step  # the epoch's end, right after this step's evaluation and save
+    first = step if moment == "step" else step + 1
+    return next(s for s in range(first, 17) if s % every == 0 or s % 8 == 0)
+
+
+@pytest.mark.second_tier
+@pytest.mark.parametrize(("wiring", "moment", "step", "every"), random_cases())
+def test_random_moments_then_resume(wiring, moment, step, every, tmp_path, reference):
+    out = tmp_path / "run"
+    stopped, deadline, saves, resumed = stop_then_resume(
+        wiring, out, SignalAt(step, moment), check_every=every
+    )
+    stop = expected_stop(moment, step, every)
+    assert (
+        stopped.state.global_step == stop
+        and saves.steps.count(stop) == 1
+        and complete(out / f"checkpoint-{stop}")
+    )
+    ref = reference(wiring)
+    assert same_weights(resumed.model, ref.model)
+    ours, theirs = comparable(resumed.state.log_history), comparable(ref.state.log_history)
+    if wiring != "stock" or stop % 3 == 0:  # the stock Trainer carries no logging window (see the top)
+        assert ours == theirs
+    else:
+        assert [a["step"] for a, b in zip(ours, theirs) if a != b] == [3 * (stop // 3 + 1)]
