@@ -320,6 +320,10 @@ class Deadline(SelfRestoringState):
         deadline, install the signal handlers, write ``running`` to the status file."""
         self._check_args(args, self.trainer)
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
+        if getattr(args, "save_only_model", False) and (self.signals or self.limited):
+            logger.warning("Deadline: save_only_model=True: a stop's checkpoint holds the model only (no "
+                           "optimizer, scheduler or RNG state), so the resumed training is not the one that "
+                           "would have run on.")
         self.stopped_step, self.reason, self.stopped_signal, self.window = None, EndReason.RUNNING, None, None
         self.elapsed = 0.0
         self.measurements = Measurements()

@@ -1,0 +1,80 @@
+"""Deadline under the sharding engines (tests/sharded.py: DeepSpeed ZeRO, FSDP2, FSDP1 through a stock
+``Trainer`` wired with ``run_before_integrations``, on the 2 CPU ranks of the suite's launch): a real
+SIGUSR1 to rank 1 alone inside step 3 stops both ranks after step 3; the engine's checkpoint is
+complete (its own layout: ZeRO shards, FSDP's distributed checkpoint); the resumed training ends with
+the records and the gathered weights of an uninterrupted run under the same engine, bit for bit.
+
+First tier: FSDP2 (sharded state dict). Second tier: ZeRO-2, ZeRO-3, FSDP2 with a full state dict,
+FSDP1 (both state-dict types)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tests.sharded import engine_scenarios
+
+pytestmark = [pytest.mark.transformers]
+pytest.importorskip("deepspeed")
+
+STEPS = {"max_steps": 8, "logging_steps": 2, "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "steps",
+         "save_steps": 4}
+
+
+def digest(tensor) -> str:
+    return hashlib.sha256(tensor.contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def signal_one_rank_then_resume(out: Path, engine: str) -> None:
+    import os
+    import signal
+
+    from hf_callbacks_plus import Deadline, run_before_integrations
+    from tests import sharded
+    from tests.callbacks.deadline_helpers import SignalAt
+
+    rank = int(os.environ["RANK"])
+
+    def run(folder: str, gates: list, resume: bool = False):
+        deadline = Deadline(margin=0)
+        trainer = sharded.make_trainer(engine, out / folder, callbacks=[deadline, *gates], **STEPS)
+        run_before_integrations(trainer, deadline)
+        trainer.train(resume_from_checkpoint=True if resume else None)
+        return trainer, deadline
+
+    with sharded.sharded_on_cpu():
+        stopped, deadline = run("run", [SignalAt(3, "step", signal.SIGUSR1)] if rank == 1 else [])
+        outcome = {"stopped": stopped.state.global_step, "code": deadline.exit_code,
+                   "label": deadline.ending.label, "received": deadline._flag.all_received,
+                   "files": sorted(sharded.checkpoint_files(out / "run" / "checkpoint-3"))}
+        resumed, _ = run("run", [], resume=True)
+        weights = {name: digest(value) for name, value in sharded.full_weights(resumed).items()}
+        reference, _ = run("reference", [])
+        reference_weights = {name: digest(value) for name, value in sharded.full_weights(reference).items()}
+        outcome.update({"records": sharded.records(resumed)[:-1], "reference": sharded.records(reference)[:-1],
+                        "weights": weights, "reference_weights": reference_weights,
+                        "final": resumed.state.global_step, "engine": sharded.engine_of(resumed)})
+    sharded.write_json(out, outcome)
+
+
+@pytest.mark.parametrize("engine", engine_scenarios(signal_one_rank_then_resume,
+                                                    engines=("fsdp2", "zero2", "zero3", "fsdp2_full",
+                                                             "fsdp1_full", "fsdp1_sharded"),
+                                                    first_tier=("fsdp2",)))
+def test_a_signal_to_one_rank_stops_every_rank_and_the_resume_ends_bit_identical(engine, distributed_outcome):
+    from tests.test_sharded_engines import LAYOUT
+
+    ranks = distributed_outcome.json()
+    for rank, outcome in enumerate(ranks):
+        assert (outcome["stopped"], outcome["code"], outcome["label"]) == (3, 75, "SIGUSR1"), (rank, outcome)
+        assert outcome["received"] == (["SIGUSR1"] if rank == 1 else [])
+        assert outcome["engine"] == ("deepspeed" if engine.startswith("zero") else "fsdp")
+        assert outcome["final"] == 8
+        assert outcome["records"] == outcome["reference"]  # the logging window of step 3 travelled
+        assert outcome["weights"] == outcome["reference_weights"]
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    expected = {name.replace("global_step4", "global_step3") for name in LAYOUT[engine]}
+    assert set(ranks[0]["files"]) == expected  # the engine's complete checkpoint, nothing missing
+    assert distributed_outcome.outputs().count("Deadline: SIGUSR1 received by another rank") == 1
