@@ -4,8 +4,9 @@ SIGUSR1 to rank 1 alone inside step 3 stops both ranks after step 3; the engine'
 complete (its own layout: ZeRO shards, FSDP's distributed checkpoint); the resumed training ends with
 the records and the gathered weights of an uninterrupted run under the same engine, bit for bit.
 
-First tier: FSDP2 (sharded state dict). Second tier: ZeRO-2, ZeRO-3, FSDP2 with a full state dict,
-FSDP1 (both state-dict types)."""
+First tier: the stop alone under ZeRO-3 (one training, about 4 s of the launch). Second tier: stop,
+resume and the uninterrupted reference (three trainings, about 10 s each) under FSDP2 (sharded and
+full state dict), ZeRO-2, ZeRO-3 and FSDP1 (both state-dict types)."""
 
 from __future__ import annotations
 
@@ -19,51 +20,81 @@ from tests.sharded import engine_scenarios
 pytestmark = [pytest.mark.transformers]
 pytest.importorskip("deepspeed")
 
-STEPS = {"max_steps": 8, "logging_steps": 2, "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "steps",
-         "save_steps": 4}
+STEPS = {
+    "max_steps": 8,
+    "logging_steps": 2,
+    "eval_strategy": "steps",
+    "eval_steps": 4,
+    "save_strategy": "steps",
+    "save_steps": 4,
+}
 
 
 def digest(tensor) -> str:
     return hashlib.sha256(tensor.contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
-def signal_one_rank_then_resume(out: Path, engine: str) -> None:
+def run(engine: str, folder: Path, gates: list, resume: bool = False):
+    """A stock Trainer under ``engine`` with Deadline (wired by run_before_integrations) and ``gates``."""
+    from hf_callbacks_plus import Deadline, run_before_integrations
+    from tests import sharded
+
+    deadline = Deadline(margin=0)
+    trainer = sharded.make_trainer(engine, folder, callbacks=[deadline, *gates], **STEPS)
+    run_before_integrations(trainer, deadline)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    return trainer, deadline
+
+
+def stop(out: Path, engine: str) -> dict:
+    """Rank 1 alone gets SIGUSR1 inside step 3; what each rank saw."""
     import os
     import signal
 
-    from hf_callbacks_plus import Deadline, run_before_integrations
     from tests import sharded
     from tests.callbacks.deadline_helpers import SignalAt
 
-    rank = int(os.environ["RANK"])
+    gates = [SignalAt(3, "step", signal.SIGUSR1)] if os.environ["RANK"] == "1" else []
+    stopped, deadline = run(engine, out / "run", gates)
+    return {
+        "stopped": stopped.state.global_step,
+        "code": deadline.exit_code,
+        "label": deadline.ending.label,
+        "received": deadline._flag.all_received,
+        "engine": sharded.engine_of(stopped),
+        "files": sorted(sharded.checkpoint_files(out / "run" / "checkpoint-3")),
+    }
 
-    def run(folder: str, gates: list, resume: bool = False):
-        deadline = Deadline(margin=0)
-        trainer = sharded.make_trainer(engine, out / folder, callbacks=[deadline, *gates], **STEPS)
-        run_before_integrations(trainer, deadline)
-        trainer.train(resume_from_checkpoint=True if resume else None)
-        return trainer, deadline
+
+def signal_one_rank(out: Path, engine: str) -> None:
+    from tests import sharded
 
     with sharded.sharded_on_cpu():
-        stopped, deadline = run("run", [SignalAt(3, "step", signal.SIGUSR1)] if rank == 1 else [])
-        outcome = {"stopped": stopped.state.global_step, "code": deadline.exit_code,
-                   "label": deadline.ending.label, "received": deadline._flag.all_received,
-                   "files": sorted(sharded.checkpoint_files(out / "run" / "checkpoint-3"))}
-        resumed, _ = run("run", [], resume=True)
+        sharded.write_json(out, stop(out, engine))
+
+
+def signal_one_rank_then_resume(out: Path, engine: str) -> None:
+    from tests import sharded
+
+    with sharded.sharded_on_cpu():
+        outcome = stop(out, engine)
+        resumed, _ = run(engine, out / "run", [], resume=True)
         weights = {name: digest(value) for name, value in sharded.full_weights(resumed).items()}
-        reference, _ = run("reference", [])
+        reference, _ = run(engine, out / "reference", [])
         reference_weights = {name: digest(value) for name, value in sharded.full_weights(reference).items()}
-        outcome.update({"records": sharded.records(resumed)[:-1], "reference": sharded.records(reference)[:-1],
-                        "weights": weights, "reference_weights": reference_weights,
-                        "final": resumed.state.global_step, "engine": sharded.engine_of(resumed)})
+        outcome.update(
+            {
+                "records": sharded.records(resumed)[:-1],
+                "reference": sharded.records(reference)[:-1],
+                "weights": weights,
+                "reference_weights": reference_weights,
+                "final": resumed.state.global_step,
+            }
+        )
     sharded.write_json(out, outcome)
 
 
-@pytest.mark.parametrize("engine", engine_scenarios(signal_one_rank_then_resume,
-                                                    engines=("fsdp2", "zero2", "zero3", "fsdp2_full",
-                                                             "fsdp1_full", "fsdp1_sharded"),
-                                                    first_tier=("fsdp2",)))
-def test_a_signal_to_one_rank_stops_every_rank_and_the_resume_ends_bit_identical(engine, distributed_outcome):
+def check_stop(engine: str, distributed_outcome) -> list[dict]:
     from tests.test_sharded_engines import LAYOUT
 
     ranks = distributed_outcome.json()
@@ -71,10 +102,31 @@ def test_a_signal_to_one_rank_stops_every_rank_and_the_resume_ends_bit_identical
         assert (outcome["stopped"], outcome["code"], outcome["label"]) == (3, 75, "SIGUSR1"), (rank, outcome)
         assert outcome["received"] == (["SIGUSR1"] if rank == 1 else [])
         assert outcome["engine"] == ("deepspeed" if engine.startswith("zero") else "fsdp")
+    expected = {name.replace("global_step4", "global_step3") for name in LAYOUT[engine]}
+    assert set(ranks[0]["files"]) == expected  # the engine's complete checkpoint, nothing missing
+    assert distributed_outcome.outputs().count("Deadline: SIGUSR1 received by another rank") == 1
+    return ranks
+
+
+@pytest.mark.parametrize("engine", engine_scenarios(signal_one_rank, engines=("zero3",)))
+def test_a_signal_to_one_rank_stops_every_rank_with_the_engines_complete_checkpoint(
+    engine, distributed_outcome
+):
+    check_stop(engine, distributed_outcome)
+
+
+@pytest.mark.parametrize(
+    "engine",
+    engine_scenarios(
+        signal_one_rank_then_resume,
+        engines=("fsdp2", "zero2", "zero3", "fsdp2_full", "fsdp1_full", "fsdp1_sharded"),
+        first_tier=(),
+    ),
+)
+def test_then_the_resume_ends_bit_identical(engine, distributed_outcome):
+    ranks = check_stop(engine, distributed_outcome)
+    for outcome in ranks:
         assert outcome["final"] == 8
         assert outcome["records"] == outcome["reference"]  # the logging window of step 3 travelled
         assert outcome["weights"] == outcome["reference_weights"]
     assert ranks[0]["weights"] == ranks[1]["weights"]
-    expected = {name.replace("global_step4", "global_step3") for name in LAYOUT[engine]}
-    assert set(ranks[0]["files"]) == expected  # the engine's complete checkpoint, nothing missing
-    assert distributed_outcome.outputs().count("Deadline: SIGUSR1 received by another rank") == 1
