@@ -109,7 +109,13 @@ def stop_then_resume(wiring: str, out: Path, gate: SignalAt, **deadline_args):
     return stopped, deadline, saves, resumed
 
 
-@pytest.mark.parametrize("wiring", WIRINGS)
+@pytest.mark.parametrize(
+    "wiring",
+    [
+        pytest.param(wiring, marks=[pytest.mark.second_tier] if wiring == "run_before_integrations" else [])
+        for wiring in WIRINGS
+    ],  # run_before_integrations: in the first tier on 2 ranks (distributed)
+)
 def test_a_signal_inside_a_step_stops_there_and_the_resume_ends_like_an_uninterrupted_run(
     wiring, tmp_path, reference, capsys
 ):
@@ -159,7 +165,8 @@ def test_a_signal_inside_a_step_stops_there_and_the_resume_ends_like_an_uninterr
 @pytest.mark.parametrize(
     ("moment", "step", "stops", "saved"),
     [
-        ("evaluation", 4, 5, [5]),  # during the evaluation after step 4: the next step's end
+        # during the evaluation after step 4: the next step's end (first tier: on 2 ranks, distributed)
+        pytest.param("evaluation", 4, 5, [5], marks=pytest.mark.second_tier),
         ("save", 8, 8, [8]),  # during the save of step 8, which ends the epoch: the epoch's end, no 2nd save
     ],
 )

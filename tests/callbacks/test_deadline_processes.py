@@ -1,8 +1,11 @@
-"""Deadline against real signals sent from outside to real processes: ``kill -TERM`` to a training
-process (first tier), then to ``torchrun`` (which forwards it), ``kill -USR1`` to ``torchrun`` with
+"""Deadline against real signals sent from outside to real processes (second tier: each process pays
+the torch and transformers imports, 15-30 s here): ``kill -TERM`` to a training process, to ``torchrun``
+(which forwards it), ``kill -USR1`` to ``torchrun`` with
 ``--signals-to-handle``, to one rank and to every rank, at seeded random moments (inside a step,
 during an evaluation, during a save), each run resumed in a new launch and compared with an
-uninterrupted launch (second tier: each launch costs 15-30 s here).
+uninterrupted launch. The first tier's signals come from inside the processes (``os.kill`` at a gate:
+tests/callbacks/test_deadline.py, and on the ranks of the suite's torchrun launch:
+test_deadline_distributed.py).
 
 The script (``deadline_script.py``) waits at a gate until its handler recorded the test's signal, so
 the signal lands where the test chose. What ``torchrun`` does with signals (torch 2.13): it handles
@@ -70,6 +73,7 @@ def rank_pid(out: Path, rank: int) -> int:
     return int((out / f"ready-rank{rank}").read_text())
 
 
+@pytest.mark.second_tier
 def test_kill_term_from_outside_stops_with_exit_code_75_and_the_resume_ends_bit_identical(tmp_path):
     from tests.callbacks.deadline_script import build
 
@@ -106,7 +110,7 @@ def test_kill_term_from_outside_stops_with_exit_code_75_and_the_resume_ends_bit_
     )
 
 
-# -- second tier: torchrun ---------------------------------------------------------------------------
+# -- torchrun ----------------------------------------------------------------------------------------
 
 #: (who gets the signal, the signal, torchrun's extra arguments, the gated ranks)
 TARGETS = {
