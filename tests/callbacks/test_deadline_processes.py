@@ -112,34 +112,43 @@ def test_kill_term_from_outside_stops_with_exit_code_75_and_the_resume_ends_bit_
 
 # -- torchrun ----------------------------------------------------------------------------------------
 
-#: (who gets the signal, the signal, torchrun's extra arguments, the gated ranks)
+HANDLED = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+#: (the launcher, who gets the signal, the signal, the launcher's extra arguments, the gated ranks)
 TARGETS = {
-    "torchrun-term": ("torchrun", signal.SIGTERM, [], "01"),
-    "torchrun-usr1-handled": (
-        "torchrun",
-        signal.SIGUSR1,
-        ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"],
-        "01",
-    ),
-    "rank1-usr1": ("rank1", signal.SIGUSR1, [], "1"),
-    "all-ranks-term": ("all", signal.SIGTERM, [], "01"),
+    "torchrun-term": ("torchrun", "launcher", signal.SIGTERM, [], "01"),
+    "torchrun-usr1-handled": ("torchrun", "launcher", signal.SIGUSR1, ["--signals-to-handle", HANDLED], "01"),
+    "rank1-usr1": ("torchrun", "rank1", signal.SIGUSR1, [], "1"),
+    "all-ranks-term": ("torchrun", "all", signal.SIGTERM, [], "01"),
+    # accelerate launch --multi_gpu runs torchrun's agent in-process; PET_SIGNALS_TO_HANDLE adds SIGUSR1
+    "accelerate-usr1-handled": ("accelerate", "launcher", signal.SIGUSR1, [], "01"),
 }
 
 
-def torchrun(out: Path, *extra: str, launcher_args: tuple = ()) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            str(TORCHRUN),
-            "--standalone",
-            "--nproc_per_node",
+def torchrun(
+    out: Path, *extra: str, launcher_args: tuple = (), launcher: str = "torchrun"
+) -> subprocess.Popen:
+    env = environment()
+    if launcher == "accelerate":
+        command = [
+            str(Path(sys.executable).with_name("accelerate")),
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
             "2",
-            *launcher_args,
-            str(SCRIPT),
-            str(out),
-            *extra,
-        ],
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ]
+        env["PET_SIGNALS_TO_HANDLE"] = HANDLED
+    else:
+        command = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2"]
+    return subprocess.Popen(
+        [*command, *launcher_args, str(SCRIPT), str(out), *extra],
         cwd=REPO,
-        env=environment(),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -181,13 +190,15 @@ def moments(seed: int = 34) -> list[tuple[str, str, int]]:
 @pytest.mark.second_tier
 @pytest.mark.parametrize(("target", "moment", "step"), moments())
 def test_torchrun_signals_at_random_moments_then_resume(target, moment, step, tmp_path, uninterrupted):
-    who, sig, launcher_args, gated = TARGETS[target]
+    launcher, who, sig, launcher_args, gated = TARGETS[target]
     out = tmp_path / "job"
     out.mkdir()
-    process = torchrun(out, "--gate", f"{moment}:{step}:{gated}", launcher_args=tuple(launcher_args))
+    process = torchrun(
+        out, "--gate", f"{moment}:{step}:{gated}", launcher_args=tuple(launcher_args), launcher=launcher
+    )
     try:
         wait_for([out / f"ready-rank{rank}" for rank in gated], process)
-        if who == "torchrun":
+        if who == "launcher":
             os.kill(process.pid, sig)
         else:
             for rank in (int(r) for r in gated):
@@ -200,8 +211,8 @@ def test_torchrun_signals_at_random_moments_then_resume(target, moment, step, tm
     stop = step if moment == "step" or step % 8 == 0 else step + 1
     for result in results:
         assert (result["global_step"], result["exit_code"]) == (stop, 75), (result, output[-3000:])
-    # a signal to torchrun: forwarded to both workers, torchrun exits 1; the status file has the code
-    assert process.returncode == (1 if who == "torchrun" else 0), output[-3000:]
+    # a signal to the launcher: forwarded to both workers, the launcher exits 1; the status file has the code
+    assert process.returncode == (1 if who == "launcher" else 0), output[-3000:]
     assert cli(["stop-status", str(out / "run" / "status.json")]) == 75
     assert complete(
         out / "run" / f"checkpoint-{stop}",

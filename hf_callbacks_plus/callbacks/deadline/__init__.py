@@ -87,10 +87,12 @@ class Deadline(SelfRestoringState):
         signals: Signals that stop training gracefully (names or numbers; SIGINT is left to Python).
             Defaults to ``("SIGTERM", "SIGUSR1")``. ``()`` handles none.
         margin: Seconds kept free before the deadline (and before the end of ``grace``); covers
-            what was never measured (a first save). Defaults to 30.
+            what was never measured (a first save: raise it above a save's duration for large
+            checkpoints). Defaults to 10.
         grace: Seconds a signal leaves before the hard kill (Kubernetes' default grace period,
-            SLURM's default ``KillWait`` and torchrun's ``--shutdown-timeout`` are 30 s): only used
-            to decide whether an evaluation before a signal stop fits. Defaults to 30.
+            SLURM's default ``KillWait`` and torchrun's ``--shutdown-timeout`` are 30 s): decides
+            whether an evaluation at a signal stop (scheduled there, or asked for) fits. Defaults
+            to 30.
         final_evaluation: Evaluate the last step's weights when training ends at a step that is
             not an evaluation step (and save them unless ``save_strategy="no"``). Defaults to False.
         evaluate_before_stop: Also evaluate before a deadline or signal stop, when the evaluation
@@ -123,7 +125,7 @@ class Deadline(SelfRestoringState):
         budget: DurationArg = None,
         at: InstantArg = None,
         signals: Optional[Iterable[SignalArg]] = ("SIGTERM", "SIGUSR1"),
-        margin: float = 30.0,
+        margin: float = 10.0,
         grace: float = 30.0,
         final_evaluation: bool = False,
         evaluate_before_stop: bool = False,
