@@ -44,7 +44,6 @@ _SAME_KEY = ("and both would handle the same signals and stop the same training.
              "takes a duration, a budget, an absolute time and signals at once.")
 #: The report key of the end record (``deadline/reason`` in every tracker).
 REASON_KEY = "deadline/reason"
-_LIMIT_KINDS = ("duration", "at", "budget")
 
 
 def _strategy(value: Any) -> str:
@@ -56,8 +55,8 @@ class Deadline(SelfRestoringState):
     next one after a signal; save once, on every rank together; tell how it ended.
 
     **Deadlines.** ``duration`` (this process, counted from its start, like SLURM's ``--time``),
-    ``budget`` (total training time across resumes, kept in the checkpoint) and ``at`` (a time of
-    day): the earliest counts. The callback measures how long a step, an evaluation and a save take
+    ``budget`` (total training time across resumes, kept in the checkpoint) and ``at`` (an absolute
+    time): the earliest counts. The callback measures how long a step, an evaluation and a save take
     (the longest of the last 16 of each, kept across resumes) and goes on only while the next
     check still leaves room for a save ``margin`` seconds before the deadline.
 
