@@ -365,7 +365,11 @@ def test_misuse_is_refused_early(tmp_path):
         bare.train()
 
 
-def test_a_signal_after_a_stock_trainer_raised_goes_to_the_previous_handler(tmp_path):
+@pytest.mark.parametrize("wiring", ["run_before_integrations", "stock"])
+def test_after_a_stock_trainer_raised_a_signal_goes_to_the_previous_handler(wiring, tmp_path):
+    """A stock Trainer fires no end event when it raises: bound (run_before_integrations), Deadline put
+    a ``train`` of its own on it that puts the handlers back; unbound, the user calls
+    ``restore_signal_handlers()`` (documented)."""
     received = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
 
@@ -375,12 +379,15 @@ def test_a_signal_after_a_stock_trainer_raised_goes_to_the_previous_handler(tmp_
                 raise RuntimeError("boom")
 
     try:
-        trainer = build("stock", tmp_path, [Deadline(), Boom()])
+        deadline = Deadline()
+        trainer = build(wiring, tmp_path, [deadline, Boom()])
         with pytest.raises(RuntimeError, match="boom"):
-            trainer.train()  # a stock Trainer fires no end event: Deadline's handler is still there
+            trainer.train()
+        if wiring == "stock":
+            assert signal.getsignal(signal.SIGUSR1) != previous  # still Deadline's
+            deadline.restore_signal_handlers()
         signal.raise_signal(signal.SIGUSR1)
-        assert received == [signal.SIGUSR1]
-        assert signal.getsignal(signal.SIGUSR1) is not None and received
+        assert received == [signal.SIGUSR1] and deadline._flag.received is None
     finally:
         signal.signal(signal.SIGUSR1, previous)
 

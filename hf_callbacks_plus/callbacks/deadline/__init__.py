@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Union
@@ -210,12 +209,21 @@ class Deadline(SelfRestoringState):
                              f"dataset); pass one to the trainer, or {name}=False.")
 
     def bind(self, trainer: Any) -> Deadline:
-        """Keep the trainer (weakly): its logging window travels through a stop's checkpoint."""
+        """Keep the trainer (weakly): its logging window travels through a stop's checkpoint; and
+        make its ``train()`` put the previous signal handlers back however it ends (a stock Trainer
+        that raises fires no end event)."""
         try:
             self._trainer = weakref.ref(trainer)
         except TypeError:
             self._trainer = lambda: trainer
+        restore_handlers_after_train(trainer, self)
         return self
+
+    def restore_signal_handlers(self) -> None:
+        """Put back the signal handlers found at train begin (done at train end and when ``train()``
+        raises in a bound trainer; call it after a stock Trainer not bound to this callback raised)."""
+        self._flag.restore()
+        self._training = False
 
     @property
     def trainer(self) -> Any:
@@ -272,7 +280,6 @@ class Deadline(SelfRestoringState):
         self._saved_step = self._evaluated_step = -1
         self._spent = False
         self._resumed_from: tuple[Any, Any, Any] = (None, None, None)
-        self._loop_code: Any = None
         #: Seconds from the signal (this rank's) to the stop's checkpoint being complete.
         self.signal_to_checkpoint: Optional[float] = None
         #: Seconds from the stop decision to the stop's checkpoint being complete.
@@ -344,9 +351,7 @@ class Deadline(SelfRestoringState):
             self._deadline_kind, self._deadline = min(deadlines.items(), key=lambda item: item[1])
         if distributed_world_size() > 1 and (self.signals or deadlines):
             self._group = cpu_group()  # a collective the first time: every rank is here
-        self._loop_code = _training_loop_code()
         self._flag.install()
-        self._flag.not_training = self._not_training
         self._write_status(state)
         reason, name, stopped = self._resumed_from
         if stopped is not None and reason in (EndReason.DEADLINE.value, EndReason.SIGNAL.value):
@@ -357,18 +362,6 @@ class Deadline(SelfRestoringState):
                  f"({show_seconds(self.elapsed)} used); a stock Trainer stops after one step (TrainerPlus "
                  "and LightweightTrainer veto such a resume before any step). Raise the budget to train on.",
                  state, verbose=self.verbose, level=logging.WARNING)
-
-    def _not_training(self, frame: Any) -> bool:
-        """For the signal handler: True when no training loop is on the stack (a stock Trainer that
-        raised never fires an end event): the signal is then the previous handler's."""
-        code = self._loop_code
-        if code is None:
-            return False
-        while frame is not None:
-            if frame.f_code is code:
-                return False
-            frame = frame.f_back
-        return True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Measure the step; at a check, agree with the other ranks and stop when needed; add the
@@ -623,12 +616,28 @@ class Deadline(SelfRestoringState):
             logger.warning("Deadline: could not write the status file %s: %s", self.status_file, error)
 
 
-def _training_loop_code() -> Any:
-    """The code object of the training loop calling this event (``_inner_training_loop``), or None."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "_inner_training_loop":
-            return frame.f_code
-        frame = frame.f_back
-    return None
+#: Marks the ``train`` that `restore_handlers_after_train` put on a trainer.
+_RESTORES = "_hf_callbacks_plus_restores_signal_handlers"
 
+
+def restore_handlers_after_train(trainer: Any, deadline: Deadline) -> None:
+    """Give ``trainer`` (once) a ``train`` of its own (an instance attribute) that runs the one it had
+    and then puts ``deadline``'s previous signal handlers back, whether it returned or raised. It
+    holds the trainer and the callback weakly."""
+    current = getattr(trainer, "train", None)
+    if not callable(current) or getattr(vars(trainer).get("train"), _RESTORES, False):
+        return
+    owner, holder = weakref.ref(trainer), weakref.ref(deadline)
+    function = current.__func__ if getattr(current, "__self__", None) is trainer else None
+
+    def train(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(owner(), *args, **kwargs) if function is not None else current(*args, **kwargs)
+        finally:
+            callback = holder()
+            if callback is not None:
+                callback.restore_signal_handlers()
+
+    train.__doc__ = current.__doc__
+    setattr(train, _RESTORES, True)
+    trainer.train = train

@@ -81,9 +81,6 @@ class SignalFlag:
         #: Every signal received since `install` (names, in order).
         self.all_received: list[str] = []
         self._previous: dict[int, Any] = {}
-        #: ``frame -> bool``: True when the signal came outside a training (it then goes to the
-        #: previous handler, as if ours had never been installed).
-        self.not_training: Optional[Callable[[Any], bool]] = None
 
     @property
     def installed(self) -> bool:
@@ -91,10 +88,6 @@ class SignalFlag:
         return bool(self._previous)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.not_training is not None and self.not_training(frame):
-            self.restore()
-            signal.raise_signal(signum)  # to the previous handler (the default one ends the process)
-            return
         name = signal.Signals(signum).name
         self.all_received.append(name)
         if self.received is None:
