@@ -1,5 +1,5 @@
 """Every private name of another library that the package relies on, checked against the
-installed release: a transformers, trl, torch, torchmetrics, MLflow or TensorBoard release that
+installed release: a transformers, trl, torch, DeepSpeed, torchmetrics, MLflow or TensorBoard release that
 renames or drops one fails here, by name, instead of silently changing what we do.
 
 The table is complete by construction: `test_the_table_names_every_private_name_the_package_uses`
@@ -143,10 +143,29 @@ def tensorboard_file_writer(tmp_path: Path) -> None:
         writer.close()
 
 
-def dtensor_local_shard(tmp_path: Path) -> None:
-    from torch.distributed.tensor import DTensor
+def fsdp1_handle_and_local_shard(tmp_path: Path) -> None:
+    # an FSDP1 wrapper's FlatParamHandle, and its flat parameter's local shard (built without a
+    # process group: read from the source that sets them)
+    from torch.distributed.fsdp import _flat_param, _init_utils
 
-    assert "_local_tensor" in DTensor.__slots__
+    assert "state._handle = handle" in inspect.getsource(_init_utils._init_param_handle_from_params)
+    assert "flat_param._local_shard = " in inspect.getsource(_flat_param.FlatParamHandle)
+
+
+def module_non_persistent_buffers(tmp_path: Path) -> None:
+    import torch
+
+    module = torch.nn.Module()
+    module.register_buffer("scratch", torch.zeros(1), persistent=False)
+    assert module._non_persistent_buffers_set == {"scratch"}
+
+
+def zero3_unflatten(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    unflatten = DeepSpeedZeroOptimizer_Stage3._unflatten_partitioned_parameters
+    assert list(inspect.signature(unflatten).parameters) == ["self", "sub_group_id"]
 
 
 def cpu_attention_kernels(tmp_path: Path) -> None:
@@ -195,8 +214,17 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
     ("torch", "SummaryWriter", "_get_file_writer",
      "loggers/tensorboard.py: one event per record", tensorboard_file_writer),
-    ("torch", "DTensor", "_local_tensor",
-     "callbacks/early_stopping/best_weights.py: a sharded model is refused", dtensor_local_shard),
+    ("torch", "FullyShardedDataParallel", "_handle",
+     "runtime/engines.py: FSDP1's flat parameters (this rank's part of the weights)",
+     fsdp1_handle_and_local_shard),
+    ("torch", "FlatParameter", "_local_shard",
+     "runtime/engines.py: this rank's shard of an FSDP1 flat parameter, copied and put back",
+     fsdp1_handle_and_local_shard),
+    ("torch", "Module", "_non_persistent_buffers_set",
+     "runtime/engines.py: the persistent buffers restore_best keeps", module_non_persistent_buffers),
+    ("deepspeed", "DeepSpeedZeroOptimizer_Stage3", "_unflatten_partitioned_parameters",
+     "runtime/engines.py: the restored masters into ZeRO-3's partitioned parameters, as DeepSpeed's "
+     "own checkpoint load", zero3_unflatten),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu",
      "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu_backward",

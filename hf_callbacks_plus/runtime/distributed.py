@@ -1,14 +1,14 @@
 """The collectives callbacks use (when ``torch.distributed`` is initialized): rank 0's decision on
-every rank, and a sum over ranks (on the default group, or on a CPU group that never waits for an
-accelerator's queue)."""
+every rank, a sum over ranks (on the default group, or on a CPU group that never waits for an
+accelerator's queue), and every rank's small Python value on every rank."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Callable, TypeVar
 
-__all__ = ["broadcast_from_rank0", "cpu_group", "distributed_rank", "distributed_world_size", "from_rank0",
-           "sum_over_ranks"]
+__all__ = ["all_gather_objects", "broadcast_from_rank0", "cpu_group", "distributed_rank",
+           "distributed_world_size", "from_rank0", "sum_over_ranks"]
 
 T = TypeVar("T")
 
@@ -33,6 +33,21 @@ def distributed_rank() -> int:
     """This process's rank in the default group; 0 when not distributed."""
     dist = _dist()
     return dist.get_rank() if dist is not None else 0
+
+
+def all_gather_objects(value: T) -> list[T]:
+    """Every rank's ``value``, rank 0's first, on every rank (``[value]`` when not distributed).
+
+    A collective (every rank calls it at the same point); the values travel pickled
+    (``all_gather_object``, as accelerate's ``gather_object``): for small values such as a few
+    generated texts.
+    """
+    dist = _dist()
+    if dist is None or dist.get_world_size() <= 1:
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 #: The gloo group made by `cpu_group`, per default group (a new process group gets a new one).
