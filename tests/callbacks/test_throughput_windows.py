@@ -45,9 +45,10 @@ SCHEDULES = {
     "log-every-step": {"logging_steps": 1, "accumulation": 1},
     "log2-eval3-save5-ga2": {"logging_steps": 2, "eval_steps": 3, "save_steps": 5, "accumulation": 2},
     "log3-eval2-save4": {"logging_steps": 3, "eval_steps": 2, "save_steps": 4, "accumulation": 1},
-    "log2-by-epoch-ga3": {"logging_steps": 2, "eval_steps": "epoch", "save_steps": "epoch", "accumulation": 3},
-    "log1-eval-on-start-warmup0": {"logging_steps": 1, "eval_steps": 4, "accumulation": 2, "eval_on_start": True,
-                                   "warmup_steps": 0},
+    "log2-by-epoch-ga3": {"logging_steps": 2, "eval_steps": "epoch", "save_steps": "epoch",
+                          "accumulation": 3},
+    "log1-eval-on-start-warmup0": {"logging_steps": 1, "eval_steps": 4, "accumulation": 2,
+                                   "eval_on_start": True, "warmup_steps": 0},
 }
 RUNNERS = ("Trainer", "Trainer+run_before_integrations", "TrainerPlus", "LightweightTrainer")
 FIRST_TIER = {("Trainer", "log2-eval3-save5-ga2"), ("Trainer+run_before_integrations", "log3-eval2-save4"),
@@ -56,8 +57,9 @@ FIRST_TIER = {("Trainer", "log2-eval3-save5-ga2"), ("Trainer+run_before_integrat
 
 def flow(schedule: dict) -> dict:
     """The trainer arguments of a schedule (transformers' names, which LoopArguments shares)."""
-    values = {"logging_steps": schedule["logging_steps"], "gradient_accumulation_steps": schedule["accumulation"],
-              "num_train_epochs": EPOCHS, "eval_on_start": schedule.get("eval_on_start", False)}
+    values = {"logging_steps": schedule["logging_steps"],
+              "gradient_accumulation_steps": schedule["accumulation"], "num_train_epochs": EPOCHS,
+              "eval_on_start": schedule.get("eval_on_start", False)}
     for what in ("eval", "save"):
         every = schedule.get(f"{what}_steps")
         if every is None:
