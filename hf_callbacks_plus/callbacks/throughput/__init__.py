@@ -58,6 +58,7 @@ from .flops import (
     loss_shifts_labels,
     measure_training_flops,
     peak_flops,
+    sharding_engine,
     training_flops,
     training_precision,
 )
@@ -85,7 +86,9 @@ class ThroughputMonitor(TrainerCallback):
             right, plus attention; `hf_callbacks_plus.callbacks.throughput.flops.training_flops`);
             ``"measure"`` counts the first training micro-batch's forward and backward once with
             ``torch.utils.flop_counter`` (an extra pass during warm-up; FLOPs per token at that
-            batch's length); a number is your own training FLOPs per token; None logs no FLOPs.
+            batch's length; refused at train begin under FSDP, whose sharded weights the pass
+            cannot reach); a number is your own training FLOPs per token; None logs no FLOPs.
+            The counts use the full parameter shapes under DeepSpeed ZeRO-3 and FSDP.
             Defaults to ``"auto"``.
         peak_flops: Peak FLOP/s of one device, for the MFU. Defaults to None: the dense peak of
             a known accelerator for ``precision`` (`hf_callbacks_plus.callbacks.throughput.flops.PEAK_FLOPS`),
@@ -99,7 +102,8 @@ class ThroughputMonitor(TrainerCallback):
 
     Raises:
         ValueError: ``flops_per_token``, ``peak_flops``, ``precision`` or ``warmup_steps`` is
-            not one of the values above.
+            not one of the values above; at train begin, ``flops_per_token="measure"`` with a
+            model sharded by FSDP.
 
     Note:
         The figures go into each training log record under ``throughput/``: sequences/s, tokens/s
@@ -202,6 +206,7 @@ class ThroughputMonitor(TrainerCallback):
                               f"dimensions outside an embedding) in {type(model).__name__}; pass "
                               "flops_per_token=<training FLOPs per token>")
         elif self.flops_per_token == "measure":
+            _refuse_measure_under_fsdp(model)
             self._measure_pending = True
         elif self.flops_per_token is not None:
             self.flops = TrainingFlops(per_token=float(self.flops_per_token), source="given")
@@ -459,6 +464,23 @@ class ThroughputMonitor(TrainerCallback):
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message)
+
+
+def _refuse_measure_under_fsdp(model: Any) -> None:
+    """``flops_per_token="measure"`` cannot count a backward pass under FSDP: its extra pass asks
+    autograd for the weights' gradients, and FSDP computes with gathered copies of its sharded
+    weights (FSDP2, FSDP1 with ``use_orig_params=True``: the pass never reaches them and counts the
+    forward only, a third of the FLOPs) and reduces gradients in hooks that such a pass skips."""
+    engine = sharding_engine(model)
+    if engine in ("fsdp1", "fsdp2"):
+        raise ValueError(
+            f"ThroughputMonitor(flops_per_token='measure') cannot measure a model sharded by "
+            f"{'FSDP2 (fully_shard)' if engine == 'fsdp2' else 'FSDP1 (flat parameters)'}: its extra "
+            "forward and backward pass would count the forward only (FSDP computes with gathered copies "
+            "of the sharded weights, which the pass does not reach) and skip FSDP's gradient hooks. "
+            "Use flops_per_token='auto' (counted from the full parameter shapes, right under FSDP) or "
+            "a number (your training FLOPs per token)."
+        )
 
 
 def _positive(value: Any) -> bool:
