@@ -89,9 +89,10 @@ def test_zero3_trainer_records_are_unchanged_and_the_flops_right(tmp_path):
                 for r in result[run]["history"] if "loss" in r]
 
     assert records("auto") == records("none") == records("measure")  # bit-identical (dropout 0.3)
-    assert result["auto"]["flops"] == result["unsharded"]
+    assert records("zero2-auto") == records("zero2-none")
+    assert result["auto"]["flops"] == result["zero2-auto"]["flops"] == result["unsharded"]
     assert result["measure"]["flops"]["per_token"] == result["measured_by_hand"]
-    for run in ("auto", "measure"):
+    for run in ("auto", "measure", "zero2-auto"):
         windows = [r for r in result[run]["history"] if "throughput/window_seconds" in r]
         assert windows
         assert all(r["throughput/tflops_per_second"] > 0 and r["throughput/mfu"] > 0 for r in windows)

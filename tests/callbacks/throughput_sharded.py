@@ -108,8 +108,8 @@ def counts() -> dict[str, Any]:
 
 def zero3_trainer() -> dict[str, Any]:
     """A stock Trainer under ZeRO-3: without the monitor, with ``flops_per_token="auto"`` and with
-    ``"measure"``; each run's log history and the monitor's count, and the unsharded model's
-    count and ``flop_counter`` measurement of the first batch."""
+    ``"measure"``, and under ZeRO-2 without it and with ``"auto"``; each run's log history and the monitor's
+    count, and the unsharded model's count and ``flop_counter`` measurement of the first batch."""
     from transformers import Trainer
 
     from hf_callbacks_plus import run_before_integrations
@@ -119,13 +119,15 @@ def zero3_trainer() -> dict[str, Any]:
     from tests.tiny_models import training_args
 
     result: dict[str, Any] = {}
-    for run in ("none", "auto", "measure"):
+    for run in ("none", "auto", "measure", "zero2-none", "zero2-auto"):
         collator = RecordingCollator()
-        monitor = ThroughputMonitor(flops_per_token=run, peak_flops=1e12) if run != "none" else None
+        mode = run.removeprefix("zero2-")
+        monitor = ThroughputMonitor(flops_per_token=mode, peak_flops=1e12) if mode != "none" else None
+        config = {**ZERO3, "zero_optimization": {"stage": 2}} if run.startswith("zero2") else ZERO3
         trainer = Trainer(model=tiny_llama(attention_dropout=0.3), train_dataset=lm_rows(24, seed=1),
                           args=training_args(f"out-{run}", max_steps=4, logging_steps=2, learning_rate=0.01,
                                              per_device_train_batch_size=4, remove_unused_columns=False,
-                                             deepspeed=ZERO3),
+                                             deepspeed=config),
                           data_collator=collator, callbacks=[monitor] if monitor else [])
         run_before_integrations(trainer)
         trainer.train()
