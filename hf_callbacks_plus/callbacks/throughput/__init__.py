@@ -501,5 +501,7 @@ def _is_training_record(logs: Any) -> bool:
 
 def _is_evaluation_record(logs: Any) -> bool:
     """A record of an evaluation: ``evaluate()`` and ``predict()`` (any ``metric_key_prefix``)
-    and the train-subset evaluation report ``<prefix>_runtime``."""
-    return isinstance(logs, dict) and any(isinstance(key, str) and key.endswith("_runtime") for key in logs)
+    and the train-subset evaluation report ``<prefix>_runtime`` (the end-of-training summary's
+    ``train_runtime`` is no evaluation)."""
+    return isinstance(logs, dict) and any(isinstance(key, str) and key.endswith("_runtime")
+                                          and key != "train_runtime" for key in logs)
