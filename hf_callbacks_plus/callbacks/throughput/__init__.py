@@ -58,6 +58,7 @@ from .flops import (
     loss_shifts_labels,
     measure_training_flops,
     peak_flops,
+    reentrant_checkpointing,
     sharding_engine,
     training_flops,
     training_precision,
@@ -86,9 +87,10 @@ class ThroughputMonitor(TrainerCallback):
             right, plus attention; `hf_callbacks_plus.callbacks.throughput.flops.training_flops`);
             ``"measure"`` counts the first training micro-batch's forward and backward once with
             ``torch.utils.flop_counter`` (an extra pass during warm-up; FLOPs per token at that
-            batch's length; refused at train begin under FSDP, whose sharded weights the pass
-            cannot reach); a number is your own training FLOPs per token; None logs no FLOPs.
-            The counts use the full parameter shapes under DeepSpeed ZeRO-3 and FSDP.
+            batch's length; refused at train begin under FSDP and with reentrant activation
+            checkpointing, whose backward the pass cannot follow); a number is your own training
+            FLOPs per token; None logs no FLOPs. The counts use the full parameter shapes under
+            DeepSpeed ZeRO-3 and FSDP.
             Defaults to ``"auto"``.
         peak_flops: Peak FLOP/s of one device, for the MFU. Defaults to None: the dense peak of
             a known accelerator for ``precision`` (`hf_callbacks_plus.callbacks.throughput.flops.PEAK_FLOPS`),
@@ -103,7 +105,7 @@ class ThroughputMonitor(TrainerCallback):
     Raises:
         ValueError: ``flops_per_token``, ``peak_flops``, ``precision`` or ``warmup_steps`` is
             not one of the values above; at train begin, ``flops_per_token="measure"`` with a
-            model sharded by FSDP.
+            model sharded by FSDP or with reentrant activation checkpointing.
 
     Note:
         The figures go into each training log record under ``throughput/``: sequences/s, tokens/s
@@ -206,7 +208,7 @@ class ThroughputMonitor(TrainerCallback):
                               f"dimensions outside an embedding) in {type(model).__name__}; pass "
                               "flops_per_token=<training FLOPs per token>")
         elif self.flops_per_token == "measure":
-            _refuse_measure_under_fsdp(model)
+            _refuse_measure(model)
             self._measure_pending = True
         elif self.flops_per_token is not None:
             self.flops = TrainingFlops(per_token=float(self.flops_per_token), source="given")
@@ -466,11 +468,13 @@ class ThroughputMonitor(TrainerCallback):
             logger.warning(message)
 
 
-def _refuse_measure_under_fsdp(model: Any) -> None:
-    """``flops_per_token="measure"`` cannot count a backward pass under FSDP: its extra pass asks
-    autograd for the weights' gradients, and FSDP computes with gathered copies of its sharded
-    weights (FSDP2, FSDP1 with ``use_orig_params=True``: the pass never reaches them and counts the
-    forward only, a third of the FLOPs) and reduces gradients in hooks that such a pass skips."""
+def _refuse_measure(model: Any) -> None:
+    """``flops_per_token="measure"`` asks autograd for the trained weights' gradients of one extra
+    pass; it cannot count a backward pass that autograd does not run there: under FSDP (FSDP2,
+    FSDP1 with ``use_orig_params=True``: the computation uses gathered copies of the sharded
+    weights, so the pass counted the forward only; FSDP1 without: FSDP's gradient hooks are
+    skipped) and with reentrant activation checkpointing (the checkpointed layers' backward is not
+    followed: about a third of the FLOPs were counted)."""
     engine = sharding_engine(model)
     if engine in ("fsdp1", "fsdp2"):
         raise ValueError(
@@ -480,6 +484,14 @@ def _refuse_measure_under_fsdp(model: Any) -> None:
             "of the sharded weights, which the pass does not reach) and skip FSDP's gradient hooks. "
             "Use flops_per_token='auto' (counted from the full parameter shapes, right under FSDP) or "
             "a number (your training FLOPs per token)."
+        )
+    if reentrant_checkpointing(model):
+        raise ValueError(
+            "ThroughputMonitor(flops_per_token='measure') cannot measure a model with reentrant "
+            "activation checkpointing (gradient_checkpointing_kwargs={'use_reentrant': True}; trl sets it "
+            "for a PEFT model under DeepSpeed ZeRO-3): autograd does not follow the checkpointed layers' "
+            "backward in its extra pass, which would count about a third of the FLOPs. Use "
+            "flops_per_token='auto', a number, or use_reentrant=False."
         )
 
 

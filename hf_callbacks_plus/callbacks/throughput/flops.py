@@ -41,6 +41,7 @@ __all__ = [
     "loss_shifts_labels",
     "measure_training_flops",
     "peak_flops",
+    "reentrant_checkpointing",
     "sharding_engine",
     "training_flops",
     "training_precision",
@@ -235,6 +236,20 @@ def sharding_engine(model: Any) -> Optional[str]:
         if type(parameter).__name__ == "DTensor" or hasattr(parameter, "device_mesh"):
             return "fsdp2"
     return None
+
+
+def reentrant_checkpointing(model: Any) -> bool:
+    """True when a module of ``model`` recomputes its forward with reentrant activation
+    checkpointing (transformers' ``gradient_checkpointing_kwargs={"use_reentrant": True}``; trl
+    sets it for a PEFT model under ZeRO-3), whose backward ``torch.autograd.grad`` with ``inputs``
+    cannot follow."""
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is not True:
+            continue
+        function = getattr(module, "_gradient_checkpointing_func", None)
+        if (getattr(function, "keywords", None) or {}).get("use_reentrant") is True:
+            return True
+    return False
 
 
 def _product_parameters(model: Any) -> tuple[int, int]:
