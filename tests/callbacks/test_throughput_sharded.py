@@ -5,11 +5,12 @@ flattens them into one 1-D ``FlatParameter`` per wrapper, ZeRO-3 leaves placehol
 ``[0]`` (``ds_shape`` holds the real one). Before, ZeRO-3 and FSDP1 gave no FLOP keys and no
 warning; ``measure`` under FSDP2 counted the forward only (a third). The counts must equal those
 of the unsharded model, which equal ``torch.utils.flop_counter`` (tests/callbacks/test_flops.py);
-``measure`` is refused under FSDP at train begin. Under ZeRO-3 a stock Trainer's records (loss,
-grad norm) are bit-identical with and without the monitor, and ``measure`` equals the counter on
-the unsharded model (second tier). The runs are in a subprocess (tests/callbacks/
-throughput_sharded.py): the process group it starts stays up until the process ends. The 2-rank
-engines are in tests/distributed.py's launch.
+``measure`` is refused under FSDP at train begin. Under ZeRO-2 and ZeRO-3 a stock Trainer's
+records (loss, grad norm) are bit-identical with and without the monitor, and ``measure`` equals
+the counter on the unsharded model. The runs are in a subprocess (tests/callbacks/
+throughput_sharded.py): the process group it starts stays up until the process ends. Second tier
+(about 30 s): the first tier runs ZeRO-3 and FSDP1 on 2 ranks, in tests/distributed.py's launch
+(tests/callbacks/test_throughput_engines.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def counts(tmp_path_factory) -> dict:
     return run_script(tmp_path_factory.mktemp("sharded_counts"), "counts", free_port())
 
 
+@pytest.mark.second_tier  # the first tier has ZeRO-3 and FSDP1 on 2 ranks: test_throughput_engines.py
 def test_flops_come_from_the_full_shapes_under_every_engine(counts):
     engines = ("fsdp2", "fsdp1", "fsdp1-orig-params", "zero3")
     assert set(counts["sharded"]) == {f"{engine}/{model}" for engine in engines
@@ -69,6 +71,7 @@ def test_flops_come_from_the_full_shapes_under_every_engine(counts):
         assert by_formula == counts["flop_counter"][model]
 
 
+@pytest.mark.second_tier
 def test_measure_is_refused_under_fsdp_and_allowed_under_zero3(counts):
     for key, outcome in counts["sharded"].items():
         if key.startswith("zero3"):
