@@ -61,7 +61,7 @@ def describe_log(path: Path) -> tuple[str, Optional[str], Optional[str]]:
     wal.inspect()
     try:
         acked, run_id, _ = wal.recover()
-        counts = wal.pending(acked, points=True)
+        counts = wal.pending(acked)
     finally:
         wal.close()
     run_key = wal.target.get("run_key")

@@ -20,7 +20,7 @@ from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
 from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
-from .wal import Sender, WriteAheadLog
+from .wal import Sender, StoreUnreachable, WriteAheadLog
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
            "create_local_store", "explain_mlflow_error", "is_transient_mlflow_error", "mlflow_limits",
@@ -122,6 +122,7 @@ def explain_mlflow_error(error: BaseException, uri: Optional[str] = None) -> tup
         return (f"no answer from {place} within the request timeout (MLFLOW_HTTP_REQUEST_TIMEOUT, "
                 "MLFLOW_HTTP_REQUEST_MAX_RETRIES)"), "timeout"
     message = f"{type(chain[0]).__name__}: {chain[0]}"
+    message = str(chain[0]) if isinstance(chain[0], StoreUnreachable) else message
     if len(message) > 1000:
         message = f"{message[:1000].rsplit(' ', 1)[0]} ... ({len(message) - 1000} more characters)"
     return message, None
@@ -235,12 +236,12 @@ def create_local_store(uri: Optional[str]) -> None:
     path, kind = _local_store(uri)
     if path is None or os.path.exists(path):
         return
-    for stale in glob.glob(f"{glob.escape(path)}.creating-*"):
+    for stale in glob.glob(f"{glob.escape(path)}.creating-*"):  # with their journal files
         try:
-            os.kill(int(stale.rsplit("-", 1)[1]), 0)
+            os.kill(int(re.match(r"\d+", stale[len(path) + 10:]).group()), 0)
         except ProcessLookupError:
             shutil.rmtree(stale, ignore_errors=True) if os.path.isdir(stale) else os.unlink(stale)
-        except (ValueError, OSError):
+        except (AttributeError, OSError):
             continue
     temporary = f"{path}.creating-{os.getpid()}"
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -365,7 +366,8 @@ class MLflowBackend(Backend):
     @property
     def where(self) -> str:
         """``"the store at <tracking URI>"`` (credentials masked), for messages."""
-        return f"the store at {mask_url_credentials(self.tracking_uri) or 'MLflow default tracking URI'}"
+        uri = mask_url_credentials(absolute_store_uri(self.tracking_uri))
+        return f"the store at {uri or 'MLflow default tracking URI'}"
 
     def location(self) -> str:
         """The write-ahead log, where this process writes the run."""

@@ -16,7 +16,7 @@ except ImportError:  # Windows: the file is not locked between processes
 
 from .base import Backend, LogRecord, logger
 
-__all__ = ["Sender", "WriteAheadLog", "find_logs", "read_target", "replay"]
+__all__ = ["Sender", "StoreUnreachable", "WriteAheadLog", "find_logs", "read_target", "replay"]
 
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64
@@ -35,6 +35,10 @@ CHUNK_BYTES = 1 << 18
 #: The log's own lines: its first line names the target; a ``sent`` line records how far the store
 #: acknowledged the file, and the run's id (`Sender` passes over both).
 TARGET_LINE, SENT_LINE = b'{"kind": "target"', b'{"kind": "sent"'
+
+
+class StoreUnreachable(ConnectionError):
+    """The store cannot be reached; the message says why (a replay raises it)."""
 
 
 def replay_hint(path: Union[str, Path]) -> str:
@@ -66,10 +70,13 @@ def _open_locked(path: Path, wait: float, create: bool) -> int:
                                            ) from None
                     time.sleep(0.05)
             held = os.fstat(fd)
-            named = os.stat(path) if path.exists() else None
         except BaseException:
             os.close(fd)
             raise
+        try:
+            named = os.stat(path)
+        except FileNotFoundError:
+            named = None
         if named is not None and (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
             return fd
         os.close(fd)
@@ -268,34 +275,26 @@ class WriteAheadLog:
             points, offset = points + size, end
         return found, offset
 
-    def pending(self, offset: int, points: bool = False) -> dict[str, Any]:
-        """What lies past ``offset``: log records (their points when ``points``), their steps, params,
-        files, the last final status."""
+    def pending(self, offset: int) -> dict[str, Any]:
+        """What lies past ``offset``: log records, their points and steps, params, files, the last status."""
         counts: dict[str, Any] = {"log": 0, "points": 0, "steps": [], "params": 0, "file": 0, "status": None}
         for line, _ in self._lines(offset):
-            if line.startswith(b'{"kind": "log", "step": ') and not points:
-                counts["log"] += 1
-                counts["steps"].append(int(line[24:40].split(b",")[0]))
-            elif not line.startswith((TARGET_LINE, SENT_LINE)):
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                kind = entry.get("kind")
-                if kind == "log":
-                    counts["points"] += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
-                    counts["steps"].append(int(entry["step"]))
-                if kind in ("log", "params", "file"):
-                    counts[kind] += 1
-                counts["status"] = entry.get("status") if kind == "finish" else counts["status"]
+            entry = {} if line.startswith((TARGET_LINE, SENT_LINE)) else json.loads(line)
+            kind = entry.get("kind")
+            if kind == "log":
+                counts["points"] += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
+                counts["steps"].append(int(entry["step"]))
+            if kind in ("log", "params", "file"):
+                counts[kind] += 1
+            counts["status"] = entry.get("status") if kind == "finish" else counts["status"]
         return counts
 
 
 def describe_pending(counts: dict[str, Any]) -> str:
-    """``"5 log record(s) (steps 3-7), the params, 1 file(s) and the final status FAILED"``."""
+    """``"5 log record(s) (40 points, steps 3-7), the params, 1 file(s) and the final status FAILED"``."""
     steps = counts["steps"]
-    points = f"{counts['points']} points, " if counts["points"] else ""
-    parts = [f"{counts['log']} log record(s) ({points}steps {min(steps)}-{max(steps)})"] if steps else []
+    parts = [f"{counts['log']} log record(s) ({counts['points']} points, steps {min(steps)}-{max(steps)})"
+             ] if steps else []
     parts += ["the params"] * bool(counts["params"]) + [f"{counts['file']} file(s)"] * bool(counts["file"])
     parts += [f"the final status {counts['status']}"] * bool(counts["status"])
     return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "nothing"
@@ -439,8 +438,9 @@ class Sender:
         elif self._call_started is not None and not self._hopeless:
             reason = f"a call to {where} had not answered after {time.monotonic() - self._call_started:.0f} s"
         elif self._down_since is not None:
-            reason = (f"{where} was unreachable for the last {time.monotonic() - self._down_since:.0f} s: "
-                      f"{self._cause or 'no answer'}")
+            since = time.monotonic() - self._down_since
+            reason = (f"{where} is unreachable" + (f" since {since:.0f} s" if since >= 1 else "")
+                      + f": {self._cause or 'no answer'}")
         elif not self._started:
             reason = f"the run did not open at {where} within the close deadline"
         else:
@@ -460,8 +460,9 @@ class Sender:
         alone = self.acked < self._isolate_until
         entries, end = self.wal.read(self.acked, limit, 1 if alone else BATCH_ENTRIES)
         if not entries:  # only the log's own lines
+            moved = end > self.acked
             self._ack(end, sent=False)
-            return "ok" if end > self.acked or end < self.wal.size else "done"
+            return "ok" if moved and end < self.wal.size else "done"
         return self._attempt(self._send, entries, end)
 
     def send_to_end(self, stop: Optional[Callable[[], bool]] = None) -> None:
@@ -578,7 +579,7 @@ class Sender:
     def _attempt(self, function: Callable[..., None], *args: Any) -> str:
         """Run ``function``: "ok", "transient" (retry), "dropped" (a refused entry) or "fatal" (stop)."""
         if (self._down_since is not None or not self._started) and not self._probe():
-            self._last_error = ConnectionError(self._cause)
+            self._last_error = StoreUnreachable(self._cause)
             return "transient"
         self._call_started = time.monotonic()
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import Counter
 
@@ -211,6 +212,28 @@ def test_a_half_written_line_is_dropped_when_the_log_is_reopened(tmp_path):
     assert [entry["step"] for entry in entries] == [1, 3] and end == wal.path.stat().st_size
     kinds = [json.loads(line)["kind"] for line in wal.path.read_text().splitlines()]
     assert kinds == ["target", "log", "log"]
+
+
+def test_a_log_deleted_by_its_holder_is_never_written_by_the_one_that_waited(tmp_path, monkeypatch):
+    """The holder removes the log and lets go while another opener waits for the lock: the waiter then
+    holds and writes the file the path names. (With two processes: test_wal_faults.py.)"""
+    from tests.loggers.test_wal_faults import FlockSpy
+
+    target = {"logger": "MLflowLogger", "run_key": "key"}
+    holder, waiter, waiting = WriteAheadLog(tmp_path / "key.jsonl"), WriteAheadLog(tmp_path / "key.jsonl"), []
+    holder.open(target, wait=0)
+    monkeypatch.setattr(wal_module, "fcntl", FlockSpy(on_held=lambda: waiting.append(1)))
+    opening = threading.Thread(target=waiter.open, args=(target, 30.0))
+    opening.start()
+    end = time.monotonic() + 30
+    while not waiting and time.monotonic() < end:
+        time.sleep(0.01)
+    holder.close(delete=True)
+    opening.join(30)
+    waiter.append({"kind": "log", "step": 1, "time": 0, "metrics": {"a": 1.0}, "summary": {}})
+    waiter.close()
+    assert waiting and [json.loads(line)["kind"] for line in holder.path.read_text().splitlines()] == [
+        "target", "log"]
 
 
 def test_small_records_go_about_once_a_second_a_full_batch_at_once(tmp_path, sqlite_uri):
