@@ -214,7 +214,7 @@ def _local_store(uri: Optional[str]) -> tuple[Optional[str], str]:
     if scheme == "sqlite" and ":///" in uri and not uri.split(":///", 1)[1].startswith(":memory:"):
         return os.path.abspath(uri.split(":///", 1)[1].split("?", 1)[0]), "sqlite"
     if uri and (len(scheme) <= 1 or scheme == "file"):
-        from mlflow.utils.uri import local_file_uri_to_path
+        from mlflow.utils.file_utils import local_file_uri_to_path
 
         return os.path.abspath(local_file_uri_to_path(uri)), "file"
     return None, ""
@@ -262,7 +262,7 @@ def create_local_store(uri: Optional[str]) -> None:
             os.unlink(temporary)
     else:
         from mlflow.store.tracking.file_store import FileStore
-        from mlflow.utils.uri import path_to_local_file_uri
+        from mlflow.utils.file_utils import path_to_local_file_uri
 
         FileStore(temporary, path_to_local_file_uri(path))
         try:

@@ -82,6 +82,18 @@ def test_a_process_killed_while_it_creates_a_sqlite_store_leaves_none_or_a_whole
     assert sorted(path.name for path in db.parent.iterdir()) == ["mlflow.db"]  # the killed one's draft: gone
 
 
+def test_a_new_file_store_is_made_beside_its_place_and_moved_there_whole(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    root = tmp_path / "mlruns"
+    logger = MLflowLogger(tracking_uri=f"file://{root}")
+    train_in_loop(tmp_path / "out", [logger], 3)
+    client = MlflowClient(f"file://{root}")
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+    assert loss_steps(client, logger.run_id) == [1, 2, 3]
+    assert client.get_experiment("0").artifact_location == f"file://{root}/0"  # not the draft's path
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mlruns", "out"]
+
+
 def test_a_half_made_sqlite_store_is_refused_at_construction_with_its_repair(tmp_path):
     db = tmp_path / "mlflow.db"
     with sqlite3.connect(db) as connection:  # fault injection: what a migration killed midway leaves
