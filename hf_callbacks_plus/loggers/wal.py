@@ -403,14 +403,15 @@ class Sender:
         self._closing, self._deadline = True, time.monotonic() + timeout
         self._wake.set()
         end, probed = self._deadline, False
+        hopeless = self.down and self._hopeless and not self._probe()  # still refused (DNS, TLS) now?
         while self._thread.is_alive() and time.monotonic() < end:
             self._thread.join(min(0.05 if self.down else 0.5, max(0.0, end - time.monotonic())))
             self.check_silence()
             started = self._call_started
             if started is not None and not probed and time.monotonic() - started > 1.0:
                 probed = True  # a call silent at the close: is anything there to answer it?
-                self._probe()
-            if self.down and (self._hopeless or not while_down):
+                hopeless = not self._probe() and self._hopeless
+            if self.down and (hopeless or not while_down):
                 self._deadline = end = time.monotonic()
                 self._wake.set()
             if time.monotonic() >= self._deadline and self._call_started is not None:

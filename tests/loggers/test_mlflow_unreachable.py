@@ -73,7 +73,7 @@ def test_an_unreachable_store_is_told_at_once_with_its_cause_and_the_end_waits_f
     first = [m for m in ours if cause in m]
     assert len(first) >= 2 and uri in first[0], ours  # when met, and at the end
     (end,) = [m for m in ours if "not delivered" in m]
-    assert cause in end and "21 log record(s) (steps 1-20), the params" in end, end
+    assert cause in end and "21 log record(s) (66 points, steps 1-20), the params" in end, end
     assert not [m for m in ours if "has not answered" in m or "too slow" in m], ours
 
     capsys.readouterr()

@@ -119,7 +119,7 @@ def test_a_store_down_until_the_end_keeps_everything_and_replay_sends_it_once(tm
     assert time.monotonic() - met[0] < 5.0
     wal = tmp_path / ".mlflow_wal" / f"{logger.run_key}.jsonl"
     (warning,) = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
-    assert "8 log record(s) (steps 1-8), the params and the final status FAILED" in warning
+    assert "8 log record(s) (24 points, steps 1-8), the params and the final status FAILED" in warning
     assert "unreachable" in warning
     assert f"hf-callbacks-plus replay {wal}" in warning
     client = MlflowClient(sqlite_uri)
