@@ -167,10 +167,9 @@ def _refuse_unusable_sqlite_path(uri: str) -> None:
     """Refuse now a sqlite database MLflow cannot create (its folder is under a file, or not writable)."""
     for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
         require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
-    path = uri.split(":///", 1)[1].split("?", 1)[0] if ":///" in uri else ""
-    if not path or path == ":memory:":
+    path = _local_store(uri)[0]
+    if path is None:
         return
-    path = os.path.abspath(path)
     problem = "is a directory" if os.path.isdir(path) else None
     ancestor = os.path.dirname(path)
     while problem is None and not os.path.exists(ancestor):
@@ -211,9 +210,10 @@ def _refuse_half_made_sqlite(uri: str, path: str) -> None:
 def _local_store(uri: Optional[str]) -> tuple[Optional[str], str]:
     """The path of a local store (``"sqlite"`` or ``"file"``), else ``(None, "")``."""
     scheme = urlparse(uri or "").scheme.lower()
-    if scheme == "sqlite" and ":///" in uri and not uri.split(":///", 1)[1].startswith(":memory:"):
-        return os.path.abspath(uri.split(":///", 1)[1].split("?", 1)[0]), "sqlite"
-    if uri and (len(scheme) <= 1 or scheme == "file"):
+    path = uri.split(":///", 1)[1].split("?", 1)[0] if uri and ":///" in uri else ""
+    if scheme.split("+")[0] == "sqlite" and path and path != ":memory:":
+        return os.path.abspath(path), "sqlite"
+    if uri and (len(scheme) <= 1 or scheme == "file") and uri not in KNOWN_TRACKING_SCHEMES:
         from mlflow.utils.file_utils import local_file_uri_to_path
 
         return os.path.abspath(local_file_uri_to_path(uri)), "file"
@@ -258,8 +258,11 @@ def create_local_store(uri: Optional[str]) -> None:
             os.link(temporary, path)
         except FileExistsError:  # made meanwhile by another process: theirs is used
             pass
+        except OSError:  # a file system without hard links
+            os.replace(temporary, path)
         finally:
-            os.unlink(temporary)
+            if os.path.exists(temporary):
+                os.unlink(temporary)
     else:
         from mlflow.store.tracking.file_store import FileStore
         from mlflow.utils.file_utils import path_to_local_file_uri

@@ -171,3 +171,22 @@ def test_replay_of_a_copied_run_folder_says_where_it_sends_and_takes_another_sto
     assert copied.get_run(logger.run_id).info.status == "FINISHED"
     untouched = MlflowClient(f"sqlite:///{original / 'mlflow.db'}")
     assert not untouched.get_metric_history(logger.run_id, "train/loss")
+
+
+@pytest.mark.parametrize(("uri", "recorded"), [
+    ("sqlite:///mlflow.db", "sqlite:///{cwd}/mlflow.db"),
+    ("sqlite:////data/mlflow.db?timeout=20", "sqlite:////data/mlflow.db?timeout=20"),
+    ("sqlite+pysqlite:///runs/m.db", "sqlite+pysqlite:///{cwd}/runs/m.db"),
+    ("sqlite:///:memory:", "sqlite:///:memory:"),
+    ("./mlruns", "{cwd}/mlruns"),
+    ("file:///data/mlruns", "/data/mlruns"),
+    ("http://user:pw@host:5000", "http://user:***@host:5000"),
+    ("databricks", "databricks"),
+])
+def test_the_log_records_a_uri_that_reaches_the_same_store_from_any_folder(tmp_path, monkeypatch, uri,
+                                                                           recorded):
+    from hf_callbacks_plus.loggers.mlflow import MLflowBackend
+
+    monkeypatch.chdir(tmp_path)
+    target = MLflowBackend(uri, "e").target("key")
+    assert target["tracking_uri"] == recorded.format(cwd=tmp_path) and target["run_key"] == "key"
