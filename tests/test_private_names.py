@@ -92,6 +92,19 @@ def trl_metrics_instance(tmp_path: Path) -> None:
         assert isinstance(metrics, dict) and set(metrics) == {"train", "eval"}, (kind, metrics)
 
 
+def logging_window(tmp_path: Path) -> None:
+    # Deadline carries the loss a trainer accumulates between two logs through a stop's checkpoint:
+    # a tensor added to in place, the step of the last log, the sum of the logged losses
+    import torch
+
+    trainer = _tiny_trainer(tmp_path, max_steps=3, logging_steps=2)
+    trainer.train()
+    attributes = vars(trainer)
+    assert isinstance(attributes.get("_tr_loss"), torch.Tensor) and attributes["_tr_loss"].dim() == 0
+    assert attributes.get("_globalstep_last_logged") == 2
+    assert isinstance(attributes.get("_total_loss_scalar"), float)
+
+
 def loss_function_override(tmp_path: Path) -> None:
     from tests.tiny_models import tiny_causal_lm
 
@@ -154,10 +167,17 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "integrations/transformers.py: TrainerPlusMixin overrides it (loop_context)", loop_log_save_evaluate),
     ("transformers", "Trainer", "_load_from_checkpoint",
      "integrations/transformers.py: a vetoed resume loads the weights", load_from_checkpoint),
+    ("transformers", "Trainer", "_tr_loss",
+     "callbacks/deadline/window.py: the running loss carried through a stop's checkpoint", logging_window),
+    ("transformers", "Trainer", "_globalstep_last_logged",
+     "callbacks/deadline/window.py: where the carried logging window starts", logging_window),
+    ("transformers", "Trainer", "_total_loss_scalar",
+     "callbacks/deadline/window.py: train_loss of a resumed train() counts its own steps", logging_window),
     ("transformers", "PreTrainedModel", "_loss_function",
      "callbacks/throughput/flops.py: a user's loss_function decides the loss tokens", loss_function_override),
     ("trl", "SFTTrainer, DPOTrainer, RewardTrainer, GRPOTrainer, RLOOTrainer", "_metrics",
-     "runtime/isolated_evaluation.py: set aside during the subset's evaluation", trl_metrics_instance),
+     "runtime/isolated_evaluation.py: set aside during the subset's evaluation; "
+     "callbacks/deadline/window.py: carried through a stop's checkpoint", trl_metrics_instance),
     ("trl", "GRPOTrainer, RLOOTrainer", "_logs",
      "runtime/isolated_evaluation.py: set aside during the subset's evaluation",
      trl_accumulators(("_logs", "_metrics", "log_completions"), ("GRPOTrainer", "RLOOTrainer"))),
