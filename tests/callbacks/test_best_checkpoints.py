@@ -75,13 +75,14 @@ def test_keeps_the_k_best_whatever_rotation_deletes(run):
     assert run.keeper.best_checkpoint == str((run.dir / KEPT / "checkpoint-10").resolve())
 
 
-def test_kept_files_are_hard_links_without_the_resume_only_files(run):
+def test_kept_files_are_copies_without_the_resume_only_files(run):
     kept, original = run.dir / KEPT / "checkpoint-14", run.dir / "checkpoint-14"  # not rotated yet
     names = sorted(os.listdir(kept))
     assert names == ["model.safetensors", "trainer_state.json", "training_args.bin"]
     assert {"optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(os.listdir(original))
-    for name in names:  # no byte copied
-        assert os.path.samefile(kept / name, original / name), name
+    for name in names:  # the same bytes in a file of their own
+        assert not os.path.samefile(kept / name, original / name), name
+        assert (kept / name).read_bytes() == (original / name).read_bytes(), name
 
 
 def test_ranking_reaches_the_trackers_summary_and_the_plot(run):
@@ -163,11 +164,11 @@ def test_several_metrics_each_with_its_own_k_and_mode(tmp_path):
     scripted_run(tmp_path, [keeper], score=SCORE, acc=accuracy, save_total_limit=2).train()
     specs = [("score", 2, "min"), ("acc", 1, "max")]
     expected = expected_ranking({"score": SCORE, "acc": accuracy}, specs, SAVED)
-    assert expected == {"eval_score": [10, 6], "eval_acc": [8]}  # Inf never ranks; the tie keeps step 8
+    assert expected == {"eval_score": [10, 6], "eval_acc": [14]}  # +Inf is the best accuracy
     assert {name: [e.step for e in kept] for name, kept in keeper.ranking.items()} == expected
-    assert kept_steps(tmp_path) == [6, 8, 10]
+    assert kept_steps(tmp_path) == [6, 10, 14]
     ranks = {c["step"]: c["ranks"] for c in manifest(tmp_path)["checkpoints"]}
-    assert ranks == {6: {"eval_score": 2}, 8: {"eval_acc": 1}, 10: {"eval_score": 1}}
+    assert ranks == {6: {"eval_score": 2}, 10: {"eval_score": 1}, 14: {"eval_acc": 1}}
 
 
 def test_plot_marks_the_kept_steps(run):
