@@ -118,25 +118,22 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
         The `Start`.
     """
     manifest = read_manifest(directory) or {}
-    line = saved.get("run_id") if step > 0 and saved is not None else None
-    if not line:
-        return _fresh(step, output_dir, directory, manifest)
-    if saved.get("output_dir") != output_dir and manifest.get("run_id") != line:
-        start = _fresh(step, output_dir, directory, manifest)
-        start.warnings.insert(0, f"{_OWNER}: the checkpoint this run resumes from was written in "
-                                 f"output_dir={saved.get('output_dir')!r}, not {output_dir!r}; its ranking "
-                                 f"stays there and a fresh ranking starts here.")
-        return start
-    entries, last = _entries(saved), saved.get("last_step") or 0
-    manifest_step = manifest.get("last_step") if isinstance(manifest.get("last_step"), int) else 0
     folders = checkpoint_steps(directory)
-    ours = manifest.get("run_id") == line
-    continues = ((ours and manifest_step <= step and all(n <= step for n in folders))
-                 or not (manifest or folders))
+    if step == 0:
+        return _fresh(output_dir, directory, manifest, folders)
+    line = saved.get("run_id") if saved is not None else None
+    moved = None
+    if line and saved.get("output_dir") != output_dir and manifest.get("run_id") != line:
+        moved, line = saved.get("output_dir"), None
+    entries, last = (_entries(saved), saved.get("last_step") or 0) if line else ((), 0)
+    manifest_step = manifest.get("last_step") if isinstance(manifest.get("last_step"), int) else 0
+    ours = bool(line) and manifest.get("run_id") == line
+    continues = bool(line) and ((ours and manifest_step <= step and all(n <= step for n in folders))
+                                or not (manifest or folders))
     if ours and continues and manifest_step > last:  # the manifest is newer than the checkpoint's state
         entries, last = _entries(manifest), manifest_step
     start = Start(line if continues else _new_line(), output_dir, last, entries)
-    if candidate is not None and last < step:
+    if candidate is not None and line and last < step:  # a fresh ranking ranks the steps trained here
         start.candidate = candidate
     needed = {entry.step for entry in entries} | ({step} if start.candidate is not None else set())
     in_place = {n for n in folders if n in needed and n <= step
@@ -156,14 +153,22 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
         if ours:
             why = (f"this run resumes from step {step} of run {line}, which went on to step "
                    f"{manifest_step}; the steps after {step} are trained again")
-        else:
+        elif line:
             why = f"this run resumes from step {step} of run {line}, and {directory} holds {whose}'s"
+        else:
+            why = (f"the checkpoint this run resumes from (step {step}) holds no ranking of {directory}, "
+                   f"which holds {whose}'s")
         shared = (f" (steps {sorted(in_place)}, shared with this run, are copied there and stay here)"
                   if in_place else "")
         start.warnings.append(
-            f"{_OWNER}: {why}. A new ranking (run {start.run_id}) starts from the ranking at step {step}. "
+            f"{_OWNER}: {why}. A new ranking (run {start.run_id}) starts from "
+            f"{f'the ranking at step {step}' if line else 'there'}. "
             f"The kept checkpoints of {whose} (steps {kept_before}) are set aside, not deleted: in "
             f"{start.set_aside.path}{shared}.")
+    if moved is not None:
+        start.warnings.insert(0, f"{_OWNER}: the checkpoint this run resumes from was written in "
+                                 f"output_dir={moved!r}, not {output_dir!r}; its ranking stays there and a "
+                                 f"fresh ranking starts here.")
     _reconcile(start, step, history, in_place, manifest if ours and not continues else None, directory)
     return start
 
@@ -185,9 +190,8 @@ def _set_aside(directory: str, manifest: Mapping[str, Any], folders: Sequence[in
                     dict(manifest) if manifest else None)
 
 
-def _fresh(step: int, output_dir: str, directory: str, manifest: Mapping[str, Any]) -> Start:
-    start = Start(_new_line(), output_dir, step)
-    steps = checkpoint_steps(directory)
+def _fresh(output_dir: str, directory: str, manifest: Mapping[str, Any], steps: Sequence[int]) -> Start:
+    start = Start(_new_line(), output_dir, 0)
     if steps:
         owner = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
         start.problem = (
