@@ -485,9 +485,12 @@ class KeepBestCheckpoints(SelfRestoringState):
                     f"(it keeps the newest checkpoints by mtime, or by step when their mtimes are within "
                     f"1 s, so higher checkpoint-N of an earlier run, or of the steps a resumed run trains "
                     f"again, outrank it)")
+        existed = os.path.isdir(target)
         try:
             copied = copy_folder(source, target, self._skip)
         except OSError as error:
+            if not existed and os.path.isdir(target):  # renamed into place, then the disk failed
+                self._remove(step)
             return f"{type(error).__name__}: {error}"
         logger.debug("%s: kept checkpoint-%s in %s (%d files, %d bytes, %d shared copy-on-write).", _OWNER,
                      step, self.directory, copied.files, copied.bytes, copied.shared)

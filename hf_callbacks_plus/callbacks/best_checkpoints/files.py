@@ -185,28 +185,34 @@ def copy_folder(source: str, target: str, skip: Sequence[str] = ()) -> Copied:
         OSError: The disk refused (full, quota, permissions) or ``source`` vanished; nothing of
             the copy is left.
     """
-    parent, name = os.path.split(target)
-    building = os.path.join(parent, _BUILDING + name)
+    building = os.path.join(os.path.dirname(target), _BUILDING + os.path.basename(target))
     if os.path.lexists(building):
         _remove(building)
     try:
         _make_dir(building)
         copied = _copy_tree(source, building, skip)
         _fsync_dir(building)
-        if os.path.lexists(target):
-            deleting = os.path.join(parent, _DELETING + name)
-            if os.path.lexists(deleting):
-                _remove(deleting)
-            os.replace(target, deleting)
-            os.replace(building, target)
-            shutil.rmtree(deleting, ignore_errors=True)
-        else:
-            os.replace(building, target)
-        _fsync_dir(parent)
+        _publish(building, target)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
     return copied
+
+
+def _publish(building: str, target: str) -> None:
+    """Rename the complete ``building`` to ``target`` (an existing one renamed away first, then
+    deleted), durably."""
+    parent, name = os.path.split(target)
+    if os.path.lexists(target):
+        deleting = os.path.join(parent, _DELETING + name)
+        if os.path.lexists(deleting):
+            _remove(deleting)
+        os.replace(target, deleting)
+        os.replace(building, target)
+        shutil.rmtree(deleting, ignore_errors=True)
+    else:
+        os.replace(building, target)
+    _fsync_dir(parent)
 
 
 def _same_file(first: str, second: str) -> bool:
