@@ -22,8 +22,7 @@ import pytest
 from transformers import TrainerCallback
 
 from hf_callbacks_plus.callbacks import best_checkpoints as module
-from hf_callbacks_plus.callbacks.best_checkpoints import KeepBestCheckpoints
-from hf_callbacks_plus.callbacks.best_checkpoints import files
+from hf_callbacks_plus.callbacks.best_checkpoints import KeepBestCheckpoints, files
 from tests.callbacks.best_checkpoints_helpers import (
     KEPT,
     WeightsAtSave,
@@ -108,7 +107,8 @@ def assert_previous_best_kept(tmp_path, caplog, keeper, weights, hashes, why):
     assert [(entry["step"], entry["ranks"]) for entry in written["not_kept"]] == [(8, {"eval_score": 1})]
     assert why in written["not_kept"][0]["reason"]
     assert "could not keep step 8 (eval_score=2), which would rank {'eval_score': 1}" in caplog.text
-    assert "Nothing was deleted: the kept checkpoints stay as they were (eval_score: steps [4])" in caplog.text
+    assert "Nothing was deleted: the kept checkpoints stay as they were (eval_score: steps [4])" \
+        in caplog.text
     assert "1 checkpoint(s) that ranked could not be kept (steps 8" in caplog.text
     assert not [name for name in os.listdir(tmp_path / KEPT) if name.startswith(".")]
 

@@ -201,6 +201,18 @@ def _fresh(output_dir: str, directory: str, manifest: Mapping[str, Any], steps: 
     return start
 
 
+def _source(output_dir: str, directory: str, step: int, history: Sequence[Any]) -> Optional[str]:
+    """A save of ``step`` on the way to ``history`` to make its kept folder from: its
+    ``checkpoint-N``, or a kept folder set aside (the folder a run resumes from may be one)."""
+    parent, name = os.path.split(directory)
+    aside = sorted(os.path.join(parent, other) for other in os.listdir(parent)
+                   if other.startswith(f"{name}.")) if os.path.isdir(parent) else []
+    for folder in [checkpoint_folder(output_dir, step), *(kept_folder(path, step) for path in aside)]:
+        if history_matches(folder, step, history):
+            return folder
+    return None
+
+
 def _reconcile(start: Start, step: int, history: Sequence[Any], in_place: set[int],
                left: Optional[Mapping[str, Any]], directory: str) -> None:
     """Find a source for every ranked step whose folder is not in place; mark the others missing.
@@ -211,8 +223,8 @@ def _reconcile(start: Start, step: int, history: Sequence[Any], in_place: set[in
         if entry.step in in_place:
             entry = Kept(entry.step, entry.values, entry.epoch)
         elif not entry.missing:
-            source = checkpoint_folder(start.output_dir, entry.step)
-            if history_matches(source, entry.step, history):
+            source = _source(start.output_dir, directory, entry.step, history)
+            if source is not None:
                 start.sources[entry.step] = source
             else:
                 entry = entry.lost()
@@ -220,8 +232,8 @@ def _reconcile(start: Start, step: int, history: Sequence[Any], in_place: set[in
         entries.append(entry)
     start.entries = tuple(entries)
     if start.candidate is not None and step not in in_place:
-        source = checkpoint_folder(start.output_dir, step)
-        if history_matches(source, step, history):
+        source = _source(start.output_dir, directory, step, history)
+        if source is not None:
             start.sources[step] = source
     if gone:
         start.warnings.append(
