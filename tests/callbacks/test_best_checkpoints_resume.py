@@ -100,7 +100,7 @@ def test_a_crash_between_the_trainers_save_and_ours_is_completed_on_resume(tmp_p
 
 #: Where the save of step 8 is interrupted: making its kept folder, writing the manifest that lists
 #: it, deleting the folder it evicts (step 6's).
-AT_STEP_8 = {"copy_folder": lambda args: str(args[1]).endswith("checkpoint-8"),
+AT_STEP_8 = {"copy_entries": lambda args: str(args[1]).endswith("checkpoint-8"),
              "write_manifest": lambda args: args[1].get("last_step") == 8,
              "remove_folder": lambda args: args[1] == 6}
 

@@ -22,11 +22,12 @@ import pytest
 from transformers import TrainerCallback
 
 from hf_callbacks_plus.callbacks.best_checkpoints import KeepBestCheckpoints
-from hf_callbacks_plus.callbacks.best_checkpoints.files import RESUME_ONLY, _skipped
 from tests.callbacks.best_checkpoints_helpers import KEPT, scripted_run, tree_hashes
 
 pytestmark = [pytest.mark.transformers]
 
+#: What only a resume needs in a one-process checkpoint: a model-only kept folder holds the rest.
+RESUME_ONLY = {"optimizer.pt", "scheduler.pt", "rng_state.pth"}
 SCORE = {2: 5.0, 4: 3.0, 6: 4.0, 8: 2.0, 10: 6.0, 12: 1.0, 14: 7.0, 16: 2.5}
 OTHER = {step: 10.0 - value for step, value in SCORE.items()}  # "other data": another ranking
 
@@ -47,15 +48,24 @@ class BytesAtKeep(TrainerCallback):
         self.keeper, self.registry = keeper, registry
 
     def on_save(self, args, state, control, **kwargs):
-        step = state.global_step
-        saved = tree_hashes(Path(args.output_dir) / f"checkpoint-{step}")
+        self.register(args, state.global_step)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A resume makes the kept folder of the resumed step from its checkpoint."""
+        for folder in Path(self.keeper.directory).glob("checkpoint-*"):
+            self.register(args, int(folder.name.split("-")[1]))
+
+    def register(self, args, step):
         folder = self.keeper.folder(step)
         if folder is None or not os.path.isdir(folder):
             return
         kept = tree_hashes(folder)
-        skip = () if self.keeper.resumable else RESUME_ONLY
-        assert kept == {name: digest for name, digest in saved.items() if not _skipped(name, skip)}, step
-        self.registry[kept["trainer_state.json"]] = (step, kept)
+        source = Path(args.output_dir) / f"checkpoint-{step}"
+        if source.is_dir() and (kept["trainer_state.json"], tuple(sorted(kept))) not in self.registry:
+            skip = set() if self.keeper.resumable else RESUME_ONLY
+            saved = tree_hashes(source)
+            assert kept == {name: digest for name, digest in saved.items() if name not in skip}, step
+        self.registry.setdefault((kept["trainer_state.json"], tuple(sorted(kept))), (step, kept))
 
 
 class WritesIntoEarlierCheckpoints(TrainerCallback):
@@ -97,8 +107,9 @@ def assert_every_kept_folder_unchanged(output_dir, registry):
     assert folders
     for folder in folders:
         now = tree_hashes(folder)
-        assert now.get("trainer_state.json") in registry, f"{folder}: trainer_state.json changed"
-        step, then = registry[now["trainer_state.json"]]
+        key = (now.get("trainer_state.json"), tuple(sorted(now)))
+        assert key in registry, f"{folder}: changed since it was kept"
+        step, then = registry[key]
         assert folder.name == f"checkpoint-{step}" and now == then, folder
 
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Optional, Union
 
+from ...core.checkpoint_files import kept_entries
 from ...core.checkpoint_folders import checkpoint_folder
 from ...core.claims import TrainBeginClaims
 from ...core.stateful import SelfRestoringState
@@ -37,10 +38,14 @@ from ...metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar, grammar_for
 from ...metrics.monitor import MODES, Monitor
 from ...metrics.numbers import to_float
 from ...runtime.console import tell
-from ...runtime.distributed import from_rank0
+from ...runtime.distributed import from_rank0, sum_over_ranks
 from .files import (
-    RESUME_ONLY,
+    abandon_folder,
+    begin_folder,
+    building_folder,
+    copy_entries,
     copy_folder,
+    finish_folder,
     kept_folder,
     move_folder,
     remove_folder,
@@ -60,6 +65,7 @@ _CLAIMS = TrainBeginClaims()
 _SAME_KEY = ("the same dirname, so they would delete each other's folders. Give each its own "
              "dirname, or rank several metrics in one: KeepBestCheckpoints(['eval_loss', 'eval_accuracy']).")
 MANIFEST_FORMAT = 2
+_IN_PLACE = "in place"  # a keep whose folder is the one it would copy
 
 MonitorArg = Union[None, str, TopK, Mapping[str, Any], Sequence[Union[str, TopK, Mapping[str, Any]]]]
 
@@ -227,6 +233,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         self.not_kept: list[dict[str, Any]] = []
         self._state: Any = None
         self._writer = False
+        self._rank_index, self._world = 0, 1
         self._fresh: Optional[int] = None
         self._pending: Optional[int] = None
         self._confirmed: set[str] = set()
@@ -371,7 +378,11 @@ class KeepBestCheckpoints(SelfRestoringState):
                 self._fail(ValueError, problem)
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
         self._evaluates = _text(getattr(args, "eval_strategy", "no")) != "no"
-        self._writer = bool(getattr(args, "should_save", getattr(state, "is_world_process_zero", True)))
+        # the main process writes the kept folders and the manifest; every rank copies the files it
+        # wrote (its ZeRO partition, its distributed-checkpoint shard, its RNG state)
+        self._writer = bool(getattr(state, "is_world_process_zero", True))
+        self._rank_index = int(getattr(args, "process_index", 0) or 0)
+        self._world = max(1, int(getattr(args, "world_size", 1) or 1))
         output_dir = os.path.realpath(os.fspath(args.output_dir))
         self.directory = os.path.join(output_dir, self.dirname)
         self._state = state
@@ -428,7 +439,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         for step, source in sorted(start.sources.items()):
             if start.candidate is not None and step == start.candidate.step:
                 continue
-            problem = self._keep(step, source)
+            problem = self._make(step, source)
             if problem is None:
                 logger.info("%s: made the kept folder of step %s from %s (the run stopped before it was "
                             "made, or it was deleted since).", _OWNER, step, source)
@@ -437,6 +448,14 @@ class KeepBestCheckpoints(SelfRestoringState):
                                "place, marked missing.", _OWNER, step, source, problem)
                 lost.append(step)
         return lost, None
+
+    def _make(self, step: int, source: str) -> Optional[str]:
+        """Make a kept folder in this process alone (a repair at train begin); None, or why not."""
+        try:
+            copy_folder(source, self.folder(step), kept_entries(source, self.resumable))
+        except OSError as error:
+            return f"{type(error).__name__}: {error}"
+        return None
 
     def _in_place(self, step: int) -> Optional[str]:
         folder = self.folder(step)
@@ -467,33 +486,66 @@ class KeepBestCheckpoints(SelfRestoringState):
         return None
 
     # -- one keep ------------------------------------------------------------------------
-    @property
-    def _skip(self) -> tuple[str, ...]:
-        return () if self.resumable else RESUME_ONLY
-
     def _keep(self, step: int, source: Optional[str]) -> Optional[str]:
-        """Make the kept folder of ``step`` a complete copy of ``source``; None, or why it failed
-        (then nothing of it is left)."""
+        """Make the kept folder of ``step`` a complete copy of what `kept_entries` chooses of
+        ``source``; None, or why it failed (then nothing of it is left). A collective: every rank
+        calls it, copies the files it wrote, and gets the same answer."""
         target = self.folder(step)
+        status = from_rank0(lambda: self._begin(step, source, target))
+        if status == _IN_PLACE:
+            return None
+        if status is not None:
+            return status
+        building, local = building_folder(target), None
+        try:
+            entries = [entry for entry in kept_entries(source, self.resumable, self._world)
+                       if entry.owner == self._rank_index]
+            copied = copy_entries(source, building, entries)
+            logger.debug("%s: copied %d files (%d bytes, %d shared copy-on-write) of checkpoint-%s on rank "
+                         "%d.", _OWNER, copied.files, copied.bytes, copied.shared, step, self._rank_index)
+        except OSError as error:
+            local = f"{type(error).__name__}: {error}"
+            if self._rank_index != 0:
+                logger.warning("%s: rank %d could not copy its files of checkpoint-%s: %s.", _OWNER,
+                               self._rank_index, step, local)
+        flags = sum_over_ranks([1.0 if local and rank == self._rank_index else 0.0
+                                for rank in range(self._world)])
+        failed = [rank for rank, flag in enumerate(flags) if flag]
+        return from_rank0(lambda: self._finish(step, building, target, failed, local))
+
+    def _begin(self, step: int, source: Optional[str], target: str) -> Optional[str]:
+        """On the main process: check ``source`` and make the folder the copy is built in."""
         if source is None:
             return (f"no save of step {step} of this run is left to keep it from (its checkpoint-{step} "
                     f"is not in output_dir, or is another run's)")
         if os.path.realpath(source) == os.path.realpath(target):
-            return None  # already kept (the folder a run resumes from)
+            return _IN_PLACE  # already kept (the folder a run resumes from)
         if not os.path.isdir(source):
             return (f"{source} was gone at on_save: transformers' save_total_limit rotation deleted it "
                     f"(it keeps the newest checkpoints by mtime, or by step when their mtimes are within "
                     f"1 s, so higher checkpoint-N of an earlier run, or of the steps a resumed run trains "
                     f"again, outrank it)")
+        try:
+            begin_folder(target)
+        except OSError as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def _finish(self, step: int, building: str, target: str, failed: Sequence[int],
+                local: Optional[str]) -> Optional[str]:
+        """On the main process: rename the complete copy into place, or delete what was made."""
+        if failed:
+            abandon_folder(building)
+            return local if 0 in failed else (f"rank(s) {failed} could not copy their files of "
+                                               f"checkpoint-{step} (their output says why)")
         existed = os.path.isdir(target)
         try:
-            copied = copy_folder(source, target, self._skip)
+            finish_folder(building, target)
         except OSError as error:
+            abandon_folder(building)
             if not existed and os.path.isdir(target):  # renamed into place, then the disk failed
                 self._remove(step)
             return f"{type(error).__name__}: {error}"
-        logger.debug("%s: kept checkpoint-%s in %s (%d files, %d bytes, %d shared copy-on-write).", _OWNER,
-                     step, self.directory, copied.files, copied.bytes, copied.shared)
         return None
 
     def _commit(self, entries: Sequence[Kept]) -> Optional[str]:
@@ -508,14 +560,11 @@ class KeepBestCheckpoints(SelfRestoringState):
         """Rank ``candidate``; keep it when it is in a top k; delete the evicted only once its kept
         folder and the manifest that lists it are on disk. A failed keep changes nothing."""
         admission = admit(self.entries, candidate, self.specs)
-        problem: Optional[str] = None
-        if self._writer:
-            if admission.admitted:
-                problem = self._keep(candidate.step, source)
-            if problem is None:
-                problem = self._commit(admission.kept)
-                if problem is not None and admission.admitted:
-                    self._remove(candidate.step)
+        problem = self._keep(candidate.step, source) if admission.admitted else None
+        if problem is None and self._writer:
+            problem = self._commit(admission.kept)
+            if problem is not None and admission.admitted:
+                self._remove(candidate.step)
         problem = from_rank0(lambda: problem)
         if problem is not None and admission.admitted:
             self._not_kept(candidate, admission, problem)
@@ -562,7 +611,9 @@ class KeepBestCheckpoints(SelfRestoringState):
             source = checkpoint_folder(self.output_dir, step)
             if os.path.isdir(source):
                 try:
-                    update_folder(source, self.folder(step), self._skip)
+                    entries = [entry for entry in kept_entries(source, self.resumable, self._world)
+                               if entry.owner == 0]
+                    update_folder(source, self.folder(step), entries)
                 except OSError as error:
                     logger.warning("%s: could not copy what was written into checkpoint-%s after our "
                                    "on_save (%s: %s); its kept folder holds the checkpoint as it was then.",

@@ -26,7 +26,6 @@ names `leftovers` finds.
 from __future__ import annotations
 
 import errno
-import fnmatch
 import json
 import logging
 import os
@@ -35,21 +34,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ...core.checkpoint_files import Entry, list_files
 from ...core.checkpoint_folders import PREFIX_CHECKPOINT_DIR
 from ...core.state import TRAINER_STATE_NAME
 
-__all__ = ["MANIFEST_NAME", "RESUME_ONLY", "Copied", "copy_folder", "history_matches", "kept_folder",
-           "leftovers", "move_folder", "read_manifest", "remove_folder", "update_folder", "write_manifest"]
+__all__ = ["MANIFEST_NAME", "Copied", "abandon_folder", "begin_folder", "building_folder", "copy_entries",
+           "copy_folder", "finish_folder", "history_matches", "kept_folder", "leftovers", "move_folder",
+           "read_manifest", "remove_folder", "update_folder", "write_manifest"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
 #: The manifest's file name, in the kept folder.
 MANIFEST_NAME = "manifest.json"
-#: Files only a resume needs (optimizer, scheduler, AMP scaler, RNG states), and the copies of
-#: other steps' weights `EarlyStopping(restore_best=True)` leaves in checkpoints: not kept
-#: unless ``resumable=True``. Glob patterns of paths relative to the checkpoint.
-RESUME_ONLY = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "rng_state*.pth",
-               "best_weights-*.safetensors")
 _BUILDING, _DELETING, _PARTIAL = ".building-", ".deleting-", ".partial-"
 _FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
 #: copy_file_range errors that mean "not here" (another file system, an old kernel): copy in Python.
@@ -73,10 +69,6 @@ class Copied:
 def kept_folder(directory: str, step: int) -> str:
     """``<directory>/checkpoint-<step>``."""
     return os.path.join(directory, f"{PREFIX_CHECKPOINT_DIR}-{step}")
-
-
-def _skipped(relative: str, skip: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(relative, pattern) for pattern in skip)
 
 
 def _remove(path: str) -> None:
@@ -150,25 +142,77 @@ def _copy_file(source: str, target: str) -> Copied:
     return Copied(1, info.st_size, info.st_size if shared else 0)
 
 
-def _copy_tree(source: str, target: str, skip: Sequence[str], prefix: str = "") -> Copied:
+def _weights_only(source: str, target: str) -> Copied:
+    """Copy a DeepSpeed optimizer partition without the optimizer's moments: its fp32 master
+    weights, as DeepSpeed's ``zero_to_fp32.py`` reads them (it drops the moments itself)."""
+    import torch
+
+    state = torch.load(source, map_location="cpu", mmap=True, weights_only=False)  # this run's own file
+    inner = state.get("optimizer_state_dict") if isinstance(state, dict) else None
+    if isinstance(inner, dict):
+        inner.pop("optimizer_state_dict", None)  # ZeRO-3: the base optimizer's state
+        inner.pop("base_optimizer_state", None)  # ZeRO-1/2
+    with open(target, "xb") as writer:
+        torch.save(state, writer)
+        writer.flush()
+        os.fsync(writer.fileno())
+    return Copied(1, os.path.getsize(target), 0)
+
+
+def building_folder(target: str) -> str:
+    """The hidden name a kept folder is built under."""
+    return os.path.join(os.path.dirname(target), _BUILDING + os.path.basename(target))
+
+
+def begin_folder(target: str) -> str:
+    """Make the (empty) hidden folder ``target`` is built in (a stale one is removed first).
+
+    Raises:
+        OSError: The disk refused.
+    """
+    building = building_folder(target)
+    if os.path.lexists(building):
+        _remove(building)
+    _make_dir(building)
+    return building
+
+
+def copy_entries(source: str, building: str, entries: Sequence[Entry]) -> Copied:
+    """Copy ``entries`` of ``source`` into ``building`` (each file ``fsync``'d); several ranks may
+    do so at once, each its own entries.
+
+    Raises:
+        OSError: The disk refused, or a file is gone.
+    """
     copied = Copied()
-    for name in sorted(os.listdir(source)):
-        relative = prefix + name
-        if _skipped(relative, skip):
-            continue
-        origin, copy = os.path.join(source, name), os.path.join(target, name)
-        if os.path.isdir(origin) and not os.path.islink(origin):
-            _make_dir(copy)
-            copied.add(_copy_tree(origin, copy, skip, relative + "/"))
-            _fsync_dir(copy)
-        else:
-            copied.add(_copy_file(origin, copy))
+    for entry in entries:
+        origin, copy = os.path.join(source, entry.path), os.path.join(building, entry.path)
+        parent = os.path.dirname(copy)
+        if parent != building and not os.path.isdir(parent):
+            os.makedirs(parent, exist_ok=True)
+        copied.add(_weights_only(origin, copy) if entry.weights_only else _copy_file(origin, copy))
     return copied
 
 
-def copy_folder(source: str, target: str, skip: Sequence[str] = ()) -> Copied:
-    """Make ``target`` a complete, durable copy of ``source`` (recursively), or raise and leave
-    nothing made.
+def finish_folder(building: str, target: str) -> None:
+    """Sync every folder of the complete ``building`` (deepest first) and rename it to ``target``.
+
+    Raises:
+        OSError: The disk refused; ``building`` is left for `abandon_folder`.
+    """
+    for root, _, _ in sorted(os.walk(building), key=lambda item: -item[0].count(os.sep)):
+        _fsync_dir(root)
+    _publish(building, target)
+
+
+def abandon_folder(building: str) -> None:
+    """Delete what was built of a kept folder."""
+    shutil.rmtree(building, ignore_errors=True)
+
+
+def copy_folder(source: str, target: str, entries: Optional[Sequence[Entry]] = None) -> Copied:
+    """Make ``target`` a complete, durable copy of ``source``'s ``entries`` (by default every file),
+    in one process, or raise and leave nothing made.
 
     Built under a hidden name, every file and folder ``fsync``'d, then renamed into place (an
     existing ``target`` is renamed away first and deleted after).
@@ -176,7 +220,7 @@ def copy_folder(source: str, target: str, skip: Sequence[str] = ()) -> Copied:
     Args:
         source: The checkpoint folder.
         target: The kept folder.
-        skip: Glob patterns of paths relative to ``source`` left out. Defaults to ().
+        entries: What to copy (`kept_entries`). Defaults to None: every file as it is.
 
     Returns:
         What was copied (`Copied`).
@@ -185,16 +229,15 @@ def copy_folder(source: str, target: str, skip: Sequence[str] = ()) -> Copied:
         OSError: The disk refused (full, quota, permissions) or ``source`` vanished; nothing of
             the copy is left.
     """
-    building = os.path.join(os.path.dirname(target), _BUILDING + os.path.basename(target))
-    if os.path.lexists(building):
-        _remove(building)
+    if entries is None:
+        entries = [Entry(path) for path in list_files(source)]
+    building = building_folder(target)
     try:
-        _make_dir(building)
-        copied = _copy_tree(source, building, skip)
-        _fsync_dir(building)
-        _publish(building, target)
+        begin_folder(target)
+        copied = copy_entries(source, building, entries)
+        finish_folder(building, target)
     except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
+        abandon_folder(building)
         raise
     return copied
 
@@ -223,42 +266,31 @@ def _same_file(first: str, second: str) -> bool:
     return (a.st_size, a.st_mtime_ns) == (b.st_size, b.st_mtime_ns)  # copies keep the mtime
 
 
-def update_folder(source: str, target: str, skip: Sequence[str] = (), prefix: str = "") -> Copied:
-    """Bring the complete kept folder ``target`` up to ``source``: files added or rewritten since
-    the copy (same size and mtime: unchanged) are copied again, each by a rename over the old one;
-    files gone from ``source`` are removed. Used only within the save that made ``target`` (the
-    files later callbacks write into the same checkpoint).
+def update_folder(source: str, target: str, entries: Sequence[Entry]) -> Copied:
+    """Bring the complete kept folder ``target`` up to ``source`` for ``entries``: a file added or
+    rewritten since the copy (same size and mtime: unchanged) is copied again, by a rename of a
+    complete copy over the old one. Used only within the save that made ``target`` (the files
+    later callbacks write into the same checkpoint).
 
     Raises:
         OSError: The disk refused; each file of ``target`` is still whole (old or new).
     """
     copied = Copied()
-    wanted = {name for name in os.listdir(source) if not _skipped(prefix + name, skip)}
-    for name in os.listdir(target):
-        if name not in wanted and not name.startswith(_PARTIAL):
-            _remove(os.path.join(target, name))
-    for name in sorted(wanted):
-        origin, copy = os.path.join(source, name), os.path.join(target, name)
-        if os.path.isdir(origin) and not os.path.islink(origin):
-            if os.path.lexists(copy) and not os.path.isdir(copy):
-                os.remove(copy)
-            if not os.path.isdir(copy):
-                _make_dir(copy)
-            copied.add(update_folder(origin, copy, skip, prefix + name + "/"))
-        elif not (os.path.isfile(copy) and _same_file(origin, copy)):
-            partial = os.path.join(target, _PARTIAL + name)
+    for entry in entries:
+        origin, copy = os.path.join(source, entry.path), os.path.join(target, entry.path)
+        if entry.weights_only or (os.path.isfile(copy) and _same_file(origin, copy)):
+            continue
+        os.makedirs(os.path.dirname(copy), exist_ok=True)
+        partial = os.path.join(os.path.dirname(copy), _PARTIAL + os.path.basename(copy))
+        if os.path.lexists(partial):
+            _remove(partial)
+        try:
+            copied.add(_copy_file(origin, partial))
+            os.replace(partial, copy)
+        finally:
             if os.path.lexists(partial):
-                _remove(partial)
-            try:
-                copied.add(_copy_file(origin, partial))
-                if os.path.isdir(copy):
-                    shutil.rmtree(copy)
-                os.replace(partial, copy)
-            finally:
-                if os.path.lexists(partial):
-                    os.remove(partial)
-    if copied.files:
-        _fsync_dir(target)
+                os.remove(partial)
+        _fsync_dir(os.path.dirname(copy))
     return copied
 
 
