@@ -546,6 +546,7 @@ class KeepBestCheckpoints(SelfRestoringState):
             if not existed and os.path.isdir(target):  # renamed into place, then the disk failed
                 self._remove(step)
             return f"{type(error).__name__}: {error}"
+        logger.debug("%s: kept checkpoint-%s in %s.", _OWNER, step, self.directory)
         return None
 
     def _commit(self, entries: Sequence[Kept]) -> Optional[str]:
