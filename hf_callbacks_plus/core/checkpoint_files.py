@@ -168,9 +168,9 @@ def kept_entries(folder: str, resumable: bool, world_size: int = 1) -> list[Entr
 
 
 def resume_problem(folder: str) -> Optional[str]:
-    """Why the trainer could not resume from ``folder``, or None: its state must read, and the
-    weights, optimizer state and (under DeepSpeed) ``latest`` step folder its engine's resume
-    reads must be there.
+    """Why the trainer could not resume from ``folder`` exactly, or None: its state must read, and
+    the RNG states, the weights, the optimizer state and (under DeepSpeed) the ``latest`` step
+    folder its engine's resume reads must be there.
 
     A quick check of names and presence (what a killed save or a model-only copy lacks), not of
     the files' content.
@@ -180,6 +180,8 @@ def resume_problem(folder: str) -> Optional[str]:
         return reason
     paths = list_files(folder)
     kinds = {path: classify(path) for path in paths}
+    if not any(path.startswith("rng_state") for path in paths):
+        return "no RNG state (rng_state*.pth): a model-only copy, or an interrupted save"
     if "latest" in kinds or any(path.startswith("global_step") for path in paths):
         try:
             with open(os.path.join(folder, "latest"), encoding="utf-8") as handle:
