@@ -102,10 +102,13 @@ class KeepBestCheckpoints(SelfRestoringState):
             ``args.greater_is_better``), for metrics given as names. Defaults to ``"auto"``.
         dirname: The folder in ``output_dir`` that holds the kept checkpoints (one name, not
             ``checkpoint-*``). Defaults to ``"best_checkpoints"``.
-        resumable: Also keep the optimizer, scheduler, AMP scaler and RNG states, so a kept
+        resumable: Keep exactly what the trainer's resume reads (the optimizer, scheduler, AMP
+            scaler and RNG states; under DeepSpeed and FSDP the engine's own files), so a kept
             checkpoint can be resumed from (about 3 x the model's size with Adam); refused with
             ``args.save_only_model=True``, which saves none of them. Defaults to False: the
-            model (or peft adapter), its config, tokenizer and ``trainer_state.json``.
+            model once (or the peft adapter), as the trainer wrote it (consolidated, or the
+            engine's shards when it wrote no consolidated weights), its config, tokenizer and
+            ``trainer_state.json``.
         strict: Raise when a metric cannot show up or saves and evaluations never meet, as
             early as that is known (train begin, the first evaluation); False warns once and
             keeps training. Defaults to True.

@@ -15,6 +15,12 @@ copy-on-write (``FICLONE``: btrfs, XFS with reflinks, bcachefs; ``copy_file_rang
 NFS 4.2 server-side), the copy costs no space and no time; elsewhere it is a byte copy, done in
 the kernel where it can be.
 
+Which files of a checkpoint a kept folder holds, under each engine, and which rank copies each
+(the one that wrote it) is `hf_callbacks_plus.core.checkpoint_files.kept_entries`'s answer; here
+the main process begins a folder (`begin_folder`), each rank copies its entries
+(`copy_entries`), and the main process publishes it (`finish_folder`) or deletes it
+(`abandon_folder`).
+
 Every change is complete on disk before anything depends on it: a new folder is built under a
 hidden name, every file ``fsync``'d, renamed into place, and its parent ``fsync``'d; a file is
 replaced by renaming a complete copy over it; a folder is renamed away before it is deleted; the
