@@ -39,6 +39,7 @@ _EXPORTS = {
     "KeepBestCheckpoints": "hf_callbacks_plus.callbacks.best_checkpoints",
     "TopK": "hf_callbacks_plus.callbacks.best_checkpoints.ranking",
     "ThroughputMonitor": "hf_callbacks_plus.callbacks.throughput",
+    "ConsoleSummary": "hf_callbacks_plus.callbacks.console_summary",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",

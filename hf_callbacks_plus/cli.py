@@ -18,17 +18,22 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser(
         "plot",
         help="plot learning curves from a trainer_state.json, a metrics.jsonl or a run directory",
-        description="One panel per metric: train-subset and eval curves, training loss, the gap, "
-        "the best step and the early-stopping point.",
+        description="By default the loss and the monitored metric(s) (what EarlyStopping and "
+        "KeepBestCheckpoints watched): training, train-subset and eval curves, the gap, the best step, "
+        "the early-stopping point and the kept checkpoints. -m picks the panels, --all draws every curve.",
     )
     plot.add_argument("state", help="trainer_state.json, metrics.jsonl (JsonlLogger), or a run/checkpoint "
                                     "directory holding one")
     plot.add_argument("-o", "--output", default="curves.png", help="PNG to write (default: curves.png)")
-    plot.add_argument("-m", "--metrics", nargs="+", default=None,
-                      help="metrics to plot, in order: bare, prefixed or rendered names (accuracy, "
-                           "eval_accuracy, eval/accuracy)")
+    choice = plot.add_mutually_exclusive_group()
+    choice.add_argument("-m", "--metrics", nargs="+", default=None,
+                        help="metrics to plot, in order: bare, prefixed or rendered names (accuracy, "
+                             "eval_accuracy, eval/accuracy; throughput/tokens_per_second or "
+                             "tokens_per_second)")
+    choice.add_argument("--all", action="store_true", help="a panel for every curve")
     plot.add_argument("--title", default=None, help="figure title")
-    plot.add_argument("--extras", action="store_true", help="also plot learning_rate and grad_norm")
+    plot.add_argument("--extras", action="store_true",
+                      help="with --all or -m: also learning_rate, grad_norm and run counters (num_tokens)")
     plot.add_argument("--columns", type=int, default=2, help="panels per row (default: 2)")
     add_replay_command(commands)
     return parser
@@ -122,7 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         try:
             plot_learning_curves(
-                args.state, args.output, metrics=args.metrics, title=args.title,
+                args.state, args.output, metrics="all" if args.all else args.metrics, title=args.title,
                 include_training_extras=args.extras, columns=args.columns,
             )
         except (FileNotFoundError, ValueError, TypeError, ModuleNotFoundError) as error:

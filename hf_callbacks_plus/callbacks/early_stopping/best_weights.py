@@ -166,7 +166,7 @@ def _sharding(model: Any) -> Optional[str]:
             return "its parameters are DTensors (FSDP2 fully_shard / tensor parallel)"
         if hasattr(parameter, "ds_id"):
             return "its parameters are partitioned by DeepSpeed ZeRO-3"
-        if getattr(parameter, "_is_sharded", False):
+        if type(parameter).__name__ == "FlatParameter":  # FSDP1 (torch has no _is_sharded since 2.0)
             return "its parameters are FSDP flat-parameter shards"
     return None
 
