@@ -1,5 +1,6 @@
-"""Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png`` and
-``hf-callbacks-plus replay <write-ahead log or folder> [--dry-run]``."""
+"""Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png``,
+``hf-callbacks-plus replay <write-ahead log or folder> [--dry-run]`` and
+``hf-callbacks-plus stop-status <Deadline's status file>``."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --all or -m: also learning_rate, grad_norm and run counters (num_tokens)")
     plot.add_argument("--columns", type=int, default=2, help="panels per row (default: 2)")
     add_replay_command(commands)
+    status = commands.add_parser(
+        "stop-status",
+        help="print how a training with Deadline(status_file=...) ended and exit with its code",
+        description="Exit with the code Deadline recorded: 0 (completed, or stopped for good), 75 (stopped "
+        "on a deadline or a signal with a complete checkpoint: resume it; Deadline's requeue_exit_code), 1 "
+        "(no end recorded: it crashed or was killed). For job scripts behind torchrun or accelerate launch, "
+        "which do not pass their workers' exit codes on.",
+    )
+    status.add_argument("file", help="the status_file given to Deadline")
     return parser
 
 
@@ -117,9 +127,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: Arguments without the program name. Defaults to ``sys.argv[1:]``.
 
     Returns:
-        The exit status: 0 on success, 1 on a user error (printed to stderr).
+        The exit status: 0 on success, 1 on a user error (printed to stderr); ``stop-status``
+        returns the recorded code.
     """
     args = build_parser().parse_args(argv)
+    if args.command == "stop-status":
+        from .callbacks.deadline.ending import read_status
+
+        code, line = read_status(args.file)
+        print(line)
+        return code
     if args.command == "replay":
         return run_replay(args)
     if args.command == "plot":

@@ -428,15 +428,16 @@ def read_json(folder: Path, name: str = "outcome") -> list[Any]:
 
 def engine_scenarios(scenario: Callable[..., None], engines: Sequence[str] = ENGINES,
                      first_tier: Sequence[str] = ENGINES, trainers: Sequence[str] | None = None,
-                     reference: str | None = None) -> list[Any]:
+                     reference: str | None = None, args: Sequence[str] = ()) -> list[Any]:
     """``pytest.param`` s running ``scenario(out, engine)`` (or ``scenario(out, engine, trainer)``
-    for each of ``trainers``) in the launch; those whose engine is not in ``first_tier`` (and,
-    with ``trainers``, whose trainer is not the first) are ``second_tier``. With ``reference``
-    (an engine, typically ``"ddp"``), the launch also runs the scenario under that engine (same
-    trainer), which the test reads with ``distributed_launch.outcome(spec_of(scenario, args))``.
+    for each of ``trainers``; then ``args``, more string arguments) in the launch; those whose
+    engine is not in ``first_tier`` (and, with ``trainers``, whose trainer is not the first) are
+    ``second_tier``. With ``reference`` (an engine, typically ``"ddp"``), the launch also runs the
+    scenario under that engine (same trainer), which the test reads with
+    ``distributed_launch.outcome(spec_of(scenario, args))``.
 
-    Use with ``@pytest.mark.parametrize("engine", ...)`` (or ``("engine", "trainer")``) and take
-    ``distributed_outcome``.
+    Use with ``@pytest.mark.parametrize("engine", ...)`` (or ``("engine", "trainer")``, one more
+    name per item of ``args``) and take ``distributed_outcome``.
     """
     import pytest
 
@@ -445,20 +446,31 @@ def engine_scenarios(scenario: Callable[..., None], engines: Sequence[str] = ENG
     params = []
     for engine in engines:
         for trainer in (trainers or (None,)):
-            args = (engine,) if trainer is None else (engine, trainer)
-            also = [] if reference is None else [(scenario, (reference, *args[1:]))]
-            marks = [pytest.mark.distributed(scenario=scenario, args=args, also=also)]
+            values = ((engine,) if trainer is None else (engine, trainer)) + tuple(args)
+            also = [] if reference is None else [(scenario, (reference, *values[1:]))]
+            marks = [pytest.mark.distributed(scenario=scenario, args=values, also=also)]
             if engine not in first_tier or (trainer is not None and trainer != trainers[0]):
                 marks.append(pytest.mark.second_tier)
-            params.append(pytest.param(*args, marks=marks, id="-".join(args)))
+            params.append(pytest.param(*values, marks=marks, id="-".join(values)))
     return params
+
+
+def _peft_names(state: dict[str, Any]) -> dict[str, Any]:
+    """peft saves an adapter's weights without the adapter's name (``...q_proj.lora_A.weight``, also
+    in FSDP's sharded state dict); ``full_weights`` names them as the live model does
+    (``...q_proj.lora_A.default.weight``)."""
+    import re
+
+    return {re.sub(r"\.(lora_[A-Za-z_]+)\.(?!default\.)", r".\1.default.", name): tensor
+            for name, tensor in state.items()}
 
 
 def saved_weights(checkpoint: str | Path) -> dict[str, Any]:
     """The model weights a ``checkpoint-N`` holds, read from the engine's own files in one process:
     ``model.safetensors`` when the trainer wrote consolidated weights, else ZeRO's ``global_step*/``
-    (DeepSpeed's ``zero_to_fp32``) or FSDP's sharded ``pytorch_model_fsdp_0/`` (torch distributed
-    checkpoint). Names as ``full_weights`` gives them."""
+    (DeepSpeed's ``zero_to_fp32``), FSDP's sharded ``pytorch_model_fsdp_0/`` (torch distributed
+    checkpoint) or a peft adapter (``adapter_model.safetensors``: the LoRA weights only). Names as
+    ``full_weights`` gives them."""
     import torch
 
     checkpoint = Path(checkpoint)
@@ -466,12 +478,12 @@ def saved_weights(checkpoint: str | Path) -> dict[str, Any]:
         from safetensors.torch import load_file
 
         state = load_file(checkpoint / "model.safetensors")
-        return {name: tensor.detach().float() for name, tensor in state.items()}
+        return _peft_names({name: tensor.detach().float() for name, tensor in state.items()})
     if (checkpoint / "latest").is_file():
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         state = get_fp32_state_dict_from_zero_checkpoint(checkpoint)
-        return {name: tensor.detach().float() for name, tensor in state.items()}
+        return _peft_names({name: tensor.detach().float() for name, tensor in state.items()})
     sharded = checkpoint / "pytorch_model_fsdp_0"
     if sharded.is_dir():
         import tempfile
@@ -482,6 +494,12 @@ def saved_weights(checkpoint: str | Path) -> dict[str, Any]:
             dcp_to_torch_save(sharded, Path(scratch) / "model.pt")
             state = torch.load(Path(scratch) / "model.pt", weights_only=True)
         state = state.get("model", state)
-        return {name: tensor.detach().float() for name, tensor in state.items()}
-    raise FileNotFoundError(f"{checkpoint}: no model.safetensors, ZeRO 'latest' or pytorch_model_fsdp_0/ in "
+        return _peft_names({name: tensor.detach().float() for name, tensor in state.items()})
+    adapter = checkpoint / "adapter_model.safetensors"
+    if adapter.is_file():  # peft: the trained adapter only
+        from safetensors.torch import load_file
+
+        return _peft_names({name: tensor.detach().float() for name, tensor in load_file(adapter).items()})
+    raise FileNotFoundError(f"{checkpoint}: no model.safetensors, ZeRO 'latest', pytorch_model_fsdp_0/ or "
+                            "adapter_model.safetensors in "
                             f"{sorted(path.name for path in checkpoint.iterdir())}")

@@ -1,5 +1,5 @@
 """Every private name of another library that the package relies on, checked against the
-installed release: a transformers, trl, torch, torchmetrics, MLflow or TensorBoard release that
+installed release: a transformers, trl, torch, DeepSpeed, torchmetrics, MLflow or TensorBoard release that
 renames or drops one fails here, by name, instead of silently changing what we do.
 
 The table is complete by construction: `test_the_table_names_every_private_name_the_package_uses`
@@ -92,6 +92,19 @@ def trl_metrics_instance(tmp_path: Path) -> None:
         assert isinstance(metrics, dict) and set(metrics) == {"train", "eval"}, (kind, metrics)
 
 
+def logging_window(tmp_path: Path) -> None:
+    # Deadline carries the loss a trainer accumulates between two logs through a stop's checkpoint:
+    # a tensor added to in place, the step of the last log, the sum of the logged losses
+    import torch
+
+    trainer = _tiny_trainer(tmp_path, max_steps=3, logging_steps=2)
+    trainer.train()
+    attributes = vars(trainer)
+    assert isinstance(attributes.get("_tr_loss"), torch.Tensor) and attributes["_tr_loss"].dim() == 0
+    assert attributes.get("_globalstep_last_logged") == 2
+    assert isinstance(attributes.get("_total_loss_scalar"), float)
+
+
 def loss_function_override(tmp_path: Path) -> None:
     from tests.tiny_models import tiny_causal_lm
 
@@ -130,10 +143,29 @@ def tensorboard_file_writer(tmp_path: Path) -> None:
         writer.close()
 
 
-def dtensor_local_shard(tmp_path: Path) -> None:
-    from torch.distributed.tensor import DTensor
+def fsdp1_handle_and_local_shard(tmp_path: Path) -> None:
+    # an FSDP1 wrapper's FlatParamHandle, and its flat parameter's local shard (built without a
+    # process group: read from the source that sets them)
+    from torch.distributed.fsdp import _flat_param, _init_utils
 
-    assert "_local_tensor" in DTensor.__slots__
+    assert "state._handle = handle" in inspect.getsource(_init_utils._init_param_handle_from_params)
+    assert "flat_param._local_shard = " in inspect.getsource(_flat_param.FlatParamHandle)
+
+
+def module_non_persistent_buffers(tmp_path: Path) -> None:
+    import torch
+
+    module = torch.nn.Module()
+    module.register_buffer("scratch", torch.zeros(1), persistent=False)
+    assert module._non_persistent_buffers_set == {"scratch"}
+
+
+def zero3_unflatten(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    unflatten = DeepSpeedZeroOptimizer_Stage3._unflatten_partitioned_parameters
+    assert list(inspect.signature(unflatten).parameters) == ["self", "sub_group_id"]
 
 
 def cpu_attention_kernels(tmp_path: Path) -> None:
@@ -142,6 +174,33 @@ def cpu_attention_kernels(tmp_path: Path) -> None:
     for name in ("_scaled_dot_product_flash_attention_for_cpu",
                  "_scaled_dot_product_flash_attention_for_cpu_backward"):
         assert hasattr(torch.ops.aten, name), name
+
+
+def fsdp1_flat_parameter_metadata(tmp_path: Path) -> None:
+    """What flops.full_weights reads of FSDP1: the wrapper's handle, and each flat parameter's
+    original parameters (their modules and names, shapes, tied duplicates, the parameters
+    themselves with ``use_orig_params=True``)."""
+    import torch.distributed.fsdp._flat_param as flat_param
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    declared = flat_param.FlatParameter.__annotations__
+    assert {"_param_infos", "_shapes", "_shared_param_infos", "_params"} <= set(declared)
+    assert set(flat_param.ParamInfo._fields) >= {"param_name", "module"}
+    shared_fields = {"param_name", "module", "prim_param_name", "prim_module"}
+    assert set(flat_param.SharedParamInfo._fields) >= shared_fields
+    assert "self._handle" in inspect.getsource(FullyShardedDataParallel._flat_param.fget)
+
+
+def gradient_checkpointing_function(tmp_path: Path) -> None:
+    """What flops.reentrant_checkpointing reads: the checkpoint function transformers puts on each
+    checkpointed module, a partial holding ``use_reentrant``."""
+    from tests.callbacks.test_flops import llama
+
+    model = llama()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    functions = [m._gradient_checkpointing_func for m in model.modules()
+                 if getattr(m, "gradient_checkpointing", False)]
+    assert functions and all(f.keywords == {"use_reentrant": True} for f in functions)
 
 
 #: (library, owner, private name, who relies on it and for what, check). One row per name.
@@ -154,10 +213,17 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "integrations/transformers.py: TrainerPlusMixin overrides it (loop_context)", loop_log_save_evaluate),
     ("transformers", "Trainer", "_load_from_checkpoint",
      "integrations/transformers.py: a vetoed resume loads the weights", load_from_checkpoint),
+    ("transformers", "Trainer", "_tr_loss",
+     "callbacks/deadline/window.py: the running loss carried through a stop's checkpoint", logging_window),
+    ("transformers", "Trainer", "_globalstep_last_logged",
+     "callbacks/deadline/window.py: where the carried logging window starts", logging_window),
+    ("transformers", "Trainer", "_total_loss_scalar",
+     "callbacks/deadline/window.py: train_loss of a resumed train() counts its own steps", logging_window),
     ("transformers", "PreTrainedModel", "_loss_function",
      "callbacks/throughput/flops.py: a user's loss_function decides the loss tokens", loss_function_override),
     ("trl", "SFTTrainer, DPOTrainer, RewardTrainer, GRPOTrainer, RLOOTrainer", "_metrics",
-     "runtime/isolated_evaluation.py: set aside during the subset's evaluation", trl_metrics_instance),
+     "runtime/isolated_evaluation.py: set aside during the subset's evaluation; "
+     "callbacks/deadline/window.py: carried through a stop's checkpoint", trl_metrics_instance),
     ("trl", "GRPOTrainer, RLOOTrainer", "_logs",
      "runtime/isolated_evaluation.py: set aside during the subset's evaluation",
      trl_accumulators(("_logs", "_metrics", "log_completions"), ("GRPOTrainer", "RLOOTrainer"))),
@@ -175,8 +241,30 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
     ("torch", "SummaryWriter", "_get_file_writer",
      "loggers/tensorboard.py: one event per record", tensorboard_file_writer),
-    ("torch", "DTensor", "_local_tensor",
-     "callbacks/early_stopping/best_weights.py: a sharded model is refused", dtensor_local_shard),
+    ("torch", "FullyShardedDataParallel", "_handle",
+     "runtime/engines.py: FSDP1's flat parameters (this rank's part of the weights)",
+     fsdp1_handle_and_local_shard),
+    ("torch", "FlatParameter", "_local_shard",
+     "runtime/engines.py: this rank's shard of an FSDP1 flat parameter, copied and put back",
+     fsdp1_handle_and_local_shard),
+    ("torch", "Module", "_non_persistent_buffers_set",
+     "runtime/engines.py: the persistent buffers restore_best keeps", module_non_persistent_buffers),
+    ("deepspeed", "DeepSpeedZeroOptimizer_Stage3", "_unflatten_partitioned_parameters",
+     "runtime/engines.py: the restored masters into ZeRO-3's partitioned parameters, as DeepSpeed's "
+     "own checkpoint load", zero3_unflatten),
+    ("transformers", "PreTrainedModel's checkpointed modules", "_gradient_checkpointing_func",
+     "callbacks/throughput/flops.py: measure is refused with reentrant checkpointing",
+     gradient_checkpointing_function),
+    ("torch", "FullyShardedDataParallel", "_handle",
+     "callbacks/throughput/flops.py: FSDP1's flat parameters (FLOPs)", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_param_infos",
+     "callbacks/throughput/flops.py: FSDP1's original parameters (FLOPs)", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_shapes",
+     "callbacks/throughput/flops.py: FSDP1's original shapes (FLOPs)", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_shared_param_infos",
+     "callbacks/throughput/flops.py: FSDP1's tied weights, counted once", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_params",
+     "callbacks/throughput/flops.py: FSDP1's trained and frozen weights", fsdp1_flat_parameter_metadata),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu",
      "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu_backward",

@@ -77,7 +77,8 @@ _PATTERNS = (
     (Kind.ENGINE_INDEX, ("latest", "zero_to_fp32.py", "zero_to_torch.py")),
 )
 _OWNERS = (re.compile(r"(?:^|/)rng_state_(\d+)\.pth$"), re.compile(r"(?:^|/)zero_pp_rank_(\d+)_[^/]*$"),
-           re.compile(r"/__(\d+)_\d+\.distcp$"))
+           re.compile(r"/__(\d+)_\d+\.distcp$"),
+           re.compile(r"(?:^|/)best_weights-.*-rank(\d+)\.safetensors$"))
 _ZERO_OPTIMIZER = "global_step*/*optim_states.pt"
 
 
@@ -90,8 +91,9 @@ def classify(path: str) -> str:
 
 
 def owner(path: str, world_size: int = 1) -> int:
-    """The rank that wrote ``path``: its own RNG state, ZeRO partition or distributed-checkpoint
-    shard; rank 0 for everything else (and for a rank this run does not have)."""
+    """The rank that wrote ``path``: its own RNG state, ZeRO partition, distributed-checkpoint
+    shard or `EarlyStopping(restore_best=True)`'s copy of its shard of the best weights; rank 0
+    for everything else (and for a rank this run does not have)."""
     for pattern in _OWNERS:
         match = pattern.search(path)
         if match is not None and int(match.group(1)) < world_size:

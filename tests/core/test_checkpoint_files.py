@@ -99,6 +99,7 @@ def test_classify(path, kind):
     ("global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt", 2, 1),
     ("global_step4/mp_rank_00_model_states.pt", 2, 0), ("pytorch_model_fsdp_0/__1_0.distcp", 2, 1),
     ("pytorch_model_fsdp_0/.metadata", 2, 0), ("model.safetensors", 2, 0),
+    ("best_weights-eval_loss-rank1.safetensors", 2, 1), ("best_weights-eval_loss.safetensors", 2, 0),
 ])
 def test_each_file_is_copied_by_the_rank_that_wrote_it(path, world, rank):
     assert owner(path, world) == rank
