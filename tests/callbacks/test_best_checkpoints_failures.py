@@ -71,8 +71,8 @@ class FaultInjectingDisk:
 
 
 #: Each point of a keep: (function, which call).
-POINTS = {"make the folder": ("_make_dir", 1), "copy the 1st file": ("_copy_file", 1),
-          "copy the 2nd file": ("_copy_file", 2), "copy the last file": ("_copy_file", 3),
+POINTS = {"make the folder": ("_make_dir", 1), "copy the 1st file": ("copy_file", 1),
+          "copy the 2nd file": ("copy_file", 2), "copy the last file": ("copy_file", 3),
           "sync the folder": ("_fsync_dir", 1), "rename it into place": ("_publish", 1),
           "write the manifest": ("write_manifest", 1)}
 

@@ -56,7 +56,7 @@ def keeps(out: Path, engine: str, trainer: str = "trainer") -> None:
 
     rank = int(os.environ["RANK"])
     copied: list[str] = []  # the files this rank wrote into kept folders (a spy, not a fault)
-    originals = {name: getattr(kept_files, name) for name in ("_copy_file", "_weights_only")}
+    originals = {name: getattr(kept_files, name) for name in ("copy_file", "_weights_only")}
 
     def spying(name):
         def copy(source, target):

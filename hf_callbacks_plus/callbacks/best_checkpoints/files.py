@@ -37,12 +37,12 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...core.checkpoint_files import Entry, list_files
 from ...core.checkpoint_folders import PREFIX_CHECKPOINT_DIR
 from ...core.state import TRAINER_STATE_NAME
+from ...runtime.file_copies import Copied, copy_file
 
 __all__ = ["MANIFEST_NAME", "Copied", "abandon_folder", "begin_folder", "building_folder", "copy_entries",
            "copy_folder", "finish_folder", "history_matches", "kept_folder", "leftovers", "move_folder",
@@ -53,25 +53,6 @@ logger = logging.getLogger("hf_callbacks_plus")
 #: The manifest's file name, in the kept folder.
 MANIFEST_NAME = "manifest.json"
 _BUILDING, _DELETING, _PARTIAL = ".building-", ".deleting-", ".partial-"
-_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
-#: copy_file_range errors that mean "not here" (another file system, an old kernel): copy in Python.
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.EPERM,
-                   errno.EBADF}
-
-
-@dataclass
-class Copied:
-    """What a copy did: ``files`` and ``bytes`` copied, ``shared``: bytes shared copy-on-write."""
-
-    files: int = 0
-    bytes: int = 0
-    shared: int = 0
-
-    def add(self, other: Copied) -> None:
-        self.files, self.bytes, self.shared = (self.files + other.files, self.bytes + other.bytes,
-                                               self.shared + other.shared)
-
-
 def kept_folder(directory: str, step: int) -> str:
     """``<directory>/checkpoint-<step>``."""
     return os.path.join(directory, f"{PREFIX_CHECKPOINT_DIR}-{step}")
@@ -101,51 +82,6 @@ def _fsync_dir(path: str) -> None:
 
 def _make_dir(path: str) -> None:
     os.mkdir(path)
-
-
-def _clone(source: Any, target: Any) -> bool:
-    """Share ``source``'s blocks with ``target`` copy-on-write (FICLONE); False where unsupported."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        return False
-    try:
-        fcntl.ioctl(target.fileno(), _FICLONE, source.fileno())
-    except OSError:
-        return False
-    return True
-
-
-def _copy_bytes(source: Any, target: Any, size: int) -> None:
-    """Copy ``size`` bytes in the kernel (``copy_file_range``) where it can, else in Python."""
-    done = 0
-    if hasattr(os, "copy_file_range"):
-        try:
-            while done < size:
-                count = os.copy_file_range(source.fileno(), target.fileno(), size - done)
-                if count == 0:
-                    break
-                done += count
-        except OSError as error:
-            if done or error.errno not in _NO_KERNEL_COPY:
-                raise
-    if done == 0:
-        shutil.copyfileobj(source, target, 8 << 20)
-    elif done < size:  # the source shrank while being copied: copy what is left as it is now
-        shutil.copyfileobj(source, target, 8 << 20)
-
-
-def _copy_file(source: str, target: str) -> Copied:
-    """Copy one file to ``target`` (which must not exist), with its mtime, ``fsync``'d."""
-    info = os.stat(source)
-    with open(source, "rb") as reader, open(target, "xb") as writer:
-        shared = _clone(reader, writer)
-        if not shared:
-            _copy_bytes(reader, writer, info.st_size)
-        writer.flush()
-        os.utime(writer.fileno(), ns=(info.st_atime_ns, info.st_mtime_ns))
-        os.fsync(writer.fileno())
-    return Copied(1, info.st_size, info.st_size if shared else 0)
 
 
 def _weights_only(source: str, target: str) -> Copied:
@@ -196,7 +132,7 @@ def copy_entries(source: str, building: str, entries: Sequence[Entry]) -> Copied
         parent = os.path.dirname(copy)
         if parent != building and not os.path.isdir(parent):
             os.makedirs(parent, exist_ok=True)
-        copied.add(_weights_only(origin, copy) if entry.weights_only else _copy_file(origin, copy))
+        copied.add(_weights_only(origin, copy) if entry.weights_only else copy_file(origin, copy))
     return copied
 
 
@@ -291,7 +227,7 @@ def update_folder(source: str, target: str, entries: Sequence[Entry]) -> Copied:
         if os.path.lexists(partial):
             _remove(partial)
         try:
-            copied.add(_copy_file(origin, partial))
+            copied.add(copy_file(origin, partial))
             os.replace(partial, copy)
         finally:
             if os.path.lexists(partial):
