@@ -52,14 +52,20 @@ def pytest_collection_modifyitems(config, items):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
     tier = config.getoption("--tier")
-    if tier == "all":
-        return
-    wanted = tier == "2"
-    keep = [item for item in items if (item.get_closest_marker("second_tier") is not None) == wanted]
-    dropped = [item for item in items if (item.get_closest_marker("second_tier") is not None) != wanted]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = keep
+    if tier != "all":
+        wanted = tier == "2"
+        keep = [item for item in items if (item.get_closest_marker("second_tier") is not None) == wanted]
+        dropped = [item for item in items if (item.get_closest_marker("second_tier") is not None) != wanted]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+    # the session launch runs in the setup of its first test: that test's timeout is the launch's
+    # own bound (tests/distributed.py), plus a margin for reading the outcome
+    from tests.distributed import launch_timeout
+
+    launched = [item for item in items if "distributed_launch" in getattr(item, "fixturenames", ())]
+    for item in launched:
+        item.add_marker(pytest.mark.timeout(launch_timeout(len(launched)) + 120))
 
 
 def pytest_collection_finish(session):

@@ -64,7 +64,7 @@ accelerate / DeepSpeed reuse it; a scenario never destroys it. Groups created la
 timeout (DeepSpeed's clone of the world group, in which ZeRO gathers its parameters) get the
 same timeout instead of torch's 30 minutes: a rank left alone in a ZeRO-3 gather fails after
 ``GROUP_TIMEOUT_SECONDS`` (checked), and the whole launch is killed after
-``LAUNCH_TIMEOUT_SECONDS``. ``DS_ACCELERATOR=cpu`` is set for the launch (only DeepSpeed reads
+``launch_timeout``. ``DS_ACCELERATOR=cpu`` is set for the launch (only DeepSpeed reads
 it). The pytest side (the session fixture in ``tests/conftest.py``) launches only the
 scenarios of the selected tests.
 
@@ -92,8 +92,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 #: How long a rank waits in a collective for a peer (a peer that failed mid-scenario).
 GROUP_TIMEOUT_SECONDS = 120
-#: How long the whole launch may take.
-LAUNCH_TIMEOUT_SECONDS = 900
+#: How long the whole launch may take: a start, then a share per scenario (a scenario takes 2-10 s
+#: on a quiet machine, up to 4x that on a loaded one; a hang in a collective ends at the group
+#: timeout). The tests of the launch carry this bound instead of pytest-timeout's per-test one
+#: (tests/conftest.py), which the session fixture's setup would otherwise count against the first.
+LAUNCH_START_SECONDS, LAUNCH_SECONDS_PER_SCENARIO = 120, 45
+
+
+def launch_timeout(scenarios: int) -> int:
+    """Seconds the launch of ``scenarios`` scenarios may take before it is killed."""
+    return LAUNCH_START_SECONDS + LAUNCH_SECONDS_PER_SCENARIO * scenarios
 DONE = "done-rank{rank}"
 SECONDS = "seconds-rank{rank}.txt"
 ERROR = "error-rank{rank}.txt"
@@ -185,11 +193,11 @@ def launch(root: Path, specs: list[str]) -> Launch:
         start_new_session=True,
     )
     try:
-        output, _ = process.communicate(timeout=LAUNCH_TIMEOUT_SECONDS)
+        output, _ = process.communicate(timeout=launch_timeout(len(specs)))
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)  # torchrun and both ranks
         output, _ = process.communicate()
-        output += f"\n(torchrun killed after {LAUNCH_TIMEOUT_SECONDS} s)"
+        output += f"\n(torchrun killed after {launch_timeout(len(specs))} s)"
     return Launch(root, list(specs), process.returncode, output)
 
 
