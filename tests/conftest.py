@@ -14,6 +14,7 @@ machine).
 """
 
 import os
+import tempfile
 
 import pytest
 
@@ -22,6 +23,10 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+# trackio reads TRACKIO_DIR once, at import: one store per test process, never the user's cache
+_TRACKIO_DIR = None if "TRACKIO_DIR" in os.environ else tempfile.mkdtemp(prefix="hf_callbacks_plus_trackio_")
+if _TRACKIO_DIR is not None:
+    os.environ["TRACKIO_DIR"] = _TRACKIO_DIR
 
 try:
     from hypothesis import settings as _hypothesis_settings
@@ -104,3 +109,11 @@ def distributed_outcome(request, distributed_launch):
         return distributed_launch.outcome(spec_of(marker.kwargs["scenario"]))
     except RuntimeError as error:
         pytest.fail(str(error), pytrace=False)
+
+
+def pytest_unconfigure(config):
+    """Remove the trackio store this process made."""
+    if _TRACKIO_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)

@@ -37,7 +37,7 @@ KEY_NAMES = ("sections", "stock")
 _CLAIMS = TrainBeginClaims()
 #: The ``report_to`` name of transformers' callback for each tracker (in ``swap.py``'s order).
 _STOCK_REPORT_TO = {"MLflowCallback": "mlflow", "WandbCallback": "wandb",
-                    "TensorBoardCallback": "tensorboard"}
+                    "TensorBoardCallback": "tensorboard", "TrackioCallback": "trackio"}
 #: Loggers of this process with an open run, held until it is closed (within reach of the exit hook).
 _OPEN_LOGGERS: dict[int, TrackerLogger] = {}
 

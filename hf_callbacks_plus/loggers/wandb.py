@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 from .._compat import env_flag, require, version_tuple
 from .artifacts import save_model_to_temp, stage_folder
 from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, is_main_process, logger
+from .config import typed
 from .secrets import command_line_has_secret, mask_secrets
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
@@ -97,20 +98,6 @@ def settings_problems(wandb: Any, settings: Any = None) -> list[str]:
         except Exception as error:
             problems.append(f"settings={settings!r}: {' '.join(str(error).split())[:300]}")
     return problems
-
-
-def typed(value: str) -> Any:
-    """Config values arrive as strings; give numbers and booleans back their type."""
-    if value in ("True", "False"):
-        return value == "True"
-    if value == "None":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            continue
-    return value
 
 
 def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:

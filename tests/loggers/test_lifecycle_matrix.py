@@ -3,8 +3,9 @@
 Each case ends with the right statuses (no successful run closed FAILED), every (key, step) exactly
 once and nothing erased. Backends: JSONL, MLflow on a sqlite store (and, for the crash and resume,
 on the session's real ``mlflow server``: the run found by its key over the REST API), TensorBoard
-(EventAccumulator), W&B offline (its run files, synced in order: a resumed run's folder rewinds the
-run to its checkpoint, so the steps between the checkpoint and a crash, in both folders, count once).
+(EventAccumulator), trackio (its sqlite store), W&B offline (its run files, synced in order: a
+resumed run's folder rewinds the run to its checkpoint, so the steps between the checkpoint and a
+crash, in both folders, count once).
 """
 
 from __future__ import annotations
@@ -98,12 +99,31 @@ def _wandb_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
     return Counter(point for same in by_id.values() for point in points(synced_history(same))), statuses
 
 
+def _trackio(tmp_path: Path, uri: str):
+    from hf_callbacks_plus.loggers.trackio import TrackioLogger
+
+    return TrackioLogger(project=_experiment(tmp_path))
+
+
+def _trackio_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
+    """trackio has no run status: a run with an ERROR alert at its last step (the crash) is FAILED."""
+    from tests.loggers.trackio_helpers import points, records, trackio_runs
+
+    project, statuses = _experiment(tmp_path), []
+    for run in trackio_runs(project):
+        last = max((row["step"] for row in records(project, run)), default=0)
+        failed = any(alert["level"] == "error" and alert["step"] >= last for alert in run.alerts())
+        statuses.append("FAILED" if failed else "FINISHED")
+    return points(project), statuses
+
+
 BACKENDS = {
     "jsonl": (_jsonl, _jsonl_points),
     "mlflow_sqlite": (_mlflow, _mlflow_points),
     "mlflow_server": (_mlflow, _mlflow_points),
     "tensorboard": (_tensorboard, _tensorboard_points),
     "wandb_offline": (_wandb, _wandb_points),
+    "trackio": (_trackio, _trackio_points),
 }
 
 
@@ -125,6 +145,8 @@ def _backend(request, tmp_path, _template_db, monkeypatch):
 
     if request.param.startswith("mlflow"):
         pytest.importorskip("mlflow")
+    if request.param == "trackio":
+        pytest.importorskip("trackio")
     if request.param == "tensorboard":
         pytest.importorskip("tensorboard")
     shutil.copy(_template_db, tmp_path / "mlflow.db")
@@ -236,7 +258,8 @@ def test_crash_then_resume(tmp_path, backend_or_server, caplog):
 
 STOCK = {"tensorboard": ("TensorBoardCallback", _tensorboard, _tensorboard_points),
          "mlflow": ("MLflowCallback", _mlflow, _mlflow_points),
-         "wandb": ("WandbCallback", _wandb, _wandb_points)}
+         "wandb": ("WandbCallback", _wandb, _wandb_points),
+         "trackio": ("TrackioCallback", _trackio, _trackio_points)}
 
 
 @pytest.mark.parametrize("stock", list(STOCK))
@@ -262,7 +285,7 @@ def test_stock_integration_beside_ours_warns(tmp_path, _template_db, monkeypatch
         offline_env(monkeypatch, tmp_path / "wandb_root")
     callback_name, make, _ = STOCK[stock]
     ours = make(tmp_path, uri)
-    args = {**ARGS, "save_strategy": "no", "report_to": [stock]}
+    args = {**ARGS, "save_strategy": "no", "report_to": [stock], "project": _experiment(tmp_path) + "-stock"}
     try:
         with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
             make_trainer(tmp_path, callbacks=[ours], **args).train()
