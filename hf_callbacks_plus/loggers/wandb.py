@@ -7,7 +7,6 @@ import shutil
 import sys
 import threading
 import time
-import typing
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -58,29 +57,13 @@ def choice(name: str, value: Any, env: str, default: str, choices: Sequence[str]
     return text
 
 
-def _expected(settings_class: Any, key: str) -> str:
-    """What W&B's setting ``key`` takes, for a message (true or false, a number, a choice...)."""
-    field = getattr(settings_class, "model_fields", {}).get(key)
-    kinds = [field.annotation] if field is not None else []
-    while kinds and typing.get_origin(kinds[0]) is typing.Union:  # Optional[...]
-        kinds = [kind for kind in typing.get_args(kinds[0]) if kind is not type(None)]
-    if kinds == [bool]:
-        return "true or false"
-    if kinds and typing.get_origin(kinds[0]) is typing.Literal:
-        return "one of " + ", ".join(map(str, typing.get_args(kinds[0])))
-    return {int: "an integer", float: "a number"}.get(kinds[0] if kinds else None, "a valid value")
-
-
 def settings_problems(wandb: Any, settings: Any = None) -> list[str]:
     """What W&B's own settings refuse in the ``WANDB_*`` environment and in ``settings`` (a dict): one
     line per problem, naming the variable, its value, why and what to set (W&B raises a raw pydantic
     error at ``wandb.setup``/``wandb.init`` instead)."""
-    settings_class = getattr(wandb, "Settings", None)
-    try:
-        probe = settings_class()
-    except Exception:
-        return []
-    read_env = getattr(probe, "update_from_env_vars", None)  # wandb >= 0.19 (pydantic settings)
+    settings_class = wandb.Settings
+    read_env = getattr(settings_class(), "update_from_env_vars", None)  # wandb >= 0.19 (pydantic)
+    fields = getattr(settings_class, "model_fields", {})
     problems = []
     for name, value in sorted(os.environ.items()) if callable(read_env) else ():
         if name.startswith("WANDB_"):
@@ -90,8 +73,9 @@ def settings_problems(wandb: Any, settings: Any = None) -> list[str]:
                 detail = error.errors()[0] if callable(getattr(error, "errors", None)) else {}
                 key = ".".join(map(str, detail.get("loc", ()))) or "?"
                 reason = detail.get("msg") or str(error).splitlines()[0]
+                boolean = getattr(fields.get(key), "annotation", None) is bool
                 problems.append(f"{name}={value!r} (W&B setting {key!r}: {reason}): set it to "
-                                f"{_expected(settings_class, key)}, or unset it")
+                                f"{'true or false' if boolean else 'a value W&B accepts'}, or unset it")
     if isinstance(settings, dict):
         try:
             settings_class(**settings)

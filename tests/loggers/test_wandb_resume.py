@@ -165,7 +165,7 @@ def test_a_resumed_run_rewinds_to_its_checkpoint_so_every_step_is_synced_once(tm
 BAD_ENVIRONMENT = {
     "WANDB_SILENT": ("", "true or false"),
     "WANDB_CONSOLE": ("loud", "'auto', 'off'"),
-    "WANDB_INIT_TIMEOUT": ("soon", "a number"),
+    "WANDB_INIT_TIMEOUT": ("soon", "valid number"),
     "WANDB_MODE": ("cloud", "'online', 'offline'"),
 }
 
