@@ -21,7 +21,9 @@ pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 pytest.importorskip("tensorboard")
 
-pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb]
+pytest.importorskip("trackio")
+
+pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb, pytest.mark.trackio]
 
 ARGS = dict(max_steps=10, logging_steps=2, save_strategy="steps", save_steps=4)
 
@@ -30,10 +32,16 @@ def loggers(uri: str) -> list:
     from hf_callbacks_plus.loggers.jsonl import JsonlLogger
     from hf_callbacks_plus.loggers.mlflow import MLflowLogger
     from hf_callbacks_plus.loggers.tensorboard import TensorBoardLogger
+    from hf_callbacks_plus.loggers.trackio import TrackioLogger
     from tests.loggers.wandb_helpers import fast_logger
 
     return [JsonlLogger(), TensorBoardLogger(), MLflowLogger(tracking_uri=uri, experiment_name="exit"),
-            fast_logger(project="exit")]
+            fast_logger(project="exit"), TrackioLogger(project=trackio_project(uri))]
+
+
+def trackio_project(uri: str) -> str:
+    """The test's trackio project (the store under TRACKIO_DIR is this process's and its children's)."""
+    return "exit-" + Path(uri.split(":///")[-1]).parent.name
 
 
 def read_all(out: Path, uri: str, wandb_root: Path) -> dict[str, tuple[Counter, list]]:
@@ -54,7 +62,10 @@ def read_all(out: Path, uri: str, wandb_root: Path) -> dict[str, tuple[Counter, 
     folders = runs(wandb_root)  # synced in order: a resumed folder rewinds the run to its checkpoint
     wandb = (Counter(points(synced_history(folders))),
              [{0: "FINISHED", None: "RUNNING"}.get(folder.exit_code, "FAILED") for folder in folders])
-    return {"jsonl": jsonl, "tensorboard": _tensorboard_points(out, uri), "mlflow": mlflow, "wandb": wandb}
+    from tests.loggers.trackio_helpers import points_and_statuses
+
+    return {"jsonl": jsonl, "tensorboard": _tensorboard_points(out, uri), "mlflow": mlflow, "wandb": wandb,
+            "trackio": points_and_statuses(trackio_project(uri))}
 
 
 def test_a_stock_trainer_that_raises_ends_every_run_failed_at_exit_and_a_resume_continues_them(

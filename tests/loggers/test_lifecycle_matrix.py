@@ -106,15 +106,9 @@ def _trackio(tmp_path: Path, uri: str):
 
 
 def _trackio_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
-    """trackio has no run status: a run with an ERROR alert at its last step (the crash) is FAILED."""
-    from tests.loggers.trackio_helpers import points, records, trackio_runs
+    from tests.loggers.trackio_helpers import points_and_statuses
 
-    project, statuses = _experiment(tmp_path), []
-    for run in trackio_runs(project):
-        last = max((row["step"] for row in records(project, run)), default=0)
-        failed = any(alert["level"] == "error" and alert["step"] >= last for alert in run.alerts())
-        statuses.append("FAILED" if failed else "FINISHED")
-    return points(project), statuses
+    return points_and_statuses(_experiment(tmp_path))
 
 
 BACKENDS = {

@@ -51,3 +51,14 @@ def store_bytes(project: str) -> bytes:
 
     path = SQLiteStorage.get_project_db_path(project)
     return b"".join(file.read_bytes() for file in path.parent.glob(path.name + "*"))
+
+
+def points_and_statuses(project: str) -> tuple[Counter, list[str]]:
+    """``(key, step)`` points and one status per run: trackio has no run status, so a run with an
+    ERROR alert at its last step (the crash) is FAILED, else FINISHED."""
+    statuses = []
+    for run in trackio_runs(project):
+        last = max((row["step"] for row in records(project, run)), default=0)
+        failed = any(alert["level"] == "error" and alert["step"] >= last for alert in run.alerts())
+        statuses.append("FAILED" if failed else "FINISHED")
+    return points(project), statuses
