@@ -8,9 +8,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: install demo test check tier2 lint docs clean compat
 
+# DeepSpeed (tests only: the sharded-engine scenarios, tests/sharded.py) is a source distribution
+# whose build imports torch: installed after torch, without build isolation (so with the pinned
+# setuptools, able to build a wheel on its own) and without compiled ops (DS_BUILD_OPS=0).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt -e '.[all,dev]'
+	$(PY) -m pip install -q -c constraints.txt setuptools
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)
 
 install: $(STAMP)

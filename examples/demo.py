@@ -9,12 +9,17 @@ config. The callbacks:
   then memorises the noisy training labels: the train-subset curve pulls away from the
   eval curve;
 * ``EarlyStopping`` on ``eval_loss``: fires once the eval loss stops improving, and says why;
+* ``KeepBestCheckpoints`` on ``eval_accuracy``: the 2 best checkpoints, safe from rotation;
+* ``ThroughputMonitor``: samples/s and tokens/s of each logging window;
+* ``ConsoleSummary``: one line per evaluation (eval vs train subset, the gap, the best so far,
+  throughput) instead of the record's dict;
 * ``MLflowLogger`` (embedded sqlite store ``runs/mlflow.db``), ``WandbLogger`` (offline, under
   ``runs/wandb``) and ``JsonlLogger`` (``runs/demo/metrics.jsonl``): every metric in its section
   (``train/``, ``train_subset/``, ``eval/``, ``gap/``, ``early_stopping/``), one step axis.
 
 At the end it prints a summary, reads both trackers back to show the sections, and writes
-``runs/demo/learning_curves.png``.
+``runs/demo/learning_curves.png`` (the default plot: the loss and the monitored accuracy, with
+the best step, the early stop and the kept checkpoints).
 
 Run: ``make demo`` or ``python examples/demo.py [--help]``.
 """
@@ -82,9 +87,12 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
     from transformers import Trainer, TrainingArguments
 
     from hf_callbacks_plus import (
+        ConsoleSummary,
         EarlyStopping,
         JsonlLogger,
+        KeepBestCheckpoints,
         MLflowLogger,
+        ThroughputMonitor,
         TrainSubsetEvaluation,
         WandbLogger,
         run_before_integrations,
@@ -105,6 +113,9 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
                                               gap_metrics=["accuracy"]),
         "early_stopping": EarlyStopping(monitor="eval_loss", patience=options.patience,
                                         min_delta=options.min_delta),
+        "best_checkpoints": KeepBestCheckpoints("eval_accuracy", k=2),
+        "throughput": ThroughputMonitor(),
+        "console": ConsoleSummary(metrics=["accuracy"]),
     }
     if "mlflow" in trackers:
         callbacks["mlflow"] = MLflowLogger(tracking_uri=f"sqlite:///{runs_dir / 'mlflow.db'}",
@@ -249,9 +260,8 @@ def run(options: argparse.Namespace, prepare: Optional[Callable[[Any, dict[str, 
         if not options.no_plot:
             from hf_callbacks_plus import plot_learning_curves
 
-            png = output_dir / "learning_curves.png"
-            plot_learning_curves(trainer.state.log_history, png, metrics=["loss", "accuracy"],
-                                 title=f"{options.name}: train subset vs eval")
+            png = output_dir / "learning_curves.png"  # the default plot: the loss and the monitored metrics
+            plot_learning_curves(output_dir, png, title=f"{options.name}: train subset vs eval")
         print(summarize(trainer, callbacks, output_dir, seconds, png), flush=True)
     return result
 

@@ -120,8 +120,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"{len(evaluations)} evaluations; last at step {last['step']}:")
     for name in ("loss", "mean_token_accuracy", "entropy"):
         train_value, eval_value = last[f"{subset.prefix}_{name}"], last[f"eval_{name}"]
+        gap = last.get(f"gap_{name}")  # none for entropy: a diagnostic, not a score
         print(f"  {name}: train subset {train_value:.4f}, eval {eval_value:.4f}, "
-              f"gap {last[f'gap_{name}']:+.4f}")
+              + (f"gap {gap:+.4f}" if gap is not None else "no gap (a diagnostic)"))
     print(f"best eval_loss {stopper.best_value:.5f} at step {stopper.best_step}; "
           f"stopped: {stopper.stopped} ({stopper.reason.value}); best adapter restored")
     final = trainer.isolated_evaluate(evaluation, metric_key_prefix="eval")  # no log record

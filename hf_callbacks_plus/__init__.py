@@ -39,6 +39,8 @@ _EXPORTS = {
     "KeepBestCheckpoints": "hf_callbacks_plus.callbacks.best_checkpoints",
     "TopK": "hf_callbacks_plus.callbacks.best_checkpoints.ranking",
     "ThroughputMonitor": "hf_callbacks_plus.callbacks.throughput",
+    "Deadline": "hf_callbacks_plus.callbacks.deadline",
+    "ConsoleSummary": "hf_callbacks_plus.callbacks.console_summary",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",

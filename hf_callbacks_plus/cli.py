@@ -1,5 +1,6 @@
-"""Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png`` and
-``hf-callbacks-plus replay <write-ahead log or folder> [--dry-run]``."""
+"""Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png``,
+``hf-callbacks-plus replay <write-ahead log or folder> [--dry-run]`` and
+``hf-callbacks-plus stop-status <Deadline's status file>``."""
 
 from __future__ import annotations
 
@@ -18,19 +19,33 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser(
         "plot",
         help="plot learning curves from a trainer_state.json, a metrics.jsonl or a run directory",
-        description="One panel per metric: train-subset and eval curves, training loss, the gap, "
-        "the best step and the early-stopping point.",
+        description="By default the loss and the monitored metric(s) (what EarlyStopping and "
+        "KeepBestCheckpoints watched): training, train-subset and eval curves, the gap, the best step, "
+        "the early-stopping point and the kept checkpoints. -m picks the panels, --all draws every curve.",
     )
     plot.add_argument("state", help="trainer_state.json, metrics.jsonl (JsonlLogger), or a run/checkpoint "
                                     "directory holding one")
     plot.add_argument("-o", "--output", default="curves.png", help="PNG to write (default: curves.png)")
-    plot.add_argument("-m", "--metrics", nargs="+", default=None,
-                      help="metrics to plot, in order: bare, prefixed or rendered names (accuracy, "
-                           "eval_accuracy, eval/accuracy)")
+    choice = plot.add_mutually_exclusive_group()
+    choice.add_argument("-m", "--metrics", nargs="+", default=None,
+                        help="metrics to plot, in order: bare, prefixed or rendered names (accuracy, "
+                             "eval_accuracy, eval/accuracy; throughput/tokens_per_second or "
+                             "tokens_per_second)")
+    choice.add_argument("--all", action="store_true", help="a panel for every curve")
     plot.add_argument("--title", default=None, help="figure title")
-    plot.add_argument("--extras", action="store_true", help="also plot learning_rate and grad_norm")
+    plot.add_argument("--extras", action="store_true",
+                      help="with --all or -m: also learning_rate, grad_norm and run counters (num_tokens)")
     plot.add_argument("--columns", type=int, default=2, help="panels per row (default: 2)")
     add_replay_command(commands)
+    status = commands.add_parser(
+        "stop-status",
+        help="print how a training with Deadline(status_file=...) ended and exit with its code",
+        description="Exit with the code Deadline recorded: 0 (completed, or stopped for good), 75 (stopped "
+        "on a deadline or a signal with a complete checkpoint: resume it; Deadline's requeue_exit_code), 1 "
+        "(no end recorded: it crashed or was killed). For job scripts behind torchrun or accelerate launch, "
+        "which do not pass their workers' exit codes on.",
+    )
+    status.add_argument("file", help="the status_file given to Deadline")
     return parser
 
 
@@ -112,9 +127,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: Arguments without the program name. Defaults to ``sys.argv[1:]``.
 
     Returns:
-        The exit status: 0 on success, 1 on a user error (printed to stderr).
+        The exit status: 0 on success, 1 on a user error (printed to stderr); ``stop-status``
+        returns the recorded code.
     """
     args = build_parser().parse_args(argv)
+    if args.command == "stop-status":
+        from .callbacks.deadline.ending import read_status
+
+        code, line = read_status(args.file)
+        print(line)
+        return code
     if args.command == "replay":
         return run_replay(args)
     if args.command == "plot":
@@ -122,7 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         try:
             plot_learning_curves(
-                args.state, args.output, metrics=args.metrics, title=args.title,
+                args.state, args.output, metrics="all" if args.all else args.metrics, title=args.title,
                 include_training_extras=args.extras, columns=args.columns,
             )
         except (FileNotFoundError, ValueError, TypeError, ModuleNotFoundError) as error:

@@ -1,23 +1,29 @@
 """Learning curves from a ``log_history``, a ``trainer_state.json``, a run directory or the
 package's own JSONL log (``metrics.jsonl`` of `JsonlLogger`).
 
-One panel per metric: the eval curve (one per eval dataset), the train-subset curve
-(`TrainSubsetEvaluation`), curves of custom prefixes (``val``...), the running metrics of
-the training batches ("training": the loss, trl's ``mean_token_accuracy``,
-``rewards/chosen``, `StreamingMetrics`' running metrics...; never drawn as the train subset;
-confusion counts are not drawn), the generalization gap (the logged
-``gap_<metric>`` on a right-hand axis, else the shaded area between the train-subset and eval
-curves), and vertical markers at the best step and at the early-stopping point
-(``early_stopping/best_step``, ``early_stopping/stopped_step``, else the trainer state's
-``best_global_step``/``best_model_checkpoint``), and triangles on the step axis at the
-checkpoints `KeepBestCheckpoints` kept (its ``best_checkpoints/...`` summary keys, else its
-state in the trainer state). Every key is read through the key grammar;
-every series has its own colour, the same on every panel; the legend sits outside the panels.
-Needs matplotlib (``pip install 'hf-callbacks-plus[plot]'``).
+The default figure answers "is it over-fitting, and where did it stop": the loss and the
+monitored metric(s) (what `EarlyStopping` and `KeepBestCheckpoints` watched, read from the
+checkpoint's state or the ranking's keys), each with its train-subset and eval curves
+(`TrainSubsetEvaluation`), the generalization gap (the logged ``gap_<metric>`` on a right-hand
+axis, else the shaded area between the train-subset and eval curves where a gap means something:
+``metrics.monitor.gap_is_meaningful``), vertical markers at the
+best step and at the early-stopping point (``early_stopping/best_step``,
+``early_stopping/stopped_step``, else the trainer state's ``best_global_step``/
+``best_model_checkpoint``) and triangles on the step axis at the checkpoints `KeepBestCheckpoints`
+kept (its ``best_checkpoints/...`` summary keys, else its state in the trainer state).
+``metrics="all"`` draws a panel for every curve: other eval datasets' and custom prefixes'
+metrics, the running metrics of the training batches ("training": trl's ``mean_token_accuracy``,
+`StreamingMetrics`' running metrics...; never drawn as the train subset), and the figures of
+other sections under their full name (``throughput/tokens_per_second``). Never drawn as curves:
+evaluation timings, confusion counts, and run counters such as trl's ``num_tokens`` (with
+``include_training_extras``, as training-loop extras). Every key is read through the key
+grammar; every series has its own colour, the same on every panel; the legend sits outside the
+panels. Needs matplotlib (``pip install 'hf-callbacks-plus[plot]'``).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -28,17 +34,28 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ._compat import require
-from .metrics.keys import BEST_CHECKPOINTS_SECTION, TIMING_NAMES, TRAIN_SUBSET_PREFIX, KeyGrammar
+from .metrics.keys import (
+    BEST_CHECKPOINTS_SECTION,
+    RUN_COUNTERS,
+    TIMING_NAMES,
+    TRAIN_SUBSET_PREFIX,
+    KeyGrammar,
+    did_you_mean,
+)
+from .metrics.monitor import gap_is_meaningful
 from .metrics.numbers import to_float
 
-__all__ = ["LearningCurves", "collect_curves", "load_log_history", "plot_learning_curves", "series_colors"]
+__all__ = ["ALL", "LearningCurves", "collect_curves", "default_panels", "load_log_history",
+           "plot_learning_curves", "series_colors"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
 #: Metric names that are timings, not learning curves.
 _TIMING = {*TIMING_NAMES, "epoch", "step", "total_flos"}
-#: Training-loop keys that get a panel only when asked for.
-_LOOP_EXTRAS = {"learning_rate", "grad_norm", "num_input_tokens_seen", "num_tokens"}
+#: Training-loop keys that get a panel only when asked for (``include_training_extras``).
+_LOOP_EXTRAS = {"learning_rate", "grad_norm", *RUN_COUNTERS}
+#: ``metrics=`` value that draws every curve.
+ALL = "all"
 #: Confusion-matrix counts (``StreamingMetrics``): numbers per evaluation, not learning curves.
 _COUNTS = re.compile(r"confusion_\d+_\d+")
 
@@ -55,6 +72,9 @@ class LearningCurves:
         best_step: The best step, or None.
         stopped_step: The step at which early stopping stopped training, or None.
         kept_steps: The steps of the checkpoints ``KeepBestCheckpoints`` kept, ascending.
+        monitors: The metrics `EarlyStopping` and `KeepBestCheckpoints` watched, as panel
+            names (``"loss"``, ``"accuracy"``), in the order found.
+        separate: The panels of keys in a section of their own (``throughput/tokens_per_second``).
     """
 
     def __init__(self) -> None:
@@ -62,6 +82,8 @@ class LearningCurves:
         self.best_step: Optional[int] = None
         self.stopped_step: Optional[int] = None
         self.kept_steps: list[int] = []
+        self.monitors: list[str] = []
+        self.separate: set[str] = set()
 
     def add(self, metric: str, label: str, step: int, value: float) -> None:
         self.series.setdefault(metric, {}).setdefault(label, []).append((step, value))
@@ -158,10 +180,12 @@ def _state_path(path: Path) -> Path:
         newest = _newest_checkpoint_state(path)
         if newest is not None:
             return newest
+        runs = [child for child in sorted(path.iterdir()) if child.is_dir() and _readable(child)][:5]
+        inside = f" It holds run folders: {', '.join(repr(str(run)) for run in runs)}." if runs else ""
         raise FileNotFoundError(
             f"plot_learning_curves: no trainer_state.json or metrics.jsonl in {str(path)!r} or in a "
             f"checkpoint-N folder of it; {_WHERE}. Pass the output_dir of a run that saved checkpoints, "
-            "a checkpoint folder, or a JsonlLogger's metrics.jsonl."
+            f"a checkpoint folder, or a JsonlLogger's metrics.jsonl.{inside}"
         )
     if path.is_file():
         return path
@@ -170,8 +194,44 @@ def _state_path(path: Path) -> Path:
         logger.warning("plot_learning_curves: %s does not exist (%s); plotting the newest checkpoint's, %s.",
                        path, _WHERE, newest)
         return newest
-    hint = f" Pass the run folder ({str(path.parent)!r}) instead." if path.parent.is_dir() else ""
+    close = _close_paths(path)
+    hint = f" Did you mean {' or '.join(repr(str(c)) for c in close)}?" if close else ""
     raise FileNotFoundError(f"plot_learning_curves: {str(path)!r} does not exist ({_WHERE}).{hint}")
+
+
+def _readable(path: Path) -> bool:
+    """``path`` can be plotted: a file, or a folder holding a state, a JSONL log or a checkpoint's."""
+    if path.is_file():
+        return True
+    return path.is_dir() and (any((path / name).is_file() for name in ("trainer_state.json", "metrics.jsonl"))
+                              or _newest_checkpoint_state(path) is not None)
+
+
+def _close_paths(path: Path) -> list[Path]:
+    """Plottable paths near a missing one: the nearest existing folder above it when that folder
+    can be plotted itself, else its entries whose names come close to the first missing part
+    (``runs/demoo`` -> ``runs/demo``), followed by the rest of the path where that exists."""
+    parts = path.parts
+    for depth in range(len(parts) - 1, -1, -1):
+        folder = Path(*parts[:depth]) if depth else Path(".")
+        if not folder.is_dir():
+            continue
+        if depth and _readable(folder):
+            return [folder]
+        missing, rest = parts[depth], parts[depth + 1:]
+        try:
+            names = sorted(entry.name for entry in folder.iterdir())
+        except OSError:
+            return []
+        found = []
+        for name in difflib.get_close_matches(missing, names, n=3, cutoff=0.6):
+            candidate = folder / name / Path(*rest) if rest else folder / name
+            if _readable(candidate):
+                found.append(candidate)
+            elif _readable(folder / name):
+                found.append(folder / name)
+        return found
+    return []
 
 
 def collect_curves(
@@ -182,12 +242,19 @@ def collect_curves(
 ) -> LearningCurves:
     """Sort every numeric key of every record into metric panels (see module docstring).
 
+    A metric of an evaluation-like section (``eval``, an eval dataset, ``train_subset``, ``gap``,
+    ``test``, a custom prefix) and the training batches' running value of the same name share
+    the panel of the bare name (``accuracy``); a key of any other section has a panel of its own,
+    named in full (``throughput/tokens_per_second``).
+
     Args:
         log_history: The records (``state.log_history``).
-        state: The trainer state dict, for ``best_global_step``. Defaults to None.
+        state: The trainer state dict, for ``best_global_step`` and the callbacks' saved states
+            (which metrics were monitored, which checkpoints were kept). Defaults to None.
         grammar: The key grammar; prefixes and eval dataset names are learned from the
             records. Defaults to a new one.
-        include_training_extras: Also plot ``learning_rate``/``grad_norm``. Defaults to False.
+        include_training_extras: Also collect ``learning_rate``, ``grad_norm`` and the run
+            counters (``num_tokens``...). Defaults to False.
 
     Returns:
         The curves.
@@ -197,8 +264,10 @@ def collect_curves(
         grammar.learn_from_metrics(record)
     curves = LearningCurves()
     kept: set[int] = set()
+    monitors: list[str] = []
     for record in log_history:
         kept.update(int(value) for key, value in record.items() if _is_kept_step(grammar, key, value))
+        monitors.extend(_ranked_monitor(key) for key in record if _is_kept_step(grammar, key, record[key]))
         if grammar.is_summary_record(record):
             continue
         step = record.get("step")
@@ -216,10 +285,16 @@ def collect_curves(
                 elif parsed.name == "stopped_step":
                     curves.stopped_step = int(value)
                 continue
-            if parsed.name in _TIMING or _COUNTS.fullmatch(parsed.name):
+            if parsed.is_summary or _COUNTS.fullmatch(parsed.name):
                 continue
-            if parsed.is_summary:
+            if parsed.section not in grammar.sections:  # a section of its own: throughput/..., a/b
+                curves.add(parsed.rendered, "training", step, value)
+                curves.separate.add(parsed.rendered)
                 continue
+            if parsed.name in _TIMING:
+                continue
+            if parsed.name in RUN_COUNTERS and not parsed.is_running:
+                continue  # trl's eval_num_tokens: the training counter again, not an eval curve
             if parsed.is_running:  # measured on the training batches: never "train subset"
                 if parsed.name == "loss":
                     curves.add("loss", "training loss", step, value)
@@ -233,7 +308,62 @@ def collect_curves(
     if curves.best_step is None and state:
         curves.best_step = _best_step_from_state(state)
     curves.kept_steps = sorted(kept or _kept_steps_from_state(state or {}))
+    monitors = _monitors_from_state(state or {}) + monitors
+    for monitor in monitors:
+        panel = _panel_of(monitor, curves, grammar)
+        if panel is not None and panel not in curves.monitors:
+            curves.monitors.append(panel)
     return curves
+
+
+def default_panels(curves: LearningCurves) -> list[str]:
+    """The panels of the default figure: the loss, then each monitored metric (`collect_curves`);
+    every panel when the run has neither (a log without a loss)."""
+    chosen = [name for name in ("loss", *curves.monitors) if name in curves.series]
+    return list(dict.fromkeys(chosen)) or _every_panel(curves)
+
+
+def _every_panel(curves: LearningCurves) -> list[str]:
+    """Every panel: the loss first, the metrics of evaluation-like sections, then the others."""
+    return sorted(curves.series, key=lambda name: (name != "loss", name in curves.separate, name))
+
+
+def _ranked_monitor(key: str) -> str:
+    """``best_checkpoints/eval_rewards/margins/rank1_step`` -> ``eval_rewards/margins``."""
+    return key[len(BEST_CHECKPOINTS_SECTION) + 1:].rsplit("/", 1)[0]
+
+
+def _monitors_from_state(state: Mapping[str, Any]) -> list[str]:
+    """The metrics the saved `EarlyStopping` and `KeepBestCheckpoints` states name."""
+    saved = state.get("stateful_callbacks") or {}
+    found: list[str] = []
+    for name in ("EarlyStopping", "KeepBestCheckpoints"):
+        entries = saved.get(name) or []
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if not isinstance(entry, Mapping):
+                continue
+            attributes = entry.get("attributes") or {}
+            key = attributes.get("state_key")
+            if name == "EarlyStopping" and isinstance(key, str) and key.startswith("EarlyStopping["):
+                found.append(key[len("EarlyStopping["):].split(",")[0])  # the resolved monitor
+                continue
+            monitor = (entry.get("args") or {}).get("monitor")
+            for item in monitor if isinstance(monitor, list) else [monitor]:
+                item = item.get("monitor") if isinstance(item, Mapping) else item
+                if isinstance(item, str) and item:
+                    found.append(item)
+            for kept in attributes.get("entries") or []:  # monitor=None: the ranked values name it
+                if isinstance(kept, Mapping) and isinstance(kept.get("values"), Mapping):
+                    found.extend(str(value) for value in kept["values"])
+    return found
+
+
+def _panel_of(monitor: str, curves: LearningCurves, grammar: KeyGrammar) -> Optional[str]:
+    """The panel a monitored metric is drawn on (``eval_accuracy`` -> ``accuracy``), if it has one."""
+    for name in (monitor, grammar.parse(grammar.canonical(monitor)).name):
+        if name in curves.series:
+            return name
+    return None
 
 
 def _is_kept_step(grammar: KeyGrammar, key: Any, value: Any) -> bool:
@@ -269,7 +399,7 @@ def plot_learning_curves(
     source: Source,
     output: Union[str, os.PathLike, None] = None,
     *,
-    metrics: Optional[Sequence[str]] = None,
+    metrics: Union[Sequence[str], str, None] = None,
     grammar: Optional[KeyGrammar] = None,
     title: Optional[str] = None,
     include_training_extras: bool = False,
@@ -285,12 +415,16 @@ def plot_learning_curves(
         output: Where to save the PNG. Defaults to None (only return the figure).
         metrics: Metrics to plot, in this order: bare (``"accuracy"``), prefixed
             (``"eval_accuracy"``, ``"train_subset_accuracy"``) or rendered (``"eval/accuracy"``)
-            names all name the panel ``accuracy``. Defaults to every metric that has a
-            curve, ``loss`` first.
+            names all name the panel ``accuracy``; a figure of another section by its full or
+            its last name (``"throughput/samples_per_second"``, ``"samples_per_second"``); or
+            ``"all"`` for every curve. Defaults to None: the loss and the monitored metric(s)
+            (`default_panels`).
         grammar: Key grammar (eval dataset names, custom prefixes). Defaults to one
             learned from the records.
         title: Figure title. Defaults to None.
-        include_training_extras: Add ``learning_rate``/``grad_norm`` panels. Defaults to False.
+        include_training_extras: Add ``learning_rate``, ``grad_norm`` and the run counters
+            (``num_tokens``...) to the panels ``"all"`` draws (or that ``metrics`` names).
+            Defaults to False.
         columns: Panels per row. Defaults to 2.
         dpi: Resolution of the saved PNG. Defaults to 110.
 
@@ -300,7 +434,7 @@ def plot_learning_curves(
     Raises:
         ModuleNotFoundError: matplotlib is not installed (install the ``[plot]`` extra).
         ValueError: There is nothing to plot, or a requested metric has no curve (the
-            message lists the available ones).
+            message says which names come close and lists the available ones).
 
     Example:
         >>> plot_learning_curves("runs/demo/trainer_state.json", "curves.png")  # doctest: +SKIP
@@ -313,13 +447,21 @@ def plot_learning_curves(
     history, state = load_log_history(source)
     grammar = grammar or KeyGrammar()
     curves = collect_curves(history, state, grammar, include_training_extras)
-    available = sorted(curves.series, key=lambda name: (name != "loss", name))
+    available = _every_panel(curves)
     if not available:
         raise ValueError(
             f"plot_learning_curves: no metric to plot in {len(history)} log records "
             "(numeric keys with a step, outside the end-of-training summary)."
         )
-    chosen = available if metrics is None else _panels_for(metrics, curves, grammar, available)
+    if metrics is None:
+        chosen = default_panels(curves)
+    elif isinstance(metrics, str) and metrics == ALL:
+        chosen = available
+    elif isinstance(metrics, str):
+        raise TypeError(f"plot_learning_curves: metrics must be a list of names or {ALL!r}, got {metrics!r}; "
+                        f"did you mean [{metrics!r}]?")
+    else:
+        chosen = _panels_for(metrics, curves, grammar, available)
     columns = min(columns, len(chosen))
     rows = math.ceil(len(chosen) / columns)
     figure = Figure(figsize=(6.0 * columns + 2.2, 3.6 * rows), layout="constrained")
@@ -327,7 +469,7 @@ def plot_learning_curves(
     colors = series_colors(label for name in chosen for label in curves.series[name])
     legend: dict[str, Any] = {}
     for axis, name in zip(axes, chosen):
-        for handle, label in zip(*_draw_panel(axis, name, curves, colors)):
+        for handle, label in zip(*_draw_panel(axis, name, curves, colors, name in curves.monitors)):
             legend.setdefault(label, handle)
     for axis in axes[len(chosen):]:
         axis.set_visible(False)
@@ -342,18 +484,32 @@ def plot_learning_curves(
 
 def _panels_for(metrics: Sequence[str], curves: LearningCurves, grammar: KeyGrammar,
                 available: list[str]) -> list[str]:
-    """The panel of each requested name (bare, prefixed or rendered), in order, once each."""
+    """The panel of each requested name (bare, prefixed, rendered, or the last part of a panel
+    of its own section), in order, once each."""
     chosen: list[str] = []
     missing = []
     for wanted in metrics:
-        panel = wanted if wanted in curves.series else grammar.parse(wanted).name
-        if panel not in curves.series:
+        panel = _panel_named(wanted, curves, grammar)
+        if panel is None:
             missing.append(wanted)
         elif panel not in chosen:
             chosen.append(panel)
     if missing:
-        raise ValueError(f"plot_learning_curves: no curve for metrics {missing}; available: {available}.")
+        close = sorted({match for wanted in missing for match in did_you_mean(wanted, available)})
+        hint = f" (did you mean {' or '.join(repr(name) for name in close)}?)" if close else ""
+        raise ValueError(f"plot_learning_curves: no curve for metrics {missing}{hint}; "
+                         f"available: {available}.")
     return chosen
+
+
+def _panel_named(wanted: str, curves: LearningCurves, grammar: KeyGrammar) -> Optional[str]:
+    if wanted in curves.series:
+        return wanted
+    name = grammar.parse(grammar.canonical(wanted)).name
+    if name in curves.series:
+        return name
+    endings = sorted((panel for panel in curves.series if panel.endswith("/" + wanted)), key=len)
+    return endings[0] if endings else None
 
 
 #: Fixed colours of the series every run has; markers: best step green, early stop red, kept
@@ -383,8 +539,8 @@ def series_colors(labels: Any) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _draw_panel(axis: Any, name: str, curves: LearningCurves,
-                colors: Mapping[str, tuple[str, str]]) -> tuple[list[Any], list[str]]:
+def _draw_panel(axis: Any, name: str, curves: LearningCurves, colors: Mapping[str, tuple[str, str]],
+                monitored: bool = False) -> tuple[list[Any], list[str]]:
     from matplotlib.ticker import MaxNLocator
 
     series = curves.series[name]
@@ -406,7 +562,7 @@ def _draw_panel(axis: Any, name: str, curves: LearningCurves,
         twin.set_ylabel("gap = train subset - eval", color=colors["gap"][0])
         twin.tick_params(axis="y", colors=colors["gap"][0])
         handles, labels = twin.get_legend_handles_labels()
-    else:
+    elif gap_is_meaningful(name):  # a loss, an accuracy...: not a diagnostic such as trl's entropy
         _shade_gap(axis, series, colors["gap"][0])
     if curves.best_step is not None:
         axis.axvline(curves.best_step, color=_BEST_COLOR, linestyle="--", linewidth=1,
@@ -418,7 +574,7 @@ def _draw_panel(axis: Any, name: str, curves: LearningCurves,
         axis.plot(curves.kept_steps, [0.0] * len(curves.kept_steps), linestyle="none", marker="^",
                   markersize=7, color=_KEPT_COLOR, transform=axis.get_xaxis_transform(), clip_on=False,
                   label=f"kept checkpoints ({len(curves.kept_steps)})")
-    axis.set_title(name)
+    axis.set_title(f"{name} (monitored)" if monitored else name)
     axis.set_xlabel("step")
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(True, alpha=0.3)

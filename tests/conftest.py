@@ -84,29 +84,30 @@ def pytest_collection_finish(session):
 @pytest.fixture(scope="session")
 def distributed_launch(request, tmp_path_factory):
     """The session's one torchrun launch, running the scenario of every selected distributed test."""
-    from tests.distributed import launch, spec_of
+    from tests.distributed import launch, spec_of, spec_of_marker
 
     specs = []
     for item in request.session.items:
         marker = item.get_closest_marker("distributed")
         if marker is not None and "scenario" in marker.kwargs:
-            spec = spec_of(marker.kwargs["scenario"])
-            if spec not in specs:
-                specs.append(spec)
+            for spec in (spec_of_marker(marker), *(spec_of(scenario, args) for scenario, args
+                                                  in marker.kwargs.get("also", ()))):
+                if spec not in specs:
+                    specs.append(spec)
     return launch(tmp_path_factory.mktemp("distributed"), specs)
 
 
 @pytest.fixture
 def distributed_outcome(request, distributed_launch):
     """This test's scenario outcome (see tests/distributed.py); fails with the ranks' errors."""
-    from tests.distributed import spec_of
+    from tests.distributed import spec_of_marker
 
     marker = request.node.get_closest_marker("distributed")
     if marker is None or "scenario" not in marker.kwargs:
         raise pytest.UsageError(f"{request.node.nodeid} takes distributed_outcome without "
                                 "@pytest.mark.distributed(scenario=...)")
     try:
-        return distributed_launch.outcome(spec_of(marker.kwargs["scenario"]))
+        return distributed_launch.outcome(spec_of_marker(marker))
     except RuntimeError as error:
         pytest.fail(str(error), pytrace=False)
 

@@ -74,3 +74,41 @@ def test_no_sphinx_roles_in_package_docstrings():
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if SOURCE_ROLE.search(line)]
     assert found == []
+
+
+#: Characters a code line of the site holds at 1366 px, the most common laptop screen (measured
+#: with scripts/docs_screenshots.py in Chromium: 98 fit, 99 are cut off; at 1440 px 104 fit).
+CODE_COLUMNS = 98
+FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
+
+
+def long_code_lines(text: str, limit: int = CODE_COLUMNS) -> list[tuple[int, int]]:
+    """``(line number, length)`` of the code lines longer than ``limit`` in a Markdown page.
+    Blocks without a language or marked ``text`` wrap on the site (docs/stylesheets/extra.css)."""
+    found, fence = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        match = FENCE.match(line)
+        if fence is None and match:
+            fence = match.groups()
+        elif fence is not None and line.strip() == fence[1]:
+            fence = None
+        elif fence is not None and fence[2] not in ("", "text"):
+            code = line[len(fence[0]):] if line.startswith(fence[0]) else line
+            if len(code) > limit:
+                found.append((number, len(code)))
+    return found
+
+
+def test_code_blocks_fit_the_content_column_of_a_1366px_screen():
+    """A code line longer than the column is cut off (scrolls) on the page. The rendered check,
+    tables included, is scripts/docs_screenshots.py; this one reads the sources in every run."""
+    wide = {str(page.relative_to(ROOT)): lines for page in sorted((ROOT / "docs").glob("*.md"))
+            if (lines := long_code_lines(page.read_text(encoding="utf-8")))}
+    assert wide == {}
+
+
+def test_the_check_finds_a_long_line_and_lets_wrapping_blocks_be():
+    long = "x" * (CODE_COLUMNS + 1)
+    page = "\n".join(["```python", "y" * CODE_COLUMNS, long, "```", "", "```text", long, "```", "",
+                      "- item", "", "    ```bash", f"    {long}", "    ```", ""])
+    assert long_code_lines(page) == [(3, CODE_COLUMNS + 1), (13, CODE_COLUMNS + 1)]

@@ -63,8 +63,12 @@ def test_curves_from_a_real_run(run_dir):
 
 def test_png_written(run_dir, tmp_path):
     output = tmp_path / "curves.png"
-    figure = plot_learning_curves(run_dir / "checkpoint-16" / "trainer_state.json", output, title="tiny run")
+    source = run_dir / "checkpoint-16" / "trainer_state.json"
+    figure = plot_learning_curves(source, output, title="tiny run")
     assert output.read_bytes()[:8] == PNG_MAGIC
+    visible = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
+    assert [axis.get_title() for axis in visible] == ["loss"]  # no monitor known: the loss alone
+    figure = plot_learning_curves(source, output, title="tiny run", metrics="all")
     visible = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
     assert [axis.get_title() for axis in visible] == ["loss", "mae", "mse"]
     (legend,) = figure.legends  # one legend for the figure
@@ -124,7 +128,7 @@ def test_every_series_has_its_own_colour(tmp_path):
         {"eval_a_acc": 0.55, "eval_b_acc": 0.42, "train_subset_acc": 0.7, "val_acc": 0.5, "holdout_acc": 0.35,
          "step": 4},
     ]
-    figure = plot_learning_curves(history, tmp_path / "colours.png")
+    figure = plot_learning_curves(history, tmp_path / "colours.png", metrics="all")
     colors = line_colors(figure)
     assert {"eval (a)", "eval (b)", "val", "holdout", "train subset", "training loss"} <= set(colors)
     assert len(set(colors.values())) == len(colors)  # a custom prefix never looks like the train subset
@@ -280,6 +284,147 @@ def test_the_quickstarts_plot_command_on_a_stock_trainer_run(tmp_path, capsys, c
     assert main(["plot", str(empty / "trainer_state.json")]) == 1
     error = capsys.readouterr().err
     assert "does not exist" in error and "checkpoint-N" in error
-    assert f"Pass the run folder ({str(empty)!r})" in error
+    assert "Did you mean" not in error  # nothing near it to plot (the empty folder is no run)
     assert main(["plot", str(empty)]) == 1
     assert "save_state()" in capsys.readouterr().err
+
+
+# -- the default figure: is it over-fitting, and where did it stop (issue 33 item 6) ------------------
+
+@pytest.fixture(scope="module")
+def story_run(tmp_path_factory):
+    """A TrainerPlus run with every callback the default figure reads: the train subset with gaps,
+    EarlyStopping on eval_mae (stops), KeepBestCheckpoints on eval_mse (k=2), ThroughputMonitor."""
+    from hf_callbacks_plus.callbacks.best_checkpoints import KeepBestCheckpoints
+    from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
+    from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
+
+    output = tmp_path_factory.mktemp("story")
+    stopper = EarlyStopping("eval_mae", patience=2, min_delta=0.5, verbose=False)
+    keeper = KeepBestCheckpoints("eval_mse", k=2, verbose=False)
+    trainer = make_trainer(
+        output, trainer_class=TrainerPlus, eval_strategy="steps", eval_steps=2, logging_steps=2,
+        max_steps=40, learning_rate=0.05, save_strategy="steps", save_steps=2,
+        callbacks=[TrainSubsetEvaluation(size=16, gap_metrics=True), stopper, keeper, ThroughputMonitor()],
+    )
+    trainer.train()
+    trainer.save_state()
+    return output, trainer, stopper, keeper
+
+
+def panels(figure):
+    return {axis.get_title(): axis for axis in figure.axes if axis.get_visible() and axis.get_title()}
+
+
+def lines_of(axis):
+    return {line.get_label(): line for line in axis.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_the_default_figure_is_the_loss_and_the_monitored_metrics(story_run, tmp_path):
+    output, trainer, stopper, keeper = story_run
+    assert stopper.stopped  # the run stopped early: the figure must say where
+    history = trainer.state.log_history
+    for source in (output, output / "trainer_state.json", output / f"checkpoint-{trainer.state.global_step}"):
+        figure = plot_learning_curves(source, tmp_path / "default.png")
+        shown = panels(figure)
+        assert list(shown) == ["loss", "mae (monitored)", "mse (monitored)"], source
+    kept = sorted(entry.step for entry in keeper.entries)
+    evaluations = [r for r in history if "eval_mae" in r]
+    for title, name in (("mae (monitored)", "mae"), ("mse (monitored)", "mse"), ("loss", "loss")):
+        drawn = lines_of(shown[title])
+        # the curves are the logged values, read back from the figure
+        assert list(drawn["eval"].get_xdata()) == [r["step"] for r in evaluations]
+        assert list(drawn["eval"].get_ydata()) == pytest.approx([r[f"eval_{name}"] for r in evaluations])
+        assert list(drawn["train subset"].get_ydata()) == pytest.approx(
+            [r[f"train_subset_{name}"] for r in evaluations])
+        assert list(drawn[f"best step {stopper.best_step}"].get_xdata()) == [stopper.best_step] * 2
+        assert list(drawn[f"early stop {stopper.stopped_step}"].get_xdata()) == [stopper.stopped_step] * 2
+        assert list(drawn[f"kept checkpoints ({len(kept)})"].get_xdata()) == kept
+        (twin,) = [other for other in figure.axes if other is not shown[title] and other.get_shared_x_axes()
+                   .joined(other, shown[title]) and other.get_ylabel().startswith("gap")]
+        (gap,) = twin.get_lines()
+        assert list(gap.get_ydata()) == pytest.approx([r[f"gap_{name}"] for r in evaluations])
+    assert "training loss" in lines_of(shown["loss"])
+
+
+def test_all_draws_every_curve_with_other_sections_named_in_full(story_run, tmp_path):
+    output, trainer, _, _ = story_run
+    figure = plot_learning_curves(output, tmp_path / "all.png", metrics="all")
+    titles = list(panels(figure))
+    assert titles[:3] == ["loss", "mae (monitored)", "mse (monitored)"]
+    words = ("per_second", "seconds", "steps")
+    throughput = [title for title in titles if any(word in title for word in words)]
+    assert throughput and all(title.startswith("throughput/") for title in throughput)
+    assert "throughput/samples_per_second" in titles  # a timing name, in a section of its own
+    assert not any(title in ("runtime", "samples_per_second", "steps_per_second") for title in titles)
+    records = [r for r in trainer.state.log_history if "throughput/samples_per_second" in r]
+    for wanted in ("samples_per_second", "throughput/samples_per_second"):
+        figure = plot_learning_curves(output, metrics=[wanted])
+        (axis,) = panels(figure).values()
+        assert axis.get_title() == "throughput/samples_per_second"
+        assert list(lines_of(axis)["training"].get_ydata()) == pytest.approx(
+            [r["throughput/samples_per_second"] for r in records])
+
+
+def test_trl_num_tokens_is_a_counter_never_an_eval_curve():
+    history = [dict(record) for record in DPO_HISTORY]
+    for record in history:
+        if "eval_loss" in record:
+            record["eval_num_tokens"] = 1024.0  # trl's log adds the training counter to eval records
+    curves = collect_curves(history)
+    assert "num_tokens" not in curves.series
+    with_extras = collect_curves(history, include_training_extras=True)
+    assert set(with_extras.series["num_tokens"]) == {"training"}
+
+
+def test_a_misspelt_metric_gets_a_did_you_mean(story_run, capsys):
+    output, _, _, _ = story_run
+    with pytest.raises(ValueError, match=r"no curve for metrics \['maee'\] \(did you mean 'mae'"):
+        plot_learning_curves(output, metrics=["maee"])
+    assert main(["plot", str(output), "-m", "mse", "acuracy"]) == 1
+    assert "no curve for metrics ['acuracy']" in capsys.readouterr().err
+    with pytest.raises(TypeError, match=r"did you mean \['mae'\]"):
+        plot_learning_curves(output, metrics="mae")
+
+
+def test_a_missing_path_suggests_what_is_near_it(story_run, tmp_path, capsys):
+    output, trainer, _, _ = story_run
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "demo").symlink_to(output, target_is_directory=True)
+    (runs / "notes").mkdir()
+    cases = {
+        runs / "dmeo": runs / "demo",  # a typo in the run's name
+        runs / "demo" / "checkpoint-999" / "trainer_state.json": runs / "demo",  # a checkpoint not there
+        runs / "dmeo" / "trainer_state.json": runs / "demo" / "trainer_state.json",
+    }
+    for missing, suggested in cases.items():
+        assert main(["plot", str(missing), "-o", str(tmp_path / "x.png")]) == 1
+        error = capsys.readouterr().err
+        assert f"Did you mean {str(suggested)!r}?" in error, (missing, error)
+    assert main(["plot", str(runs / "nothing-like-it"), "-o", str(tmp_path / "x.png")]) == 1
+    assert "Did you mean" not in capsys.readouterr().err
+    assert main(["plot", str(runs), "-o", str(tmp_path / "x.png")]) == 1  # a folder of runs
+    assert f"It holds run folders: {str(runs / 'demo')!r}." in capsys.readouterr().err
+
+
+def test_cli_all_and_the_default(story_run, tmp_path, capsys):
+    output, _, _, _ = story_run
+    assert main(["plot", str(output), "-o", str(tmp_path / "a.png"), "--all"]) == 0
+    assert (tmp_path / "a.png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(SystemExit):
+        main(["plot", str(output), "--all", "-m", "mse"])  # one or the other
+
+
+def test_the_gap_is_shaded_only_where_it_means_something(tmp_path):
+    """The one rule (gap_is_meaningful): a shaded gap on the loss and an accuracy, none on trl's
+    entropy (a diagnostic with no better direction)."""
+    history = [{"loss": 1.0, "step": 1}]
+    for step in (2, 4):
+        history.append({"eval_loss": 0.9, "eval_mean_token_accuracy": 0.3, "eval_entropy": 2.0,
+                        "eval_runtime": 0.1, "train_subset_loss": 0.7,
+                        "train_subset_mean_token_accuracy": 0.4, "train_subset_entropy": 1.5, "step": step})
+    figure = plot_learning_curves(history, metrics=["loss", "mean_token_accuracy", "entropy"])
+    shaded = {title: any(collection.get_label() == "gap (shaded)" for collection in axis.collections)
+              for title, axis in panels(figure).items()}
+    assert shaded == {"loss": True, "mean_token_accuracy": True, "entropy": False}

@@ -8,14 +8,20 @@ Loss" and ``gap_accuracy`` as "Accuracy", and the eval values nowhere. `fit_note
 wraps that method of each such callback of a trainer: transformers draws the row from the
 evaluation's own keys (``<prefix>_*``: the row it draws without our callbacks), then the other
 keys of the record (train subset, gap, early stopping...) are added to the same row, each in a
-column of its own ("Train Subset Loss", "Gap Accuracy", "Early Stopping Wait").
+column of its own ("Train Subset Loss", "Gap Accuracy", "Early Stopping Wait"). With a
+`ConsoleSummary`, the row is its compact line instead (the loss and the monitored metric, their
+train-subset values and gaps, the best so far, throughput).
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
+
+from ..callbacks.console_summary import ConsoleSummary
+from ..metrics.keys import TIMING_NAMES
 
 __all__ = ["column_name", "evaluation_prefix", "fit_notebook_table"]
 
@@ -33,16 +39,31 @@ def _is_notebook_callback(callback: Any) -> bool:
 def fit_notebook_table(trainer: Any) -> None:
     """Make the notebook table of ``trainer`` show our values beside the trainer's own columns.
 
-    A no-op without transformers' ``NotebookProgressCallback`` (outside a notebook) and for a
-    callback already fitted.
+    With a `ConsoleSummary` among the trainer's callbacks the row is its line: the trainer's
+    columns for the metrics the line shows (the loss, the monitored metric), then the line's
+    train-subset values, gaps, best so far and throughput. Without it, every other key of the
+    record gets a column. A no-op without transformers' ``NotebookProgressCallback`` (outside a
+    notebook) and for a callback already fitted.
 
     Args:
         trainer: A ``transformers.Trainer`` (or subclass).
     """
     for callback in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
         if _is_notebook_callback(callback) and not vars(callback).get(_FITTED):
-            callback.on_evaluate = _fitted_on_evaluate(callback, callback.on_evaluate)
+            callback.on_evaluate = _fitted_on_evaluate(callback, callback.on_evaluate, _weak(trainer))
             setattr(callback, _FITTED, True)
+
+
+def _weak(trainer: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(trainer)
+    except TypeError:  # an object that refuses weak references
+        return lambda: trainer
+
+
+def _summary_of(trainer: Any) -> Optional[ConsoleSummary]:
+    callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", ())
+    return next((callback for callback in callbacks if isinstance(callback, ConsoleSummary)), None)
 
 
 def evaluation_prefix(metrics: Mapping[str, Any]) -> Optional[str]:
@@ -56,13 +77,21 @@ def column_name(key: str) -> str:
     return " ".join(part.capitalize() for part in re.split(r"[_/]+", key) if part)
 
 
-def _fitted_on_evaluate(callback: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+def _fitted_on_evaluate(callback: Any, original: Callable[..., Any],
+                        trainer: Callable[[], Any]) -> Callable[..., Any]:
     def on_evaluate(args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> Any:
         prefix = evaluation_prefix(metrics) if isinstance(metrics, dict) else None
         if prefix is None:
             return original(args, state, control, metrics=metrics, **kwargs)
         own = {k: v for k, v in metrics.items() if k in _SHARED_KEYS or str(k).startswith(f"{prefix}_")}
         extra = {column_name(str(k)): v for k, v in metrics.items() if k not in own}
+        summary = _summary_of(trainer())
+        if summary is not None:  # the row is the summary's line
+            line = summary.evaluation_line(metrics, state, args, prefix)
+            shown = {item.key for item in line.metrics}
+            own = {k: v for k, v in own.items()
+                   if k in shown or k in _SHARED_KEYS or str(k)[len(prefix) + 1:] in TIMING_NAMES}
+            extra = line.columns()
         view = dict(own)
         result = original(args, state, control, metrics=view, **kwargs)
         for key in own:  # what transformers removes from the record (timings), removed as without us

@@ -32,7 +32,7 @@ from .._compat import require
 from ..core.checkpoint_folders import newest_complete_checkpoint
 from ..core.resume_check import RESUME_CHECK_EVENT, run_resume_check, skipped_metrics
 from ..metrics.keys import BUILTIN_SECTIONS, KeyGrammar, flatten_metrics, grammar_for
-from ..runtime.isolated_evaluation import isolated_evaluate
+from ..runtime.isolated_evaluation import evaluate_call, isolated_evaluate
 from .notebook import fit_notebook_table
 from .ordering import bind_trainer, is_integration_callback, run_before_integrations, use_our_handler
 
@@ -75,6 +75,9 @@ class TrainerPlusMixin:
     """
 
     key_grammar: KeyGrammar
+    #: `evaluate` records its arguments while it runs (``evaluation_arguments`` reads them), so
+    #: ``record_evaluate_calls`` leaves this trainer's ``evaluate`` as it is.
+    records_evaluate_calls = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -110,9 +113,13 @@ class TrainerPlusMixin:
 
     # -- evaluation prefixes ---------------------------------------------------------------
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
-        """``Trainer.evaluate``; a custom ``metric_key_prefix`` is declared in the grammar."""
+        """``Trainer.evaluate``; a custom ``metric_key_prefix`` is declared in the grammar, and the
+        call's arguments are recorded while it runs (``ignore_keys``, generation settings: the
+        train-subset evaluation uses the same ones)."""
         self._declare_prefix(_metric_key_prefix(args, kwargs, 2))
-        return super().evaluate(*args, **kwargs)
+        parent = super().evaluate
+        with evaluate_call(self, parent, args, kwargs):
+            return parent(*args, **kwargs)
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.predict``; a custom ``metric_key_prefix`` is declared in the grammar."""

@@ -85,6 +85,9 @@ class ProgressCallback(TrainerCallback):
         ModuleNotFoundError: tqdm is not installed (``pip install 'hf-callbacks-plus[progress]'``).
     """
 
+    #: Prints every log record (``ConsoleSummary(quiet_printer=True)`` skips the ones it prints).
+    prints_logs = True
+
     def __init__(self, max_str_len: int = 100) -> None:
         self._tqdm = require("tqdm", "ProgressCallback").tqdm
         self.training_bar: Any = None
@@ -149,6 +152,9 @@ class PrinterCallback(TrainerCallback):
 
     Note: like transformers', it removes ``total_flos`` from the logs it receives.
     """
+
+    #: Prints every log record (``ConsoleSummary(quiet_printer=True)`` skips the ones it prints).
+    prints_logs = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs.pop("total_flos", None)

@@ -91,9 +91,9 @@ class StepsMixin:
                         self._after_optimizer_step()
                     state.global_step += 1
                     state.epoch = epoch + (step + 1) / batches_per_epoch
+                    self._tr_loss = tr_loss  # current at on_step_end, as Trainer's (Deadline reads it)
                     control = self.control = handler.on_step_end(args, state, self.control)
                     if control.should_log or control.should_evaluate or control.should_save:
-                        self._tr_loss = tr_loss
                         self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
                         tr_loss, control = self._tr_loss, self.control
                 else:

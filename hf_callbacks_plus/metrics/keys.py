@@ -53,6 +53,7 @@ __all__ = [
     "BUILTIN_SECTIONS",
     "METRIC_FAMILIES",
     "NESTED_SEPARATOR",
+    "RUN_COUNTERS",
     "SPEED_SUFFIXES",
     "SUMMARY_KEYS",
     "SUMMARY_SECTION",
@@ -149,6 +150,11 @@ def did_you_mean(wanted: str, available: Iterable[str], limit: int = 3) -> list[
 TRAINING_LOOP_KEYS = frozenset(
     {"loss", "learning_rate", "grad_norm", "epoch", "num_input_tokens_seen", "num_tokens"}
 )
+
+#: Counters of training progress a trainer's ``log`` attaches to its records (trl's ``num_tokens``:
+#: tokens trained on so far, in evaluation records too): not measurements of the evaluated data and
+#: not learning curves.
+RUN_COUNTERS = ("num_tokens", "num_input_tokens_seen")
 
 #: First segments of metric names that contain ``/`` without being rendered keys: trl's
 #: ``rewards/chosen``, ``logps/rejected``, ``logits/chosen`` (DPO), ``completions/mean_length``,

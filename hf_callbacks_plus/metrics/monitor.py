@@ -37,7 +37,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-from .keys import SPEED_SUFFIXES, TRAINING_LOOP_KEYS, KeyGrammar
+from .keys import SPEED_SUFFIXES, TIMING_NAMES, TRAINING_LOOP_KEYS, KeyGrammar
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -52,6 +52,7 @@ __all__ = [
     "check_mode",
     "check_number",
     "check_thresholds",
+    "gap_is_meaningful",
     "infer_mode",
     "trl_metric",
 ]
@@ -155,6 +156,28 @@ def infer_mode(name: str) -> Optional[str]:
     if minimize == maximize:
         return None
     return "min" if minimize else "max"
+
+
+def gap_is_meaningful(name: str) -> bool:
+    """Whether a train-minus-eval gap of metric ``name`` says something about over-fitting.
+
+    The one rule for which gaps are reported (``TrainSubsetEvaluation(gap_metrics=True)``) and
+    shown (the console line, the plot): a measure of quality whose better direction is known
+    (`infer_mode`: a loss, an accuracy, an F1, a perplexity, trl's ``mean_token_accuracy``).
+    Counts (``confusion_0_1``, trl's ``num_tokens``), diagnostics without a better direction (trl's
+    ``entropy``, completion lengths) and timings have no gap worth reading.
+
+    Args:
+        name: A metric name, bare (``"accuracy"``) or with its section (``"eval_f1_macro"``).
+
+    Example:
+        >>> gap_is_meaningful("loss"), gap_is_meaningful("f1_macro"), gap_is_meaningful("confusion_0_1")
+        (True, True, False)
+    """
+    bare = name.rsplit("/", 1)[-1]
+    if any(bare == timing or bare.endswith("_" + timing) for timing in TIMING_NAMES):
+        return False
+    return infer_mode(name) is not None
 
 
 def trl_metric(name: str) -> Optional[str]:

@@ -19,14 +19,15 @@ __all__ = ["tell"]
 logger = logging.getLogger("hf_callbacks_plus")
 
 
-def tell(message: str, state: Any, *, verbose: bool, level: int = logging.INFO) -> None:
+def tell(message: str, state: Any, *, verbose: bool, level: int = logging.INFO, file: Any = None) -> None:
     """Show ``message`` to the user once.
 
     Args:
         message: One line.
         state: The trainer state (``is_world_process_zero`` decides who speaks; absent = yes).
-        verbose: Write the line to stderr (DEBUG in the log); else log it at ``level``.
+        verbose: Write the line to ``file`` (DEBUG in the log); else log it at ``level``.
         level: Logging level used when not ``verbose``. Defaults to INFO.
+        file: Where a verbose line goes. Defaults to None: ``sys.stderr``.
     """
     if not verbose:
         logger.log(level, message)
@@ -34,9 +35,10 @@ def tell(message: str, state: Any, *, verbose: bool, level: int = logging.INFO) 
     logger.debug(message)
     if not getattr(state, "is_world_process_zero", True):
         return
+    file = sys.stderr if file is None else file
     bar_class = getattr(sys.modules.get("tqdm"), "tqdm", None)  # loaded by a progress bar, if any
     write = getattr(bar_class, "write", None)
     if callable(write):
-        write(message, file=sys.stderr)
+        write(message, file=file)
     else:
-        print(message, file=sys.stderr, flush=True)
+        print(message, file=file, flush=True)

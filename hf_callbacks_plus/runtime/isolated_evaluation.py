@@ -26,7 +26,8 @@ their own numbers. `isolated_evaluate` avoids this in general:
   of its collator, datasets and dataloader (`random_state_kept`): a run with the subset
   evaluation trains exactly like the same run without it;
 * the user's arguments of the evaluation in progress (``ignore_keys``, a ``Seq2SeqTrainer``'s
-  generation settings) apply to the subset too (`evaluation_arguments`);
+  generation settings) apply to the subset too (`evaluation_arguments`: recorded where the
+  ``evaluate()`` call passes through, `evaluate_call`);
 * the callbacks see nothing of it (no ``on_log``, ``on_evaluate``, ``on_pre_log``) except
   ``on_prediction_step``, so progress bars show the subset's progress.
 
@@ -38,23 +39,27 @@ requested prefix (inside the sandbox every metric is the subset's).
 from __future__ import annotations
 
 import contextlib
-import sys
+import inspect
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Optional
 
-from ..metrics.keys import TIMING_NAMES
+from ..metrics.keys import RUN_COUNTERS, TIMING_NAMES
 from .random_state import random_state_kept
 
 __all__ = [
+    "EVALUATE_CALLS",
     "ISOLATED_SPLIT",
     "RUN_COUNTERS",
     "TRAINER_ACCUMULATORS",
     "TRAINER_SWITCHES",
     "accumulators_set_aside",
     "close_prediction_bars",
+    "evaluate_call",
     "evaluation_arguments",
     "isolated_evaluate",
+    "record_evaluate_calls",
     "register_trainer_accumulator",
     "isolated_dataloader",
     "relabel_metrics",
@@ -89,9 +94,6 @@ TRAINER_SWITCHES: dict[str, Any] = {
 #: The split name under which an isolated evaluation hands its own dataloader to ``evaluate``.
 ISOLATED_SPLIT = "hf_callbacks_plus_isolated"
 
-#: Counters of training progress a trainer's ``log`` attaches to every record (trl's
-#: ``num_tokens``: tokens trained on so far): not measurements of the evaluated data.
-RUN_COUNTERS = ("num_tokens", "num_input_tokens_seen")
 
 
 def register_trainer_accumulator(attribute: str, policy: str = "fresh") -> None:
@@ -320,28 +322,106 @@ def _serving(trainer: Any, dataloader: Any) -> Iterator[None]:
             trainer.get_eval_dataloader = own
 
 
+#: Where a trainer keeps the arguments of its ``evaluate()`` calls in progress, innermost last:
+#: ``{name: value}`` of each call (see `evaluate_call`). Set by our code only.
+EVALUATE_CALLS = "hf_callbacks_plus_evaluate_calls"
+#: Arguments of ``evaluate`` that say which data and under which name, not how: never passed on.
+_WHICH_DATA = frozenset({"eval_dataset", "metric_key_prefix"})
+#: Marks the instance-level ``evaluate`` that `record_evaluate_calls` installs.
+_RECORDER = "__hf_callbacks_plus_records_evaluate__"
+
+
+def _signature(function: Any) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(function)
+    except (TypeError, ValueError):  # no readable signature
+        return None
+
+
+def _call_arguments(signature: Optional[inspect.Signature], args: tuple,
+                    kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``{name: value}`` of one ``evaluate`` call, its ``**kwargs`` (generation settings) spread,
+    without the data and prefix and without arguments left at None (their default)."""
+    try:
+        bound = signature.bind_partial(*args, **kwargs).arguments if signature is not None else dict(kwargs)
+    except TypeError:  # a call the method refuses: it raises its own error
+        signature, bound = None, dict(kwargs)
+    named: dict[str, Any] = {}
+    for name, value in bound.items():
+        kind = signature.parameters[name].kind if signature is not None else None
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            named[name] = value
+    return {name: value for name, value in named.items() if name not in _WHICH_DATA and value is not None}
+
+
+@contextlib.contextmanager
+def evaluate_call(trainer: Any, function: Any, args: tuple, kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Within this block, `evaluation_arguments` of ``trainer`` gives this ``evaluate`` call's
+    arguments. ``TrainerPlusMixin.evaluate`` wraps its call in it; `record_evaluate_calls` makes
+    any other trainer do the same.
+
+    Args:
+        trainer: The trainer whose ``evaluate`` is called.
+        function: The ``evaluate`` called, or its ``inspect.Signature`` (it names the positional
+            arguments).
+        args: The call's positional arguments.
+        kwargs: The call's keyword arguments.
+    """
+    signature = function if isinstance(function, inspect.Signature) else _signature(function)
+    calls = vars(trainer).setdefault(EVALUATE_CALLS, [])
+    calls.append(_call_arguments(signature, args, kwargs))
+    try:
+        yield
+    finally:
+        calls.pop()
+
+
+def record_evaluate_calls(trainer: Any) -> None:
+    """Make ``trainer`` record the arguments of its ``evaluate()`` calls while they run.
+
+    A class that records them itself says so with ``records_evaluate_calls = True``
+    (``TrainerPlusMixin``) and is left as it is; any other trainer gets, once, an ``evaluate`` of
+    its own (an instance attribute) that runs the one it had inside `evaluate_call`. The
+    trainer's loop calls ``self.evaluate`` (``train(ignore_keys_for_eval=...)`` included), so every
+    evaluation passes through it. It holds the trainer weakly (no reference cycle).
+
+    Args:
+        trainer: A ``transformers.Trainer`` (or subclass: trl's, ``Seq2SeqTrainer``, yours).
+    """
+    if getattr(type(trainer), "records_evaluate_calls", False) is True:
+        return
+    if getattr(vars(trainer).get("evaluate"), _RECORDER, False):
+        return
+    current = trainer.evaluate
+    signature = _signature(current)
+    owner = weakref.ref(trainer)
+    if getattr(current, "__self__", None) is trainer:  # the class's method: called on the live trainer
+        function = current.__func__
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return function(owner(), *args, **kwargs)
+    else:  # a callable set on the instance by someone else: kept as it is
+        call = current
+
+    def evaluate(*args: Any, **kwargs: Any) -> Any:
+        with evaluate_call(owner(), signature, args, kwargs):
+            return call(*args, **kwargs)
+
+    evaluate.__doc__ = current.__doc__
+    setattr(evaluate, _RECORDER, True)
+    trainer.evaluate = evaluate
+
+
 def evaluation_arguments(trainer: Any) -> dict[str, Any]:
     """The user's arguments of the ``evaluate()`` call of ``trainer`` in progress, for an extra
-    evaluation to use the same ones: ``ignore_keys`` (also ``train(ignore_keys_for_eval=...)``)
-    and a ``Seq2SeqTrainer``'s generation settings (``evaluate(max_new_tokens=6, num_beams=2)``,
-    ``generation_max_length``...: what its ``evaluate`` recorded in ``_gen_kwargs`` for this call).
-    Empty when ``trainer`` is not evaluating (read from the call stack)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if (code.co_name == "evaluate" and frame.f_locals.get("self") is trainer
-                and "ignore_keys" in code.co_varnames[:code.co_argcount]):
-            break
-        frame = frame.f_back
-    if frame is None:
-        return {}
-    arguments: dict[str, Any] = {}
-    if frame.f_locals.get("ignore_keys") is not None:
-        arguments["ignore_keys"] = frame.f_locals["ignore_keys"]
-    generation = vars(trainer).get("_gen_kwargs")
-    if isinstance(generation, dict):
-        arguments.update(generation)
-    return arguments
+    evaluation to use the same ones: ``ignore_keys`` (also ``train(ignore_keys_for_eval=...)``) and
+    a ``Seq2SeqTrainer``'s generation settings (``evaluate(max_new_tokens=6, num_beams=2)``; its
+    ``evaluate`` adds ``generation_max_length``... to them again for the extra evaluation). Recorded
+    where the call passes through (`evaluate_call`); empty when ``trainer`` is not evaluating."""
+    calls = vars(trainer).get(EVALUATE_CALLS) if hasattr(trainer, "__dict__") else None
+    return dict(calls[-1]) if calls else {}
 
 
 def isolated_evaluate(trainer: Any, dataset: Any, metric_key_prefix: str, *, prepared: bool = False,

@@ -4,7 +4,7 @@ Sources (fetched, read at HEAD): Keras 3 ``keras/src/callbacks/early_stopping_te
 ``early_stopping.py``; Lightning 2.x ``tests/tests_pytorch/callbacks/test_early_stopping.py`` and
 ``src/lightning/pytorch/callbacks/early_stopping.py``. Each case is one value per epoch; the
 expected result is the peer's (stop epoch, 0-based, None for no stop; best value). Where our rule
-differs on purpose, the case says ``ours=`` with the reason, and docs/early_stopping.md
+differs on purpose, the case says ``ours=`` with the reason, and docs/early_stopping_peers.md
 ("Keras and Lightning") states the same difference.
 """
 
@@ -33,7 +33,7 @@ def run(values, mode="min", min_delta=0.0, **policy):
 KERAS_LOSSES = [10.0, 9.0, 8.0, 9.0, 8.9, 8.8, 8.7, 8.6, 8.5]
 BASELINE_LOSSES = [0.9, 0.8, 0.7, 0.71, 0.72, 0.73]
 
-#: Why ours differs (docs/early_stopping.md, "Keras and Lightning", says the same).
+#: Why ours differs (docs/early_stopping_peers.md, "Keras and Lightning", says the same).
 BELOW_BASELINE = ("Keras tracks a best below the baseline and restores it; ours has no best until the "
                   "baseline is beaten (BASELINE_NOT_REACHED, best_value None)")
 WHILE_IMPROVING = ("Keras stops on the baseline only at an epoch that fails to improve on its own best; ours "
@@ -76,7 +76,7 @@ CASES = {
 }
 MODES = {"lightning max mode": "max"}
 #: Cases written by us from the peers' source code (no peer test holds them); the others are
-#: ported from the peers' test functions named above them. docs/early_stopping.md says so.
+#: ported from the peers' test functions named above them. docs/early_stopping_peers.md says so.
 CONSTRUCTED = {"keras baseline while improving", "keras first epoch", "keras min_delta",
                "keras min_delta stop", "lightning threshold equal", "lightning max mode"}
 MIN_DELTAS = {"keras min_delta": 0.05, "keras min_delta stop": 0.05}
@@ -93,7 +93,7 @@ def test_peer_case(case):
 
 
 def test_the_docs_say_which_cases_are_ported_and_which_constructed():
-    docs = (Path(__file__).parents[2] / "docs" / "early_stopping.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).parents[2] / "docs" / "early_stopping_peers.md").read_text(encoding="utf-8")
     ported = len(CASES) - len(CONSTRUCTED)
     assert CONSTRUCTED <= set(CASES)
     assert f"{ported} of the {len(CASES)} are ported" in docs
@@ -103,7 +103,7 @@ def test_the_docs_say_which_cases_are_ported_and_which_constructed():
 def test_the_differences_are_the_documented_ones():
     differences = {case[4] for case in CASES.values() if case[3] is not None}
     assert differences == {BELOW_BASELINE, WHILE_IMPROVING, FIRST_EPOCH, KEEPS_BEST, STRICT}
-    docs = (Path(__file__).parents[2] / "docs" / "early_stopping.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).parents[2] / "docs" / "early_stopping_peers.md").read_text(encoding="utf-8")
     for phrase in ("tracks a best below the baseline", "fails to improve", "cannot stop at the first epoch",
                    "keeps the previous best", "strict"):
         assert phrase in docs, phrase

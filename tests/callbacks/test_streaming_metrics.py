@@ -426,3 +426,21 @@ def test_early_stopping_and_the_plot_see_training_metrics_in_their_section(tmp_p
     curves = collect_curves(history)
     assert set(curves.series["accuracy"]) == {"training", "train subset", "eval"}
     assert not any(name.startswith("confusion_") for name in curves.series)
+
+
+def test_gap_metrics_true_reports_only_gaps_that_mean_something(tmp_path):
+    """``gap_metrics=True`` beside the streaming metrics: a gap for every score (loss, accuracy,
+    precision, recall, F1), none for the confusion counts (``gap_confusion_0_1`` meant nothing)."""
+    subset = TrainSubsetEvaluation(size=11, seed=3, gap_metrics=True)
+    callbacks = [streaming("classification", train_metrics=None), subset]
+    trainer = build("classification", tmp_path, callbacks=callbacks, eval_strategy="steps", eval_steps=2,
+                    max_steps=2)
+    trainer.train()
+    record = next(r for r in trainer.state.log_history if "eval_loss" in r)
+    gaps = {key for key in record if key.startswith("gap_")}
+    scores = {"loss", "accuracy", *(f"{name}_{average}" for name in ("precision", "recall", "f1")
+                                    for average in ("micro", "macro"))}
+    assert gaps == {f"gap_{name}" for name in scores}
+    assert any(key.startswith("train_subset_confusion_") for key in record)  # the counts themselves stay
+    for name in scores:
+        assert record[f"gap_{name}"] == record[f"train_subset_{name}"] - record[f"eval_{name}"]

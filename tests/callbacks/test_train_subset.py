@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import transformers  # noqa: E402
 from transformers import EarlyStoppingCallback  # noqa: E402
 
 from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation  # noqa: E402
@@ -17,6 +18,7 @@ from hf_callbacks_plus.callbacks.train_subset.sampling import choose_indices  # 
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.integrations.ordering import run_before_integrations  # noqa: E402
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
+from hf_callbacks_plus.runtime.isolated_evaluation import evaluation_arguments  # noqa: E402
 from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
 from tests.tiny_models import RegressionDataset, make_trainer  # noqa: E402
 
@@ -425,21 +427,50 @@ def output_count(eval_pred):
     return {"outputs": float(len(predictions) if isinstance(predictions, tuple) else 1)}
 
 
+class ArgumentsProbe(TrainerCallback):
+    """Reads what the subset evaluation will read (`evaluation_arguments`) at each eval record."""
+
+    def __init__(self):
+        self.trainer = None
+        self.seen = []
+
+    def bind(self, trainer):
+        self.trainer = trainer
+
+    def on_pre_log(self, args, state, control, logs=None, **kwargs):
+        if "eval_runtime" in logs:
+            self.seen.append(evaluation_arguments(self.trainer))
+
+
 @pytest.mark.transformers
-def test_ignore_keys_of_evaluate_and_of_train_reach_the_subset(tmp_path):
+@pytest.mark.parametrize("how", ["stock", "plus"])
+def test_ignore_keys_of_evaluate_and_of_train_reach_the_subset(tmp_path, how):
+    """The arguments are recorded where ``evaluate()`` passes (TrainerPlusMixin.evaluate, or the
+    wrapper a stock trainer gets at bind), not read from the call stack."""
     from tests.tiny_models import training_args
 
-    subset = TrainSubsetEvaluation(size=8)
+    subset, probe = TrainSubsetEvaluation(size=8), ArgumentsProbe()
     args = training_args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2)
-    trainer = TrainerPlus(model=WithExtraOutput(), args=args, train_dataset=RegressionDataset(16, seed=1),
-                          eval_dataset=RegressionDataset(8, seed=2), compute_metrics=output_count,
-                          callbacks=[subset])
+    trainer = (TrainerPlus if how == "plus" else transformers.Trainer)(
+        model=WithExtraOutput(), args=args, train_dataset=RegressionDataset(16, seed=1),
+        eval_dataset=RegressionDataset(8, seed=2), compute_metrics=output_count, callbacks=[subset, probe])
+    if how == "stock":
+        run_before_integrations(trainer)
+        assert "evaluate" in vars(trainer)  # the recording wrapper, installed once at bind
+        run_before_integrations(trainer)
+        assert not hasattr(vars(trainer)["evaluate"], "__wrapped__")
+    else:
+        assert "evaluate" not in vars(trainer)  # TrainerPlusMixin records the calls itself
     metrics = trainer.evaluate(ignore_keys=["extra"])
     assert metrics["eval_outputs"] == metrics["train_subset_outputs"] == 1.0  # "extra" ignored by both
+    assert trainer.evaluate(None, ["extra"])["train_subset_outputs"] == 1.0  # positional too
     assert trainer.evaluate()["train_subset_outputs"] == 2.0
     trainer.train(ignore_keys_for_eval=["extra"])
     record = next(r for r in trainer.state.log_history if "train_subset_outputs" in r and r["step"] == 2)
     assert record["eval_outputs"] == record["train_subset_outputs"] == 1.0
+    assert probe.seen == [{"ignore_keys": ["extra"]}, {"ignore_keys": ["extra"]}, {},
+                          {"ignore_keys": ["extra"]}]
+    assert evaluation_arguments(trainer) == {}  # nothing left once the calls returned
 
 
 @pytest.mark.parametrize(("labels", "size", "expected"), [

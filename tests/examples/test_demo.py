@@ -25,8 +25,19 @@ def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path, 
     assert "Best eval_loss" in out and "at step 3." in out
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db" in out
 
+    # the console: one line per evaluation (ConsoleSummary), no dict of the record
+    assert re.search(r"^step 9/\d+ \(epoch [\d.]+\) \| eval_loss \S+ \(subset \S+, gap [-+]\S+\) "
+                     r"best \S+ @ 3 wait 2/2 \| eval_accuracy \S+ \(subset \S+, gap [-+]\S+\) \| "
+                     r"\S+ samples/s, \S+ tokens/s$", out, re.M), out
+    assert "{'eval_loss'" not in out and "{'loss'" not in out
+
     run_dir = tmp_path / "demo"
     assert (run_dir / "learning_curves.png").stat().st_size > 10_000
+    from hf_callbacks_plus.plotting import plot_learning_curves
+
+    figure = plot_learning_curves(run_dir)  # what the demo drew: the default figure
+    assert [axis.get_title() for axis in figure.axes if axis.get_visible() and axis.get_title()] == [
+        "loss (monitored)", "accuracy (monitored)"]
     state = json.loads((run_dir / "trainer_state.json").read_text())
     assert state["global_step"] == 9
     evals = [r for r in state["log_history"] if "eval_loss" in r]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.transformers
+# one kernel run for the module: both tests on one pytest-xdist worker (--dist loadgroup)
+pytestmark = [pytest.mark.transformers, pytest.mark.xdist_group("notebook")]
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
@@ -26,7 +27,7 @@ sys.path.insert(0, {repo!r})
 warnings.simplefilter("ignore")
 import torch
 torch.set_num_threads(1)
-from hf_callbacks_plus import EarlyStopping, TrainSubsetEvaluation, TrainerPlus
+from hf_callbacks_plus import ConsoleSummary, EarlyStopping, TrainSubsetEvaluation, TrainerPlus
 from hf_callbacks_plus.integrations.ordering import run_before_integrations
 from tests.tiny_models import make_trainer
 
@@ -48,6 +49,8 @@ CELLS = {
              'show("wired", wired)',
     "evaluate": 'print("EVALUATE " + json.dumps({{name: trainer.evaluate() for name, trainer in '
                 '[("stock", stock), ("plus", plus), ("wired", wired)]}}))',
+    "summary": 'summary = make_trainer({out!r} + "/summary", callbacks=[*ours(), ConsoleSummary()], '
+               'trainer_class=TrainerPlus, **ARGS)\nshow("summary", summary)',
 }
 
 
@@ -99,12 +102,20 @@ def run_notebook(output_dir: Path) -> dict[str, dict]:
                 head, _, payload = line.partition(" ")
                 if head in ("HISTORY", "EVALUATE"):
                     result[head.lower()] = json.loads(payload)
+                elif output.get("name") == "stdout" and line.startswith("step "):
+                    result.setdefault("lines", []).append(line)
         results[name] = result
     return results
 
 
-def test_the_notebook_table_shows_the_trainers_columns_and_ours_beside_them(tmp_path):
-    results = run_notebook(tmp_path)
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory) -> dict[str, dict]:
+    """The notebook, executed once for the module's tests."""
+    return run_notebook(tmp_path_factory.mktemp("notebook"))
+
+
+def test_the_notebook_table_shows_the_trainers_columns_and_ours_beside_them(notebook):
+    results = notebook
     stock_header, *stock_rows = results["stock"]["table"]
     assert stock_header == ["Step", "Training Loss", "Validation Loss", "Mse", "Mae"]
     assert [row[0] for row in stock_rows] == ["4", "8"]
@@ -127,3 +138,22 @@ def test_the_notebook_table_shows_the_trainers_columns_and_ours_beside_them(tmp_
         extra = set(evaluated[name]) - set(evaluated["stock"])
         assert set(evaluated["stock"]) <= set(evaluated[name]), name
         assert extra and all(key.startswith(("train_subset_", "gap_")) for key in extra), (name, extra)
+
+
+def test_with_console_summary_the_row_is_its_line(notebook):
+    """``ConsoleSummary`` in a notebook: nothing printed, the table's row holds the line's values
+    (the monitored loss, its train-subset value and gap, the best so far) and no other column."""
+    results = notebook
+    header, *rows = results["summary"]["table"]
+    assert header == ["Step", "Training Loss", "Validation Loss", "Train Subset Loss", "Gap Loss",
+                      "Best Loss", "Best Step"]
+    assert "lines" not in results["summary"]  # the row says it: no line printed under the table
+    best = None
+    for row, record in zip(rows, results["summary"]["history"]):
+        cells = dict(zip(header, row))
+        if best is None or record["eval_loss"] < best[0]:
+            best = (record["eval_loss"], record["step"])
+        assert cells["Validation Loss"] == shown(record["eval_loss"])
+        assert cells["Train Subset Loss"] == shown(record["train_subset_loss"])
+        assert cells["Gap Loss"] == shown(record["gap_loss"])
+        assert (cells["Best Loss"], cells["Best Step"]) == (shown(best[0]), shown(best[1]))

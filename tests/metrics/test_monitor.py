@@ -242,3 +242,17 @@ def test_every_metric_trl_logs_has_a_direction_or_is_a_known_diagnostic():
                     unexplained.append(key)
     assert unexplained == []
     assert infer_mode("eval_rewards/correctness/std") is None and infer_mode("eval_rewards/x/mean") == "max"
+
+
+@pytest.mark.parametrize(("name", "meaningful"), [
+    ("loss", True), ("accuracy", True), ("f1_macro", True), ("precision_micro", True), ("perplexity", True),
+    ("token_accuracy", True), ("mean_token_accuracy", True), ("eval_squad_f1", True),
+    ("rewards/accuracies", True), ("confusion_0_1", False), ("confusion_12_3", False), ("num_tokens", False),
+    ("num_input_tokens_seen", False),
+    ("entropy", False), ("completions/mean_length", False), ("runtime", False), ("samples_per_second", False),
+    ("eval_steps_per_second", False), ("score", False), ("gap_loss", False),
+])
+def test_gap_is_meaningful_for_measures_with_a_direction_only(name, meaningful):
+    from hf_callbacks_plus.metrics.monitor import gap_is_meaningful
+
+    assert gap_is_meaningful(name) is meaningful

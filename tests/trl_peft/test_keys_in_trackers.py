@@ -13,6 +13,7 @@ import pytest
 from hf_callbacks_plus.callbacks.train_subset import TrainSubsetEvaluation
 from hf_callbacks_plus.integrations.transformers import run_before_integrations
 from hf_callbacks_plus.loggers.jsonl import JsonlLogger
+from hf_callbacks_plus.metrics.monitor import gap_is_meaningful
 from hf_callbacks_plus.plotting import collect_curves, load_log_history
 from tests.trl_peft import runs
 
@@ -37,7 +38,9 @@ def test_trl_keys_in_the_jsonl_tracker_and_the_plot(tmp_path, kind):
     summary = {key for line in lines if line["event"] == "log" for key in line["summary"]}
     assert f"train/{running}" in curves and "train/loss" in curves  # the training batches
     for name in evaluated:
-        assert {f"eval/{name}", f"train_subset/{name}", f"gap/{name}"} <= curves, name
+        assert {f"eval/{name}", f"train_subset/{name}"} <= curves, name
+        # a gap only where it means something (rewards/margins yes; entropy, logps/rejected no)
+        assert (f"gap/{name}" in curves) == gap_is_meaningful(name), name
     assert "train_subset/loss" in curves
     assert {"train_summary/loss", "train_summary/runtime"} <= summary
     # no section made of a trl family, no name meaning two things

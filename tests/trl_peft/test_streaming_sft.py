@@ -57,3 +57,27 @@ def test_sft_evaluation_equals_a_stock_compute_metrics(peft, tmp_path, caplog):
     else:  # trl's fused LM head: no logits in training, said once
         said = [r.getMessage() for r in caplog.records if "no logits" in r.getMessage()]
         assert len(said) == 1 and "SFTTrainer" in said[0]
+
+
+def test_sft_builds_the_logits_with_a_second_forward_pass_per_evaluation_batch(tmp_path):
+    """What docs/streaming_metrics.md says of trl's SFTTrainer: its fused LM head builds no logits,
+    so any compute_metrics (StreamingMetrics too) costs one more forward pass per evaluation
+    batch; without one, one pass per batch. A trl release that changes this fails here."""
+    import warnings
+
+    passes = {}
+    streaming = [StreamingMetrics(task="causal_lm", train_metrics=None)]
+    for name, callbacks in (("alone", []), ("streaming", streaming)):
+        trainer = runs.trainer("sft", tmp_path / name, callbacks=callbacks, with_subset_eval=False,
+                               per_device_eval_batch_size=2)
+        if callbacks:
+            run_before_integrations(trainer)
+        calls = []
+        hook = trainer.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            metrics = trainer.evaluate()
+        hook.remove()
+        passes[name] = len(calls) / len(trainer.get_eval_dataloader())
+        assert ("eval_token_accuracy" in metrics) == bool(callbacks)
+    assert passes == {"alone": 1.0, "streaming": 2.0}

@@ -130,3 +130,47 @@ def test_grpo_numbers_unchanged_and_subset_rewards_reported(wiring, tmp_path, tm
             assert f"{subset.prefix}_{name}" in record, name
         gap = record[f"{subset.prefix}_reward"] - record["eval_reward"]
         assert record["gap_reward"] == pytest.approx(gap)
+
+
+class ArgumentsProbe:
+    """Reads, at each evaluation record, the arguments the subset evaluation will use."""
+
+    def __init__(self):
+        self.trainer, self.seen = None, []
+
+    def bind(self, trainer):
+        self.trainer = trainer
+
+    def on_pre_log(self, args, state, control, logs=None, **kwargs):
+        from hf_callbacks_plus.runtime.isolated_evaluation import evaluation_arguments
+
+        if "eval_runtime" in logs:
+            self.seen.append(evaluation_arguments(self.trainer))
+
+    def __getattr__(self, name):  # every other event: nothing to do
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+
+@pytest.mark.parametrize("wiring", ["stock", "mixin"])
+def test_sft_evaluate_arguments_are_recorded_where_the_call_passes(tmp_path, wiring):
+    """trl's SFTTrainer overrides ``evaluate``: the arguments of the call in progress reach the
+    subset evaluation through the recording (a wrapper set at bind for the stock trainer,
+    ``TrainerPlusMixin.evaluate`` for the mixin), and the stack is empty after each call."""
+    import trl
+
+    from hf_callbacks_plus.runtime.isolated_evaluation import evaluation_arguments
+
+    subset, probe = TrainSubsetEvaluation(size=runs.SUBSET), ArgumentsProbe()
+    base = type("PlusSFTTrainer", (TrainerPlusMixin, trl.SFTTrainer), {}) if wiring == "mixin" else None
+    trainer = runs.trainer("sft", tmp_path, base=base, callbacks=[subset, probe], with_subset_eval=False,
+                           max_steps=2)
+    if wiring == "stock":
+        run_before_integrations(trainer)
+    before = trainer.evaluate(ignore_keys=["past_key_values"])
+    trainer.train(ignore_keys_for_eval=["hidden_states"])
+    assert probe.seen == [{"ignore_keys": ["past_key_values"]}, {"ignore_keys": ["hidden_states"]}]
+    assert evaluation_arguments(trainer) == {}
+    during = [r for r in trainer.state.log_history if "train_subset_loss" in r]
+    assert len(during) == 1 and all("train_subset_mean_token_accuracy" in r for r in (before, *during))

@@ -85,7 +85,10 @@ class EarlyStopping(SelfRestoringState):
         restore_best: At the end of training, load the best weights: from the checkpoint of
             the best step when it exists, else from an in-memory CPU copy (one copy of the
             ``state_dict``, kept until a checkpoint safe from rotation holds the same
-            weights). Defaults to False.
+            weights). Under DeepSpeed ZeRO-1/2/3 and FSDP each rank keeps a CPU copy of its
+            own part (its ZeRO master partition, its FSDP shards: no gather, one shard of
+            memory) and puts it back at the end; the model then holds the best step's
+            weights as the engine saved them (see ``docs/distributed.md``). Defaults to False.
         reset_on_resume: When resuming from a checkpoint written after this callback
             stopped training, forget the stop and the counter (keep the best) and train on.
             Defaults to False: stop again (no step in TrainerPlus/LightweightTrainer, one in a Trainer).
@@ -301,7 +304,8 @@ class EarlyStopping(SelfRestoringState):
         return self.policy.decide(self._monitor, value, step, epoch, self.progress)
 
     # -- observing metrics ---------------------------------------------------------------
-    def _observe(self, values: Any, state: Any, control: Any, model: Any, from_evaluate: bool) -> None:
+    def _observe(self, values: Any, state: Any, control: Any, model: Any, from_evaluate: bool,
+                 optimizer: Any = None) -> None:
         if self._monitor is None or not isinstance(values, dict):
             return
         if from_evaluate:
@@ -335,7 +339,7 @@ class EarlyStopping(SelfRestoringState):
         self.wait, self.best_value, self.best_step, self.best_epoch = (
             decision.wait, decision.best_value, decision.best_step, decision.best_epoch)
         if decision.improved and self.restore_best:
-            self._best_weights.take_snapshot(model, step)
+            self._best_weights.take_snapshot(model, step, optimizer)
         if decision.should_stop:
             self.stopped, self.stopped_step, self.reason = True, step, decision.reason
             self.message = stop_message(decision.reason, self.monitor_name, value, step, wait=self.wait,
@@ -420,7 +424,13 @@ class EarlyStopping(SelfRestoringState):
         self._output_dir = getattr(args, "output_dir", None)
         if self.restore_best:
             self._best_weights.key = self.state_key
-            self._best_weights.on_train_begin(args, state, kwargs.get("model"), self.best_step)
+            self._best_weights.on_train_begin(args, state, kwargs.get("model"), self.best_step,
+                                              kwargs.get("optimizer"))
+            if self._best_weights.per_rank and not self.sync_decision and distributed_world_size() > 1:
+                raise ValueError(
+                    "EarlyStopping(restore_best=True, sync_decision=False): the model's weights are sharded "
+                    "across the ranks (DeepSpeed ZeRO or FSDP), so every rank must keep its part of the same "
+                    "step: use sync_decision=True (the default) or restore_best=False.")
         if not self.stopped:
             return
         where = (self.monitor_name, self.stopped_step, self.reason.value)
@@ -438,14 +448,16 @@ class EarlyStopping(SelfRestoringState):
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """(TrainerPlus / LightweightTrainer) observe the record and add the report to it."""
-        self._observe(logs, state, control, kwargs.get("model"), from_evaluate=False)
+        self._observe(logs, state, control, kwargs.get("model"), from_evaluate=False,
+                      optimizer=kwargs.get("optimizer"))
         self._inject_report(logs)
 
     on_log = on_pre_log  # observe the record; a pending report reaches the callbacks after this one
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         """Observe evaluation metrics (each evaluation counts once even if also logged)."""
-        self._observe(metrics, state, control, kwargs.get("model"), from_evaluate=True)
+        self._observe(metrics, state, control, kwargs.get("model"), from_evaluate=True,
+                      optimizer=kwargs.get("optimizer"))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Remember the checkpoint of the best step; drop the memory copy once it is safe."""
@@ -473,7 +485,7 @@ class EarlyStopping(SelfRestoringState):
         if not (self.restore_best and self.best_step is not None and model is not None):
             return
         checkpoint = BestWeights.checkpoint_for(self.best_step, args, state, self.best_checkpoint)
-        source = self._best_weights.restore(model, self.best_step, checkpoint)
+        source = self._best_weights.restore(model, self.best_step, checkpoint, kwargs.get("optimizer"))
         if source:
             logger.info("EarlyStopping: restored the best weights (step %s, %s=%r) from %s.",
                         self.best_step, self.monitor_name, self.best_value, source)

@@ -20,8 +20,15 @@ A model that is not a ``torch.nn.Module`` (``LightweightTrainer`` with your own 
 kept in memory only (after a resume, the best step's own checkpoint is used). A model
 without them is refused at train begin.
 
-A model whose parameters are sharded across processes (FSDP, DeepSpeed ZeRO-3) is refused
-with a clear error: a copy taken on one rank would hold only its shard.
+Under an engine that shards the weights across processes (DeepSpeed ZeRO-1/2/3, FSDP1, FSDP2;
+``runtime/engines.py``) each rank keeps a CPU copy of **its own part** of what training changes,
+with no gather: its ZeRO fp32 master partition (ZeRO-1/2/3: the weights ZeRO's optimizer
+steps and saves), or its FSDP shards of the trained parameters, plus the persistent buffers. At
+the end each rank puts its part back and the engine's parameters follow (ZeRO copies the masters
+into them, as after an optimizer step), so the model, whatever saves it next, holds the best
+step's weights as the engine saved them at that step. That copy is kept to the end (a
+checkpoint's files are the engine's, not loaded here), and every checkpoint written while it is
+held also gets each rank's part (``best_weights-<key>-rank<R>.safetensors``) for a resume.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ import logging
 import os
 import re
 from typing import Any, Optional
+
+from ...runtime.distributed import distributed_rank, distributed_world_size, sum_over_ranks
+from ...runtime.engines import copy_local, layout, load_local, local_tensors, sharding_engine, zero_optimizer
 
 __all__ = ["BestWeights", "check_restorable", "load_checkpoint_weights", "step_checkpoint", "trainable_state"]
 
@@ -91,13 +101,11 @@ def check_restorable(model: Any, owner: str = "EarlyStopping(restore_best=True)"
         ValueError: There is no model (``LightweightTrainer`` without ``model=``).
         TypeError: The model is not a torch module and lacks ``state_dict()`` /
             ``load_state_dict(state)``.
-        RuntimeError: The parameters are sharded across processes.
     """
     if model is None:
         raise ValueError(f"{owner} needs the trainer's model, got model=None: pass model=... to the "
                          "trainer (LightweightTrainer(..., model=...)), or restore_best=False.")
     if is_torch_module(model):
-        _refuse_sharded(model)
         return
     missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(model, name, None))]
     if missing:
@@ -157,28 +165,13 @@ def load_checkpoint_weights(model: Any, directory: str) -> bool:
     return True
 
 
-def _sharding(model: Any) -> Optional[str]:
-    """Why the model's parameters are sharded across processes, or None."""
-    if any(type(module).__name__ == "FullyShardedDataParallel" for module in model.modules()):
-        return "it is wrapped in FSDP (FullyShardedDataParallel)"
-    for parameter in model.parameters():
-        if type(parameter).__name__ == "DTensor" or hasattr(parameter, "_local_tensor"):
-            return "its parameters are DTensors (FSDP2 fully_shard / tensor parallel)"
-        if hasattr(parameter, "ds_id"):
-            return "its parameters are partitioned by DeepSpeed ZeRO-3"
-        if getattr(parameter, "_is_sharded", False):
-            return "its parameters are FSDP flat-parameter shards"
-    return None
-
-
-def _refuse_sharded(model: Any) -> None:
-    reason = _sharding(model)
-    if reason is not None:
-        raise RuntimeError(
-            f"EarlyStopping(restore_best=True) cannot keep the best weights of this model: {reason}, so "
-            "each process holds only a shard of the parameters. Use checkpoints with transformers' "
-            "load_best_model_at_end=True (it gathers the shards when loading), or restore_best=False."
-        )
+def keeps_shards(model: Any, optimizer: Any = None) -> bool:
+    """Whether each rank keeps its own part of the weights (`copy_local`) rather than the whole
+    trainable state: the model is sharded (ZeRO-3, FSDP1, FSDP2) or DeepSpeed ZeRO's optimizer
+    holds the master weights (ZeRO-1/2 too)."""
+    if not is_torch_module(model):
+        return False
+    return sharding_engine(model) is not None or zero_optimizer(optimizer) is not None
 
 
 def trainable_state(model: Any) -> dict[str, Any]:
@@ -187,11 +180,14 @@ def trainable_state(model: Any) -> dict[str, Any]:
 
     Raises:
         RuntimeError: The parameters are sharded across processes (FSDP, ZeRO-3): a copy
-            on one rank would hold only its shard.
+            on one rank would hold only its shard (keep `copy_local` instead).
     """
     if not is_torch_module(model):
         return copy.deepcopy(dict(model.state_dict()))
-    _refuse_sharded(model)
+    engine = sharding_engine(model)
+    if engine is not None:
+        raise RuntimeError(f"trainable_state: the model is sharded ({engine}); each rank keeps its own part "
+                           "with runtime.engines.copy_local instead.")
     buffers = {name for name, _ in model.named_buffers()}
     return {
         key: value.detach().to("cpu", copy=True)
@@ -218,7 +214,8 @@ def step_checkpoint(step: int, output_dir: Optional[str], *known: Optional[str])
 
 
 class BestWeights:
-    """The best weights of a run: a checkpoint path and/or a CPU copy of the trainable state.
+    """The best weights of a run: a checkpoint path and/or a CPU copy of the trainable state
+    (under a sharding engine: of this rank's part of it, see the module docstring).
 
     Args:
         key: Tells apart the files of several owners in one checkpoint (e.g. the state key
@@ -229,18 +226,30 @@ class BestWeights:
         self.key = key
         self.snapshot: Optional[dict[str, Any]] = None
         self.snapshot_step: Optional[int] = None
+        #: True when the copy is this rank's part (set by `take_snapshot` and `on_train_begin`).
+        self.per_rank = False
 
     @property
     def file_name(self) -> str:
         """Name of the copy written into checkpoints (``best_weights-<key>.safetensors``)."""
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key).strip("_") or "default"
-        return f"best_weights-{safe}.safetensors"
+        return f"best_weights-{self._safe_key}.safetensors"
 
-    def take_snapshot(self, model: Any, step: int) -> None:
-        """Copy the trainable parameters and persistent buffers to CPU."""
+    def rank_file_name(self, rank: int) -> str:
+        """Name of rank ``rank``'s part under a sharding engine
+        (``best_weights-<key>-rank<R>.safetensors``)."""
+        return f"best_weights-{self._safe_key}-rank{rank}.safetensors"
+
+    @property
+    def _safe_key(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key).strip("_") or "default"
+
+    def take_snapshot(self, model: Any, step: int, optimizer: Any = None) -> None:
+        """Copy the trainable parameters and persistent buffers to CPU (this rank's part of them
+        under a sharding engine: no collective)."""
         if model is None or not hasattr(model, "state_dict"):
             return
-        self.snapshot = trainable_state(model)
+        self.per_rank = keeps_shards(model, optimizer)
+        self.snapshot = copy_local(model, optimizer) if self.per_rank else trainable_state(model)
         self.snapshot_step = step
 
     def drop_snapshot(self) -> None:
@@ -261,50 +270,63 @@ class BestWeights:
         delete: without ``save_total_limit``. With a limit it is kept to the end (the trainer's
         protection of ``best_model_checkpoint`` follows *its* best, which may move on an
         improvement below our ``min_delta`` and let ours be rotated away). While the copy is
-        held every new checkpoint also gets it, for a resume after the best step.
+        held every new checkpoint also gets it, for a resume after the best step. Under a
+        sharding engine the copy is kept to the end and each rank writes its part into every
+        checkpoint (the best step's own too).
         """
         path = None
         if state.global_step == best_step:
             path = self.checkpoint_for(best_step, args, state, None)
-            if path is not None and getattr(args, "save_total_limit", None) is None:
+            if path is not None and getattr(args, "save_total_limit", None) is None and not self.per_rank:
                 self.drop_snapshot()
                 return path
-        if (
-            self.snapshot is not None
-            and self.snapshot_step == best_step
-            and state.global_step != best_step
-            and getattr(state, "is_world_process_zero", True)
-            and all(hasattr(value, "contiguous") for value in self.snapshot.values())  # tensors
-        ):
-            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            if os.path.isdir(folder):
-                from safetensors.torch import save_file
+        if self.snapshot is None or self.snapshot_step != best_step:
+            return path
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if not os.path.isdir(folder):
+            return path
+        from safetensors.torch import save_file
 
-                save_file(self.snapshot, os.path.join(folder, self.file_name),
-                          metadata={"step": str(best_step), "key": self.key})
+        if self.per_rank:  # every rank owns its file
+            rank, world = distributed_rank(), distributed_world_size()
+            save_file(self.snapshot, os.path.join(folder, self.rank_file_name(rank)),
+                      metadata={"step": str(best_step), "key": self.key, "rank": str(rank),
+                                "world_size": str(world)})
+        elif (state.global_step != best_step and getattr(state, "is_world_process_zero", True)
+              and all(hasattr(value, "contiguous") for value in self.snapshot.values())):  # tensors
+            save_file(self.snapshot, os.path.join(folder, self.file_name),
+                      metadata={"step": str(best_step), "key": self.key})
         return path
 
-    def on_train_begin(self, args: Any, state: Any, model: Any, best_step: Optional[int]) -> bool:
+    def on_train_begin(self, args: Any, state: Any, model: Any, best_step: Optional[int],
+                       optimizer: Any = None) -> bool:
         """Refuse a model whose weights cannot be kept (see `check_restorable`); after a
         resume, get back the copy of ``best_step``.
 
-        The copy comes from the file saved in the checkpoint being resumed, or, when that
-        checkpoint is the best step's own, from the model (the trainer loaded its weights).
+        The copy comes from the model when the checkpoint resumed is the best step's own (the
+        trainer loaded its weights, and ZeRO's master weights with the optimizer), else from
+        the file saved in the checkpoint being resumed (under a sharding engine, this rank's).
 
         Returns:
             True when a copy was loaded.
 
         Raises:
             ValueError: No model. TypeError: a model without ``state_dict``/``load_state_dict``.
-            RuntimeError: The model's parameters are sharded across processes.
+            RuntimeError: An engine whose part of the weights this rank cannot copy (ZeRO-3
+                without its optimizer, NVMe offload).
         """
         check_restorable(model)
+        self.per_rank = keeps_shards(model, optimizer)
+        if self.per_rank:
+            local_tensors(model, optimizer)  # refuses an engine whose part cannot be copied, now
         if best_step is None or self.snapshot_step == best_step or not getattr(args, "output_dir", None):
             return False
         if state.global_step == best_step and model is not None:
-            self.take_snapshot(model, best_step)
+            self.take_snapshot(model, best_step, optimizer)
             return True
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", self.file_name)
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        name = self.rank_file_name(distributed_rank()) if self.per_rank else self.file_name
+        path = os.path.join(folder, name)
         if not os.path.isfile(path):
             return False
         from safetensors import safe_open
@@ -313,16 +335,36 @@ class BestWeights:
             metadata = handle.metadata() or {}
             if metadata.get("step") != str(best_step):
                 return False
-            self.snapshot = {name: handle.get_tensor(name) for name in handle.keys()}
-        self.snapshot_step = best_step
+            snapshot = {name: handle.get_tensor(name) for name in handle.keys()}
+        if self.per_rank:
+            world, expected = distributed_world_size(), layout(local_tensors(model, optimizer))
+            if metadata.get("world_size") != str(world) or layout(snapshot) != expected:
+                logger.warning("EarlyStopping: the copy of the best weights (step %s) in %s was written by "
+                               "%s ranks for another sharding than this run's %s ranks; it cannot be put "
+                               "back.", best_step, path, metadata.get("world_size"), world)
+                return False
+        self.snapshot, self.snapshot_step = snapshot, best_step
         return True
 
-    def restore(self, model: Any, step: int, checkpoint: Optional[str]) -> str:
+    def restore(self, model: Any, step: int, checkpoint: Optional[str], optimizer: Any = None) -> str:
         """Load the best weights into ``model``; return where they came from.
+
+        Under a sharding engine a collective (every rank calls it): each rank puts its own part
+        back, and only when every rank holds its part of ``step``.
 
         Returns:
             The checkpoint path, ``"memory"``, or ``""`` when nothing could be restored.
         """
+        if self.per_rank:
+            held = self.snapshot is not None and self.snapshot_step == step
+            ranks = sum_over_ranks([1.0 if held else 0.0])[0]
+            if ranks < distributed_world_size():
+                if held:
+                    logger.warning("EarlyStopping: only %d of %d ranks hold their part of the best weights "
+                                   "(step %s); none is put back.", int(ranks), distributed_world_size(), step)
+                return ""
+            load_local(model, optimizer, self.snapshot or {})
+            return "memory"
         if checkpoint is not None and load_checkpoint_weights(model, checkpoint):
             return checkpoint
         if self.snapshot is not None and self.snapshot_step == step:

@@ -28,10 +28,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 from ...core.callback import TrainerCallback
+from ...metrics.monitor import gap_is_meaningful
 from ...runtime.isolated_evaluation import (
     accumulators_set_aside,
     evaluation_arguments,
     isolated_evaluate,
+    record_evaluate_calls,
     relabel_metrics,
 )
 from .sampling import take_subset
@@ -59,10 +61,12 @@ class TrainSubsetEvaluation(TrainerCallback):
             record of its own. Defaults to ``"eval"``.
         prefix: Prefix of the reported metrics. Defaults to ``"train_subset"``
             (``train_subset_accuracy``, rendered ``train_subset/accuracy`` by the key grammar).
-        gap_metrics: Also report ``gap_<metric>`` = train minus eval for every metric both
-            have (True), for the given metric names (e.g. ``["loss", "accuracy"]``), or not
-            at all (False). ``EarlyStopping(monitor="gap_loss")`` can watch them.
-            Defaults to False.
+        gap_metrics: Also report ``gap_<metric>`` = train minus eval: True for every metric both
+            have whose gap means something (a measure with a known better direction: loss,
+            accuracy, F1, perplexity...; not confusion counts, counters or trl's ``entropy``, see
+            ``hf_callbacks_plus.metrics.monitor.gap_is_meaningful``), a list for exactly the given
+            metric names (e.g. ``["loss", "accuracy"]``), or False for none.
+            ``EarlyStopping(monitor="gap_loss")`` can watch them. Defaults to False.
         dataset: Data to take the subset from instead of the trainer's training set.
             Defaults to None.
 
@@ -163,6 +167,8 @@ class TrainSubsetEvaluation(TrainerCallback):
             self._subset = None
             self.indices = None
         self.trainer = trainer
+        if callable(getattr(trainer, "get_eval_dataloader", None)):  # a transformers.Trainer
+            record_evaluate_calls(trainer)  # the subset evaluates with the arguments of evaluate()
         return self
 
     def _require_trainer(self) -> Any:
@@ -280,7 +286,9 @@ class TrainSubsetEvaluation(TrainerCallback):
         if not self.gap_metrics:
             return {}
         names = [key[len(self.prefix) + 1:] for key in train]
-        if self.gap_metrics is not True:
+        if self.gap_metrics is True:
+            names = [name for name in names if gap_is_meaningful(name)]
+        else:
             names = [name for name in names if name in self.gap_metrics]
         gaps = {}
         for name in names:

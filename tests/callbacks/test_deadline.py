@@ -1,0 +1,437 @@
+"""Deadline in one process: a real signal (``os.kill``) at a chosen moment of a real training stops it
+at the next step boundary with one complete checkpoint, and the resumed training ends bit-identical
+to an uninterrupted one (weights, ``log_history``, the JSONL tracker's curves); deadlines with an
+injected slow save (a simulated clock); the final evaluation; the budget across resumes; the errors.
+
+Wirings: a stock ``transformers.Trainer`` (binds nothing: the loss logged at the first logging step
+after the resume covers only the resumed steps, as after any transformers resume), the same with
+``run_before_integrations``, ``TrainerPlus`` and ``LightweightTrainer``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from hf_callbacks_plus import (  # noqa: E402
+    Deadline,
+    EarlyStopping,
+    JsonlLogger,
+    KeepBestCheckpoints,
+    LightweightTrainer,
+    LoopArguments,
+    TrainerPlus,
+    run_before_integrations,
+)
+from hf_callbacks_plus.callbacks.deadline.ending import read_status  # noqa: E402
+from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from tests.callbacks.deadline_helpers import (  # noqa: E402
+    MOMENTS,
+    SignalAt,
+    SimulatedClock,
+    SimulatedCosts,
+    comparable,
+    complete,
+    jsonl_points,
+    same_weights,
+    stop_step,
+)
+from tests.tiny_models import make_trainer  # noqa: E402
+
+pytestmark = [pytest.mark.transformers]
+
+ARGS = {
+    "max_steps": 16,
+    "logging_steps": 3,
+    "eval_strategy": "steps",
+    "eval_steps": 4,
+    "save_strategy": "steps",
+    "save_steps": 8,
+}
+WIRINGS = ("stock", "run_before_integrations", "TrainerPlus")
+
+
+def build(wiring: str, output_dir: Path, callbacks: list, **overrides):
+    """A trainer on the tiny regression task, wired as ``wiring``."""
+    args = {**ARGS, **overrides}
+    trainer_class = TrainerPlus if wiring == "TrainerPlus" else None
+    trainer = make_trainer(output_dir, callbacks=callbacks, trainer_class=trainer_class, **args)
+    if wiring == "run_before_integrations":
+        run_before_integrations(trainer, *[cb for cb in callbacks if isinstance(cb, Deadline)])
+    return trainer
+
+
+class Saves(TrainerCallback):
+    """Records the step of every save."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_save(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+_REFERENCES: dict[str, object] = {}
+
+
+@pytest.fixture
+def reference(tmp_path_factory):
+    """The uninterrupted run of a wiring (with Deadline and a JSONL logger), trained once per module."""
+
+    def get(wiring: str):
+        if wiring not in _REFERENCES:
+            out = tmp_path_factory.mktemp(f"reference-{wiring}")
+            trainer = build(wiring, out, [Deadline(margin=0), JsonlLogger()])
+            trainer.train()
+            _REFERENCES[wiring] = trainer
+        return _REFERENCES[wiring]
+
+    return get
+
+
+def stop_then_resume(wiring: str, out: Path, gate: SignalAt, **deadline_args):
+    """Train until the gate's signal stops the run, then resume a new trainer to the end."""
+    deadline = Deadline(margin=0, status_file=out / "status.json", **deadline_args)
+    saves = Saves()
+    stopped = build(wiring, out, [deadline, gate, saves, JsonlLogger()])
+    stopped.train()
+    assert read_status(out / "status.json")[0] == deadline.exit_code
+    resumed = build(
+        wiring, out, [Deadline(margin=0, status_file=out / "status.json", **deadline_args), JsonlLogger()]
+    )
+    resumed.train(resume_from_checkpoint=True)
+    return stopped, deadline, saves, resumed
+
+
+@pytest.mark.parametrize(
+    "wiring",
+    [
+        pytest.param(wiring, marks=[pytest.mark.second_tier] if wiring == "run_before_integrations" else [])
+        for wiring in WIRINGS
+    ],  # run_before_integrations: in the first tier on 2 ranks (distributed)
+)
+def test_a_signal_inside_a_step_stops_there_and_the_resume_ends_like_an_uninterrupted_run(
+    wiring, tmp_path, reference, capsys
+):
+    out = tmp_path / "run"
+    previous = signal.getsignal(signal.SIGUSR1)
+    stopped, deadline, saves, resumed = stop_then_resume(wiring, out, SignalAt(7, "step"))
+
+    # one save, of step 7, complete; the end told, recorded and reported
+    assert stopped.state.global_step == 7 and saves.steps == [7]
+    assert complete(out / "checkpoint-7")
+    assert deadline.exit_code == 75 and deadline.ending.label == "SIGUSR1"
+    assert read_status(out / "status.json")[0] == 0  # the resumed run ended complete (same file)
+    err = capsys.readouterr().err
+    assert (
+        err.count("Deadline: SIGUSR1 received") == 1 and "stopping after step 7: saving checkpoint-7" in err
+    )
+    assert "Deadline summary: stopped at step 7 of 16 on SIGUSR1; checkpoint-7 complete" in err
+    ends = [
+        json_line
+        for json_line in (out / "metrics.jsonl").read_text().splitlines()
+        if "deadline/reason" in json_line
+    ]
+    assert len(ends) == 2 and '"SIGUSR1"' in ends[0] and '"completed"' in ends[1]
+    assert signal.getsignal(signal.SIGUSR1) is previous  # put back at train end
+
+    # the resumed run ends as the uninterrupted one
+    ref = reference(wiring)
+    assert same_weights(resumed.model, ref.model)
+    ours, theirs = comparable(resumed.state.log_history), comparable(ref.state.log_history)
+    points, ref_points = (
+        jsonl_points(out / "metrics.jsonl"),
+        jsonl_points(Path(ref.args.output_dir) / "metrics.jsonl"),
+    )
+    if (
+        wiring == "stock"
+    ):  # no trainer bound: the loss at step 9 averages steps 8-9 only (transformers' resume)
+        differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+        assert [ours[i]["step"] for i in differ] == [9] and ours[differ[0]]["loss"] != theirs[differ[0]][
+            "loss"
+        ]
+        assert {k for k in points if points[k] != ref_points.get(k)} == {("train/loss", 9)}
+    else:  # the logging window of steps 7-8 travelled in checkpoint-7
+        assert ours == theirs
+        assert points == ref_points
+
+
+@pytest.mark.parametrize(
+    ("moment", "step", "stops", "saved"),
+    [
+        # during the evaluation after step 4: the next step's end (first tier: on 2 ranks, distributed)
+        pytest.param("evaluation", 4, 5, [5], marks=pytest.mark.second_tier),
+        ("save", 8, 8, [8]),  # during the save of step 8, which ends the epoch: the epoch's end, no 2nd save
+    ],
+)
+def test_a_signal_during_an_evaluation_or_a_save_stops_at_the_next_boundary(
+    moment, step, stops, saved, tmp_path, reference
+):
+    out = tmp_path / "run"
+    stopped, deadline, saves, resumed = stop_then_resume("TrainerPlus", out, SignalAt(step, moment))
+    assert stopped.state.global_step == stops == stop_step(step, moment, steps_per_epoch=8)
+    assert saves.steps == saved and complete(out / f"checkpoint-{stops}")
+    assert deadline.ending.checkpoint == str(out / f"checkpoint-{stops}")
+    ref = reference("TrainerPlus")
+    assert same_weights(resumed.model, ref.model)
+    assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
+
+
+def lightweight(out: Path, callbacks: list):
+    import torch
+
+    from tests.tiny_models import RegressionDataset, TinyRegressionModel
+
+    torch.manual_seed(0)
+    model = TinyRegressionModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = RegressionDataset(48, seed=1)
+    batches = [(data.x[i : i + 8], data.y[i : i + 8]) for i in range(0, 48, 8)]
+
+    def train_step(batch):
+        loss = model(batch[0], batch[1])["loss"]
+        loss.backward()
+        return loss.item()
+
+    def eval_step(batch):
+        with torch.no_grad():
+            return model(batch[0], batch[1])["loss"].item()
+
+    args = LoopArguments(
+        output_dir=str(out),
+        max_steps=14,
+        logging_steps=4,
+        eval_strategy="steps",
+        eval_steps=5,
+        save_strategy="steps",
+        save_steps=100,
+        disable_tqdm=True,
+    )
+    return LightweightTrainer(
+        args,
+        train_step=train_step,
+        train_data=batches,
+        eval_data=batches[:2],
+        eval_step=eval_step,
+        callbacks=callbacks,
+        model=model,
+        optimizer=optimizer,
+    )
+
+
+def test_lightweight_trainer_same_semantics(tmp_path):
+    out = tmp_path / "run"
+    deadline, saves = Deadline(margin=0), Saves()
+    stopped = lightweight(out, [deadline, SignalAt(6, "step", signal.SIGTERM), saves])
+    stopped.train()
+    assert (stopped.state.global_step, saves.steps, deadline.exit_code) == (6, [6], 75)
+    resumed = lightweight(out, [Deadline(margin=0)])
+    resumed.train(resume_from_checkpoint=True)
+    ref = lightweight(tmp_path / "ref", [Deadline(margin=0)])
+    ref.train()
+    assert same_weights(resumed.model, ref.model)
+    assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
+
+
+def slow_save_run(out: Path, clock: SimulatedClock, callbacks: list, **deadline_args):
+    costs = SimulatedCosts(clock, step=1.0, evaluation=3.0, save=10.0)  # the injected slow save
+    deadline = Deadline(**{"signals": (), **deadline_args})
+    deadline._clock = clock
+    trainer = build("TrainerPlus", out, [costs, deadline, *callbacks], max_steps=40, save_steps=4)
+    return trainer, deadline, costs
+
+
+def test_a_deadline_with_a_slow_save_ends_with_a_complete_checkpoint_before_it(tmp_path):
+    clock = SimulatedClock()
+    trainer, deadline, costs = slow_save_run(tmp_path, clock, [], budget=60, margin=5)
+    start = clock.now
+    trainer.train()
+    step, end = costs.saves[-1]
+    assert (
+        trainer.state.global_step == step == deadline.stopped_step == 12 and deadline.ending.label == "budget"
+    )
+    assert complete(tmp_path / f"checkpoint-{step}")
+    assert end - start <= 60 - 5  # the stop's evaluation and save ended before the deadline, margin kept
+    # the last such boundary: the evaluation and save scheduled there, one more step and a save would not fit
+    boundary = dict(costs.boundaries)[step] - start
+    assert boundary + (3.0 + 10.0) + 1.0 + 10.0 > 60 - 5
+    assert deadline.exit_code == 0  # a spent budget is the end: nothing to requeue
+
+
+def test_the_budget_counts_on_across_resumes(tmp_path):
+    clock = SimulatedClock()
+    first, deadline, _ = slow_save_run(
+        tmp_path, clock, [SignalAt(6, "step")], budget=60, margin=5, signals=("SIGUSR1",)
+    )
+    first.train()
+    assert (first.state.global_step, deadline.exit_code) == (6, 75)
+    # checkpoint-6 counts the training up to its state, written inside its save: 6 steps, an evaluation
+    # and a save at step 4 (1 * 6 + 3 + 10), not the 10 s of its own save
+    used = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
+    assert used["stateful_callbacks"]["Deadline"]["attributes"]["elapsed"] == 19.0
+    clock.advance(3600)  # the job waits in the queue: not training time
+    second, deadline2, costs = slow_save_run(tmp_path, clock, [], budget=60, margin=5)
+    start = clock.now
+    second.train(resume_from_checkpoint=True)
+    assert deadline2.ending.label == "budget" and deadline2.exit_code == 0
+    assert 19.0 + (costs.saves[-1][1] - start) <= 60 - 5
+    third, deadline3, _ = slow_save_run(tmp_path, clock, [], budget=60, margin=5)
+    output = third.train(resume_from_checkpoint=True)  # TrainerPlus: vetoed before any step
+    assert output.metrics.get("train_skipped") == 1.0 and third.state.global_step == second.state.global_step
+    assert deadline3.exit_code == 0 and deadline3.ending.label == "budget"
+
+
+def test_evaluate_before_a_signal_stop_lets_early_stopping_and_the_kept_checkpoints_rank_it(tmp_path):
+    out = tmp_path / "run"
+    stopper, keeper = EarlyStopping("eval_loss", patience=5), KeepBestCheckpoints("eval_loss", k=2)
+    deadline = Deadline(margin=0, grace=1e6, evaluate_before_stop=True)
+    trainer = build("TrainerPlus", out, [deadline, SignalAt(7, "step"), stopper, keeper])
+    trainer.train()
+    evaluated = [r["step"] for r in trainer.state.log_history if "eval_loss" in r]
+    assert evaluated == [4, 7] and stopper.best_step == 7
+    kept = out / "best_checkpoints"
+    assert sorted(p.name for p in kept.glob("checkpoint-*")) == ["checkpoint-7"]  # saved steps only: 7
+    resumed_stopper, resumed_keeper = (
+        EarlyStopping("eval_loss", patience=5),
+        KeepBestCheckpoints("eval_loss", k=2),
+    )
+    resumed = build("TrainerPlus", out, [Deadline(margin=0), resumed_stopper, resumed_keeper])
+    resumed.train(resume_from_checkpoint=True)
+    # both went on from their checkpoint-7 state: the loss keeps falling, step 7 drops out of the two best
+    assert resumed_stopper.best_step == 16 and resumed_stopper.wait == 0 and resumed.state.global_step == 16
+    assert sorted(p.name for p in kept.glob("checkpoint-*")) == ["checkpoint-16", "checkpoint-8"]
+
+
+class StopAt(TrainerCallback):
+    """Another callback stopping the training at ``step`` (as TerminateOnNonFinite does)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_final_evaluation_when_another_callback_stops_between_evaluations(final, tmp_path):
+    trainer = build("stock", tmp_path, [StopAt(6), Deadline(final_evaluation=final, signals=["SIGUSR2"])])
+    trainer.train()
+    evaluated = [r["step"] for r in trainer.state.log_history if "eval_loss" in r]
+    assert evaluated == ([4, 6] if final else [4])
+    assert (tmp_path / "checkpoint-6").is_dir() == final
+
+
+def test_jit_checkpoint_on_sigterm_is_refused_and_usr1_only_coexists(tmp_path):
+    with pytest.raises(ValueError, match="enable_jit_checkpoint=True.*signals=\\['SIGUSR1'\\]"):
+        build("stock", tmp_path, [Deadline()], enable_jit_checkpoint=True)
+    trainer = build(
+        "stock",
+        tmp_path,
+        [Deadline(signals=["SIGUSR1"], margin=0), SignalAt(3, "step")],
+        enable_jit_checkpoint=True,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 3
+
+
+def test_misuse_is_refused_early(tmp_path):
+    with pytest.raises(ValueError, match="nothing to do"):
+        Deadline(signals=())
+    with pytest.raises(ValueError, match="check_every must be an integer >= 1, got 0"):
+        Deadline(check_every=0)
+    with pytest.raises(ValueError, match="requeue_exit_code must be an integer from 1 to 255, got 0"):
+        Deadline(requeue_exit_code=0)
+    with pytest.raises(ValueError, match="margin must be a number of seconds >= 0, got -1"):
+        Deadline(margin=-1)
+    with pytest.raises(TypeError, match="final_evaluation must be True or False"):
+        Deadline(final_evaluation="yes")
+    deadline = Deadline()
+    trainer = build("TrainerPlus", tmp_path, [deadline])
+    trainer.add_callback(Deadline())
+    with pytest.raises(ValueError, match="2 instances share state_key='Deadline'"):
+        trainer.train()
+    bare = make_trainer(
+        tmp_path, callbacks=[Deadline(final_evaluation=True)], trainer_class=TrainerPlus, **ARGS
+    )
+    bare.eval_dataset = None
+    with pytest.raises(ValueError, match="final_evaluation=True but the trainer has nothing to evaluate"):
+        bare.train()
+
+
+@pytest.mark.parametrize("wiring", ["run_before_integrations", "stock"])
+def test_after_a_stock_trainer_raised_a_signal_goes_to_the_previous_handler(wiring, tmp_path):
+    """A stock Trainer fires no end event when it raises: bound (run_before_integrations), Deadline put
+    a ``train`` of its own on it that puts the handlers back; unbound, the user calls
+    ``restore_signal_handlers()`` (documented)."""
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+
+    class Boom(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise RuntimeError("boom")
+
+    try:
+        deadline = Deadline()
+        trainer = build(wiring, tmp_path, [deadline, Boom()])
+        with pytest.raises(RuntimeError, match="boom"):
+            trainer.train()
+        if wiring == "stock":
+            assert signal.getsignal(signal.SIGUSR1) != previous  # still Deadline's
+            deadline.restore_signal_handlers()
+        signal.raise_signal(signal.SIGUSR1)
+        assert received == [signal.SIGUSR1] and deadline._flag.received is None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+# -- second tier: the random-moment matrix ---------------------------------------------------------
+
+
+def random_cases(seed: int = 34) -> list[tuple[str, str, int, int]]:
+    """Every wiring x moment, at a seeded random step, checking every 1 or 3 steps."""
+    rng = random.Random(seed)
+    steps = {"step": list(range(1, 16)), "evaluation": [4, 8, 12], "save": [8]}
+    return [
+        (wiring, moment, rng.choice(steps[moment]), rng.choice([1, 3]))
+        for wiring in ("stock", "run_before_integrations", "TrainerPlus")
+        for moment in MOMENTS
+    ]
+
+
+def expected_stop(moment: str, step: int, every: int) -> int:
+    """The first boundary after the signal: a check (multiples of ``every``, the last step, the epoch's
+    end at 8 and 16)."""
+    if moment != "step" and step % 8 == 0:
+        return step  # the epoch's end, right after this step's evaluation and save
+    first = step if moment == "step" else step + 1
+    return next(s for s in range(first, 17) if s % every == 0 or s % 8 == 0)
+
+
+@pytest.mark.second_tier
+@pytest.mark.parametrize(("wiring", "moment", "step", "every"), random_cases())
+def test_random_moments_then_resume(wiring, moment, step, every, tmp_path, reference):
+    out = tmp_path / "run"
+    stopped, deadline, saves, resumed = stop_then_resume(
+        wiring, out, SignalAt(step, moment), check_every=every
+    )
+    stop = expected_stop(moment, step, every)
+    assert (
+        stopped.state.global_step == stop
+        and saves.steps.count(stop) == 1
+        and complete(out / f"checkpoint-{stop}")
+    )
+    ref = reference(wiring)
+    assert same_weights(resumed.model, ref.model)
+    ours, theirs = comparable(resumed.state.log_history), comparable(ref.state.log_history)
+    if wiring != "stock" or stop % 3 == 0:  # the stock Trainer carries no logging window (see the top)
+        assert ours == theirs
+    else:
+        assert [a["step"] for a, b in zip(ours, theirs) if a != b] == [3 * (stop // 3 + 1)]

@@ -1,0 +1,321 @@
+"""Every private name of another library that the package relies on, checked against the
+installed release: a transformers, trl, torch, DeepSpeed, torchmetrics, MLflow or TensorBoard release that
+renames or drops one fails here, by name, instead of silently changing what we do.
+
+The table is complete by construction: `test_the_table_names_every_private_name_the_package_uses`
+reads the package with ``ast`` and fails on a private name (``x._name``, ``getattr(x, "_name")``,
+``vars(x).get("_name")``) that the package does not define itself and the table does not list.
+The same list is in ``docs/versions.md`` ("Private names we rely on").
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny_trainer(tmp_path: Path, trainer_class: Any = None, **args: Any) -> Any:
+    from tests.tiny_models import make_trainer
+
+    return make_trainer(tmp_path, trainer_class=trainer_class, **args)
+
+
+# -- the checks: each reads the real installed class or instance -----------------------------------
+
+def eval_loader_cache(tmp_path: Path) -> None:
+    # transformers caches eval loaders here when workers persist (isolated_dataloader hides it)
+    trainer = _tiny_trainer(tmp_path, dataloader_num_workers=1, dataloader_persistent_workers=True)
+    trainer.get_eval_dataloader()
+    assert isinstance(vars(trainer).get("_eval_dataloaders"), dict)
+
+
+def seq2seq_generation_settings(tmp_path: Path) -> None:
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from tests.tiny_models import RegressionDataset, TinyRegressionModel
+
+    args = Seq2SeqTrainingArguments(str(tmp_path), use_cpu=True, report_to="none", disable_tqdm=True,
+                                    generation_num_beams=2)
+    trainer = Seq2SeqTrainer(model=TinyRegressionModel(), args=args, eval_dataset=RegressionDataset(8))
+    trainer.evaluate(max_new_tokens=3)
+    assert vars(trainer)["_gen_kwargs"] == {"max_new_tokens": 3, "num_beams": 2}
+
+
+def loop_log_save_evaluate(tmp_path: Path) -> None:
+    from transformers import Trainer
+
+    calls = []
+
+    class Spy(Trainer):
+        def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(len(args) + len(kwargs))
+            return super()._maybe_log_save_evaluate(*args, **kwargs)
+
+    _tiny_trainer(tmp_path, trainer_class=Spy, max_steps=2).train()
+    assert calls, "Trainer's loop no longer calls _maybe_log_save_evaluate (TrainerPlusMixin overrides it)"
+
+
+def load_from_checkpoint(tmp_path: Path) -> None:
+    from transformers import Trainer
+
+    parameters = list(inspect.signature(Trainer._load_from_checkpoint).parameters)
+    assert parameters[:2] == ["self", "resume_from_checkpoint"], parameters
+
+
+def trl_accumulators(names: tuple[str, ...], trainers: tuple[str, ...]) -> Callable[[Path], None]:
+    """The attributes each named trl trainer sets in ``__init__`` (read from its source: GRPO and
+    RLOO need a generation backend to build)."""
+
+    def check(tmp_path: Path) -> None:
+        trl = pytest.importorskip("trl")
+        for trainer in trainers:
+            source = inspect.getsource(getattr(trl, trainer).__init__)
+            missing = [name for name in names if f"self.{name} =" not in source]
+            assert not missing, f"trl.{trainer}.__init__ no longer sets {missing}"
+
+    return check
+
+
+def trl_metrics_instance(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from tests.trl_peft import runs
+
+    for kind in ("sft", "dpo", "reward"):
+        trainer = runs.trainer(kind, tmp_path / kind, with_subset_eval=False)
+        metrics = vars(trainer).get("_metrics")
+        assert isinstance(metrics, dict) and set(metrics) == {"train", "eval"}, (kind, metrics)
+
+
+def logging_window(tmp_path: Path) -> None:
+    # Deadline carries the loss a trainer accumulates between two logs through a stop's checkpoint:
+    # a tensor added to in place, the step of the last log, the sum of the logged losses
+    import torch
+
+    trainer = _tiny_trainer(tmp_path, max_steps=3, logging_steps=2)
+    trainer.train()
+    attributes = vars(trainer)
+    assert isinstance(attributes.get("_tr_loss"), torch.Tensor) and attributes["_tr_loss"].dim() == 0
+    assert attributes.get("_globalstep_last_logged") == 2
+    assert isinstance(attributes.get("_total_loss_scalar"), float)
+
+
+def loss_function_override(tmp_path: Path) -> None:
+    from tests.tiny_models import tiny_causal_lm
+
+    model = tiny_causal_lm()
+
+    def mine(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    model.loss_function = mine
+    assert vars(model)["_loss_function"] is mine  # what flops.loss_shifts_labels reads
+
+
+def torchmetrics_states(tmp_path: Path) -> None:
+    torchmetrics = pytest.importorskip("torchmetrics")
+    metric = torchmetrics.MeanMetric()
+    assert set(metric._defaults) == {"mean_value", "weight"}
+
+
+def mlflow_run_url_printer(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri="http://127.0.0.1:9")  # nothing is contacted here
+    assert callable(client._tracking_client._log_url)
+    assert list(inspect.signature(client._tracking_client._log_url).parameters) == ["run_id"]
+
+
+def tensorboard_file_writer(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    try:
+        assert hasattr(writer._get_file_writer(), "add_event")
+    finally:
+        writer.close()
+
+
+def fsdp1_handle_and_local_shard(tmp_path: Path) -> None:
+    # an FSDP1 wrapper's FlatParamHandle, and its flat parameter's local shard (built without a
+    # process group: read from the source that sets them)
+    from torch.distributed.fsdp import _flat_param, _init_utils
+
+    assert "state._handle = handle" in inspect.getsource(_init_utils._init_param_handle_from_params)
+    assert "flat_param._local_shard = " in inspect.getsource(_flat_param.FlatParamHandle)
+
+
+def module_non_persistent_buffers(tmp_path: Path) -> None:
+    import torch
+
+    module = torch.nn.Module()
+    module.register_buffer("scratch", torch.zeros(1), persistent=False)
+    assert module._non_persistent_buffers_set == {"scratch"}
+
+
+def zero3_unflatten(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    unflatten = DeepSpeedZeroOptimizer_Stage3._unflatten_partitioned_parameters
+    assert list(inspect.signature(unflatten).parameters) == ["self", "sub_group_id"]
+
+
+def cpu_attention_kernels(tmp_path: Path) -> None:
+    import torch
+
+    for name in ("_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        assert hasattr(torch.ops.aten, name), name
+
+
+#: (library, owner, private name, who relies on it and for what, check). One row per name.
+TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
+    ("transformers", "Trainer", "_eval_dataloaders",
+     "runtime/isolated_evaluation.py: hidden while the subset's loader is built", eval_loader_cache),
+    ("transformers", "Seq2SeqTrainer", "_gen_kwargs",
+     "runtime/isolated_evaluation.py: put back after the subset's evaluate", seq2seq_generation_settings),
+    ("transformers", "Trainer", "_maybe_log_save_evaluate",
+     "integrations/transformers.py: TrainerPlusMixin overrides it (loop_context)", loop_log_save_evaluate),
+    ("transformers", "Trainer", "_load_from_checkpoint",
+     "integrations/transformers.py: a vetoed resume loads the weights", load_from_checkpoint),
+    ("transformers", "Trainer", "_tr_loss",
+     "callbacks/deadline/window.py: the running loss carried through a stop's checkpoint", logging_window),
+    ("transformers", "Trainer", "_globalstep_last_logged",
+     "callbacks/deadline/window.py: where the carried logging window starts", logging_window),
+    ("transformers", "Trainer", "_total_loss_scalar",
+     "callbacks/deadline/window.py: train_loss of a resumed train() counts its own steps", logging_window),
+    ("transformers", "PreTrainedModel", "_loss_function",
+     "callbacks/throughput/flops.py: a user's loss_function decides the loss tokens", loss_function_override),
+    ("trl", "SFTTrainer, DPOTrainer, RewardTrainer, GRPOTrainer, RLOOTrainer", "_metrics",
+     "runtime/isolated_evaluation.py: set aside during the subset's evaluation; "
+     "callbacks/deadline/window.py: carried through a stop's checkpoint", trl_metrics_instance),
+    ("trl", "GRPOTrainer, RLOOTrainer", "_logs",
+     "runtime/isolated_evaluation.py: set aside during the subset's evaluation",
+     trl_accumulators(("_logs", "_metrics", "log_completions"), ("GRPOTrainer", "RLOOTrainer"))),
+    ("trl", "GRPOTrainer", "_pending_metrics",
+     "runtime/isolated_evaluation.py: set aside during the subset's evaluation",
+     trl_accumulators(("_pending_metrics", "_pending_extra_logs"), ("GRPOTrainer",))),
+    ("trl", "GRPOTrainer", "_pending_extra_logs",
+     "runtime/isolated_evaluation.py: set aside during the subset's evaluation",
+     trl_accumulators(("_pending_extra_logs",), ("GRPOTrainer",))),
+    ("torchmetrics", "Metric", "_defaults",
+     "metrics/streaming.py: the states to align across ranks", torchmetrics_states),
+    ("mlflow", "MlflowClient._tracking_client", "_tracking_client",
+     "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
+    ("mlflow", "TrackingServiceClient", "_log_url",
+     "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
+    ("torch", "SummaryWriter", "_get_file_writer",
+     "loggers/tensorboard.py: one event per record", tensorboard_file_writer),
+    ("torch", "FullyShardedDataParallel", "_handle",
+     "runtime/engines.py: FSDP1's flat parameters (this rank's part of the weights)",
+     fsdp1_handle_and_local_shard),
+    ("torch", "FlatParameter", "_local_shard",
+     "runtime/engines.py: this rank's shard of an FSDP1 flat parameter, copied and put back",
+     fsdp1_handle_and_local_shard),
+    ("torch", "Module", "_non_persistent_buffers_set",
+     "runtime/engines.py: the persistent buffers restore_best keeps", module_non_persistent_buffers),
+    ("deepspeed", "DeepSpeedZeroOptimizer_Stage3", "_unflatten_partitioned_parameters",
+     "runtime/engines.py: the restored masters into ZeRO-3's partitioned parameters, as DeepSpeed's "
+     "own checkpoint load", zero3_unflatten),
+    ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu",
+     "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
+    ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu_backward",
+     "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
+]
+
+#: Names in ``TRAINER_ACCUMULATORS`` for releases older than the installed ones: nothing installed
+#: has them to check (``trl < 0.20``'s ``_stored_metrics``).
+LEGACY = {"_stored_metrics": "trl < 0.20 (DPOTrainer, KTOTrainer)"}
+
+#: Private names the package sets on other objects itself (its own marks).
+OURS = {"_isolated_evaluation"}
+
+
+@pytest.mark.transformers
+@pytest.mark.parametrize("row", TABLE, ids=[f"{row[0]}.{row[2]}" for row in TABLE])
+def test_each_private_name_exists_in_the_installed_release(row, tmp_path):
+    library, owner, name, used_by, check = row
+    check(tmp_path)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _names_in_package() -> tuple[dict[str, list[str]], set[str]]:
+    """(private names used: where, private names the package defines itself)."""
+    used: dict[str, list[str]] = {}
+    defined: set[str] = set()
+    for path in sorted((ROOT / "hf_callbacks_plus").rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    and _private(node.name):
+                defined.add(node.name)
+            if isinstance(node, ast.ClassDef):  # class attributes
+                for statement in node.body:
+                    targets = (statement.targets if isinstance(statement, ast.Assign)
+                               else [statement.target] if isinstance(statement, ast.AnnAssign) else [])
+                    defined.update(t.id for t in targets if isinstance(t, ast.Name) and _private(t.id))
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):  # self._x = ...
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    defined.update(e.attr for e in ast.walk(target) if isinstance(e, ast.Attribute)
+                                   and _private(e.attr) and isinstance(e.value, ast.Name)
+                                   and e.value.id in ("self", "cls"))
+            name = None
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                name = node.attr
+            elif isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("getattr", "hasattr", "setattr", "delattr"):
+                key = node.args[1]
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and _private(key.value):
+                    name = key.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+                    and node.func.attr in ("get", "pop", "setdefault"):
+                owner = node.func.value
+                if (isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "vars") or \
+                        (isinstance(owner, ast.Attribute) and owner.attr == "__dict__"):
+                    key = node.args[0]
+                    if isinstance(key, ast.Constant) and isinstance(key.value, str) and _private(key.value):
+                        name = key.value
+            if name is not None:
+                used.setdefault(name, []).append(f"{where}:{node.lineno}")
+    return used, defined
+
+
+def test_the_table_names_every_private_name_the_package_uses():
+    from hf_callbacks_plus.runtime.isolated_evaluation import TRAINER_ACCUMULATORS
+
+    used, defined = _names_in_package()
+    listed = {row[2] for row in TABLE}
+    unlisted = {name: where for name, where in used.items()
+                if name not in defined and name not in listed and name not in OURS}
+    assert unlisted == {}, "add a row to TABLE (and to docs/versions.md) for each"
+    assert set(TRAINER_ACCUMULATORS) <= listed | set(LEGACY)
+    stale = {row[2] for row in TABLE} - set(used) - set(TRAINER_ACCUMULATORS) - {"_maybe_log_save_evaluate"}
+    assert stale == set(), "the package no longer uses these: drop their rows"
+
+
+def test_the_docs_list_every_row():
+    page = (ROOT / "docs" / "versions.md").read_text(encoding="utf-8")
+    section = page[page.index("## Private names we rely on"):]
+    missing = [name for name in {row[2] for row in TABLE} | set(LEGACY) if f"`{name}`" not in section]
+    assert missing == []
+
+
+def test_no_frame_inspection_in_the_package():
+    """What a call passes is recorded where it passes, never read from a caller's frame."""
+    frames = ("_getframe", "currentframe", "f_back", "f_locals")
+    found = [f"{path.relative_to(ROOT)}:{number}"
+             for path in sorted((ROOT / "hf_callbacks_plus").rglob("*.py"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if any(word in line for word in frames)]
+    assert found == []
