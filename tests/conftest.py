@@ -23,10 +23,13 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
-# trackio reads TRACKIO_DIR once, at import: one store per test process, never the user's cache
-_TRACKIO_DIR = None if "TRACKIO_DIR" in os.environ else tempfile.mkdtemp(prefix="hf_callbacks_plus_trackio_")
-if _TRACKIO_DIR is not None:
-    os.environ["TRACKIO_DIR"] = _TRACKIO_DIR
+# trackio reads TRACKIO_DIR once, at import: one store per test process (each pytest-xdist worker
+# makes its own: test folder names, and so trackio projects, repeat across workers), never the
+# user's cache; a TRACKIO_DIR the user set is kept
+_TRACKIO_DIR = None
+if "TRACKIO_DIR" not in os.environ or os.environ.get("HF_CALLBACKS_PLUS_TESTS_TRACKIO_DIR"):
+    _TRACKIO_DIR = tempfile.mkdtemp(prefix="hf_callbacks_plus_trackio_")
+    os.environ["TRACKIO_DIR"] = os.environ["HF_CALLBACKS_PLUS_TESTS_TRACKIO_DIR"] = _TRACKIO_DIR
 
 try:
     from hypothesis import settings as _hypothesis_settings
