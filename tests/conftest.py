@@ -14,6 +14,7 @@ machine).
 """
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -121,3 +122,15 @@ def pytest_unconfigure(config):
         import shutil
 
         shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _finish_wandb_runs_kept_open():
+    """After each test, finish the W&B runs a ``WandbLogger`` keeps open after ``train()`` (for
+    ``evaluate()``), as the exit hook of a real process would: otherwise the next ``wandb.init()`` of
+    this process (W&B's default ``reinit``) returns such a run instead of opening its own."""
+    yield
+    if "hf_callbacks_plus.loggers.wandb" in sys.modules:
+        from tests.loggers.wandb_helpers import close_finished_loggers
+
+        close_finished_loggers()
