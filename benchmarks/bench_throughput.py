@@ -22,8 +22,11 @@ end-to-end ratio A / P, and the largest relative difference between the logged M
 computed by hand (FLOPs from ``training_flops(model)`` and the hand counts, over the record's
 ``window_seconds``, over the peak given).
 
+With ``--load-ms L`` the collator sleeps ``L`` ms per batch (a slow data loader, whose time is
+in the hand figure's wall time and must be in the monitor's windows).
+
 Run: ``.venv/bin/python benchmarks/bench_throughput.py [--steps 100] [--warmup 10]
-[--logging-steps 10] [--repeats 3] [--cases lm-padded-ga4,...]``
+[--logging-steps 10] [--repeats 3] [--load-ms 0] [--cases lm-padded-ga4,...]``
 Timings are wall-clock (``time.perf_counter``) with torch on one thread.
 """
 
@@ -57,7 +60,8 @@ class TimedMonitor(ThroughputMonitor):
         self.seconds += time.perf_counter() - start
 
 
-for _event in ("on_step_begin", "on_step_end", "on_pre_log", "on_log", "on_evaluate", "on_save"):
+for _event in ("on_step_begin", "on_step_end", "on_epoch_end", "on_pre_log", "on_log", "on_evaluate",
+               "on_save"):
     def _timed(self: TimedMonitor, *args: Any, _name: str = _event, **kwargs: Any) -> None:
         start = time.perf_counter()
         getattr(ThroughputMonitor, _name)(self, *args, **kwargs)
@@ -69,11 +73,14 @@ for _event in ("on_step_begin", "on_step_end", "on_pre_log", "on_log", "on_evalu
 class Collator:
     """Pads to the longest row (``padded``) or takes fixed-length rows; keeps a copy of each batch."""
 
-    def __init__(self, padded: bool, classifier: bool) -> None:
+    def __init__(self, padded: bool, classifier: bool, load_seconds: float = 0.0) -> None:
         self.padded, self.classifier, self.batches, self.times = padded, classifier, [], []
+        self.load_seconds = load_seconds
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         self.times.append(time.perf_counter())
+        if self.load_seconds:
+            time.sleep(self.load_seconds)
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.long)
@@ -110,9 +117,10 @@ def rows(n: int, padded: bool) -> list[dict]:
     return out
 
 
-def run(case: dict, steps: int, warmup: int, logging_steps: int, monitor: bool) -> dict[str, Any]:
+def run(case: dict, steps: int, warmup: int, logging_steps: int, monitor: bool,
+        load_seconds: float = 0.0) -> dict[str, Any]:
     """One ``train()``: its wall time, the collator's batches, the log history, the monitor."""
-    collator = Collator(case["padded"], case["classifier"])
+    collator = Collator(case["padded"], case["classifier"], load_seconds)
     model = model_for(case["classifier"])
     callback = TimedMonitor(warmup_steps=warmup, peak_flops=PEAK) if monitor else None
     with tempfile.TemporaryDirectory() as output_dir:
@@ -182,6 +190,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="W: steps before them")
     parser.add_argument("--logging-steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--load-ms", type=float, default=0.0, help="the collator sleeps this long per batch")
     parser.add_argument("--cases", default=",".join(CASES))
     options = parser.parse_args()
     if options.warmup % options.logging_steps or options.steps % options.logging_steps:
@@ -190,7 +199,7 @@ def main() -> None:
     total = options.warmup + options.steps
     print(f"{options.steps} steps measured after {options.warmup}, windows of {options.logging_steps} steps, "
           f"{options.repeats} repeats, batches of {BATCH} rows of {LENGTH} tokens "
-          f"(padded: {LENGTH // 4}-{LENGTH}), "
+          f"(padded: {LENGTH // 4}-{LENGTH}), {options.load_ms:g} ms to build a batch, "
           "torch on 1 thread; medians (ranges)")
     print()
     print("| case | ms per step | tokens/s by hand | ours / hand | ours / hand, non-padding | "
@@ -204,11 +213,13 @@ def main() -> None:
         ratios, padding_ratios, stock_ratios, inside, paired = [], [], [], [], []
         hand_rates, per_step, errors = [], [], []
         for _ in range(options.repeats):
-            full = run(case, total + 1, options.warmup, options.logging_steps, True)
-            plain = run(case, total + 1, options.warmup, options.logging_steps, False)
+            load = options.load_ms / 1000
+            full = run(case, total + 1, options.warmup, options.logging_steps, True, load)
+            plain = run(case, total + 1, options.warmup, options.logging_steps, False, load)
             wall = full["times"][total * accumulation] - full["times"][options.warmup * accumulation]
             hand = hand_counts(full["batches"][:total * accumulation], options.warmup, accumulation)
-            records = [r for r in full["history"] if "throughput/tokens_per_second" in r]
+            records = [r for r in full["history"]
+                       if "throughput/tokens_per_second" in r and r["step"] <= total]
             seconds = sum(r["throughput/window_seconds"] for r in records)
             ours = sum(r["throughput/tokens_per_second"] * r["throughput/window_seconds"]
                        for r in records) / seconds

@@ -10,7 +10,7 @@ config. The callbacks:
   eval curve;
 * ``EarlyStopping`` on ``eval_loss``: fires once the eval loss stops improving, and says why;
 * ``KeepBestCheckpoints`` on ``eval_accuracy``: the 2 best checkpoints, safe from rotation;
-* ``ThroughputMonitor``: samples/s and tokens/s of each logging window;
+* ``ThroughputMonitor``: sequences/s and tokens/s of each logging window;
 * ``ConsoleSummary``: one line per evaluation (eval vs train subset, the gap, the best so far,
   throughput) instead of the record's dict;
 * ``MLflowLogger`` (embedded sqlite store ``runs/mlflow.db``), ``WandbLogger`` (offline, under

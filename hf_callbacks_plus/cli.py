@@ -56,48 +56,54 @@ def add_replay_command(commands: Any) -> None:
         help="send what MLflowLogger's write-ahead logs hold and the store has not acknowledged",
         description="Send every record of a write-ahead log (or of every log under a folder, such as "
         "<output_dir>/.mlflow_wal) past its acknowledged offset to its run, in order, and set the run's "
-        "final status; a log sent to its end is removed. A log a running training holds is left to it.",
+        "final status; a log sent to its end is removed. A log a running training holds is left to it. "
+        "Each log goes to the store it names (printed before sending) unless --tracking-uri is given.",
     )
     replay.add_argument("path", help="a write-ahead log (<run key>.jsonl) or a folder holding them")
-    replay.add_argument("--dry-run", action="store_true", help="list what would be sent; send nothing")
+    replay.add_argument("--dry-run", action="store_true",
+                        help="list what would be sent, and where; send nothing")
     replay.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI to send to (the log keeps it with credentials masked; "
-                        "default: the recorded one, or MLFLOW_TRACKING_URI when it matches)")
+                        help="MLflow tracking URI to send to instead of the one the log names (which has "
+                        "credentials masked: their value comes from MLFLOW_TRACKING_URI when it matches)")
 
 
-def describe_log(path: Path) -> str:
-    """One line listing what a write-ahead log holds past its acknowledged offset."""
-    from .loggers.wal import WriteAheadLog
+def describe_log(path: Path) -> tuple[str, Optional[str], Optional[str]]:
+    """A line listing what a write-ahead log holds past its acknowledged offset (read, not locked), and
+    its run's id (None while not known) and key."""
+    from .loggers.wal import WriteAheadLog, describe_pending
 
     wal = WriteAheadLog(path)
-    state = wal.state()
-    offset, records, points, steps, status = int(state.get("acked") or 0), 0, 0, [], None
-    while entries := wal.read(offset, 10**9, 10**9)[0]:
-        for entry, _ in entries:
-            if entry.get("kind") == "log":
-                records += 1
-                points += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
-                steps.append(int(entry["step"]))
-            status = entry.get("status") if entry.get("kind") == "finish" else None
-        offset = entries[-1][1]
-    run = state.get("run_id") or f"(key {state.get('run_key')})"
-    span = f", steps {min(steps)}-{max(steps)}" if steps else ""
-    return (f"{path}: run {run}, {records} log record(s), {points} point(s){span}, "
-            + (f"final status {status}" if status else "no final status"))
+    wal.inspect()
+    try:
+        acked, run_id, _ = wal.recover()
+        counts = wal.pending(acked)
+    finally:
+        wal.close()
+    run_key = wal.target.get("run_key")
+    return f"{path}: run {run_id or f'(key {run_key})'}, {describe_pending(counts)}", run_id, run_key
+
+
+def destination(backend: Any, run_id: Optional[str], run_key: Optional[str]) -> str:
+    """Where a replay sends: store, experiment, run."""
+    run = f"run {run_id}" if run_id else f"the run tagged with key {run_key} (created when missing)"
+    return f"{backend.where}, experiment {backend.experiment_name or 'Default'}, {run}"
 
 
 def run_replay(args: argparse.Namespace) -> int:
     """Run ``replay``; 0 when everything was sent (or listed), 1 otherwise."""
-    from .loggers.mlflow import MLflowBackend
-    from .loggers.wal import find_logs, replay
+    from .loggers.mlflow import MLflowBackend, explain_mlflow_error
+    from .loggers.wal import find_logs, read_target, replay
+
+    def for_target(target: dict) -> MLflowBackend:
+        return MLflowBackend.for_target(target, args.tracking_uri)
 
     root = Path(args.path)
     paths = find_logs(root) if root.is_dir() else [root]
-    sidecar = root.with_suffix(".json").name
+    not_a_log = root.is_file() and not read_target(root)
     problem = (f"{str(root)!r} does not exist" if not root.exists() else
-               f"{str(root)!r} is not an MLflowLogger write-ahead log (no {sidecar} beside it; a metrics "
-               "JSONL log is read with `hf-callbacks-plus plot`). They are in <output_dir>/.mlflow_wal/; "
-               "pass that folder." if root.is_file() and not root.with_suffix(".json").is_file() else None)
+               f"{str(root)!r} is not an MLflowLogger write-ahead log (its first line names no target; a "
+               "metrics JSONL log is read with `hf-callbacks-plus plot`). They are in "
+               "<output_dir>/.mlflow_wal/; pass that folder." if not_a_log else None)
     if problem:
         print(f"hf-callbacks-plus replay: {problem}", file=sys.stderr)
         return 1
@@ -105,16 +111,21 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"nothing to replay in {args.path}")
     failed = 0
     for path in paths:
-        line = describe_log(path)
+        target = read_target(path)
         try:
-            if not args.dry_run:
-                sender = replay(path, lambda target: MLflowBackend.for_target(target, args.tracking_uri))
-                refused = f", {sender.dropped} refused" if sender.dropped else ""
-                line += f", sent to run {sender.run_id}{refused}"
+            line, run_id, run_key = describe_log(path)
+            if args.dry_run:
+                print(f"would send {line} to {destination(for_target(target), run_id, run_key)}")
+                continue
+            sender = replay(path, for_target, announce=lambda sender, line=line: print(
+                f"sending {line} to {destination(sender.backend, sender.run_id, sender.run_key)}",
+                flush=True))
+            refused = f", {sender.dropped} refused" if sender.dropped else ""
+            print(f"sent {path} to run {sender.run_id}{refused}")
         except Exception as error:  # the store's own errors too: the log is kept, the next one is tried
-            line += f", NOT sent: {type(error).__name__}: {str(error)[:300]}"
+            cause = explain_mlflow_error(error, args.tracking_uri or target.get("tracking_uri"))[0]
+            print(f"{path}: NOT sent: {cause}")
             failed += 1
-        print(("would send " if args.dry_run else "") + line)
     if not args.dry_run:
         print(f"replayed {len(paths) - failed} log(s)" + (f", {failed} not sent (kept)" if failed else ""))
     return 1 if failed else 0

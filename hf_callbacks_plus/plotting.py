@@ -378,6 +378,9 @@ def _kept_steps_from_state(state: Mapping[str, Any]) -> set[int]:
     steps: set[int] = set()
     for entry in saved if isinstance(saved, list) else [saved]:
         attributes = entry.get("attributes", {}) if isinstance(entry, Mapping) else {}
+        if isinstance(attributes.get("kept"), list):  # the steps kept once that checkpoint is ranked
+            steps.update(int(step) for step in attributes["kept"])
+            continue
         entries = attributes.get("entries") or []
         steps.update(int(kept["step"]) for kept in entries if isinstance(kept, Mapping))
     return steps

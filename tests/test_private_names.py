@@ -176,6 +176,33 @@ def cpu_attention_kernels(tmp_path: Path) -> None:
         assert hasattr(torch.ops.aten, name), name
 
 
+def fsdp1_flat_parameter_metadata(tmp_path: Path) -> None:
+    """What flops.full_weights reads of FSDP1: the wrapper's handle, and each flat parameter's
+    original parameters (their modules and names, shapes, tied duplicates, the parameters
+    themselves with ``use_orig_params=True``)."""
+    import torch.distributed.fsdp._flat_param as flat_param
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    declared = flat_param.FlatParameter.__annotations__
+    assert {"_param_infos", "_shapes", "_shared_param_infos", "_params"} <= set(declared)
+    assert set(flat_param.ParamInfo._fields) >= {"param_name", "module"}
+    shared_fields = {"param_name", "module", "prim_param_name", "prim_module"}
+    assert set(flat_param.SharedParamInfo._fields) >= shared_fields
+    assert "self._handle" in inspect.getsource(FullyShardedDataParallel._flat_param.fget)
+
+
+def gradient_checkpointing_function(tmp_path: Path) -> None:
+    """What flops.reentrant_checkpointing reads: the checkpoint function transformers puts on each
+    checkpointed module, a partial holding ``use_reentrant``."""
+    from tests.callbacks.test_flops import llama
+
+    model = llama()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    functions = [m._gradient_checkpointing_func for m in model.modules()
+                 if getattr(m, "gradient_checkpointing", False)]
+    assert functions and all(f.keywords == {"use_reentrant": True} for f in functions)
+
+
 #: (library, owner, private name, who relies on it and for what, check). One row per name.
 TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
     ("transformers", "Trainer", "_eval_dataloaders",
@@ -225,6 +252,19 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
     ("deepspeed", "DeepSpeedZeroOptimizer_Stage3", "_unflatten_partitioned_parameters",
      "runtime/engines.py: the restored masters into ZeRO-3's partitioned parameters, as DeepSpeed's "
      "own checkpoint load", zero3_unflatten),
+    ("transformers", "PreTrainedModel's checkpointed modules", "_gradient_checkpointing_func",
+     "callbacks/throughput/flops.py: measure is refused with reentrant checkpointing",
+     gradient_checkpointing_function),
+    ("torch", "FullyShardedDataParallel", "_handle",
+     "callbacks/throughput/flops.py: FSDP1's flat parameters (FLOPs)", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_param_infos",
+     "callbacks/throughput/flops.py: FSDP1's original parameters (FLOPs)", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_shapes",
+     "callbacks/throughput/flops.py: FSDP1's original shapes (FLOPs)", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_shared_param_infos",
+     "callbacks/throughput/flops.py: FSDP1's tied weights, counted once", fsdp1_flat_parameter_metadata),
+    ("torch", "FlatParameter", "_params",
+     "callbacks/throughput/flops.py: FSDP1's trained and frozen weights", fsdp1_flat_parameter_metadata),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu",
      "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu_backward",

@@ -44,8 +44,8 @@ __all__ = ["ConsoleSummary", "EvaluationLine"]
 logger = logging.getLogger("hf_callbacks_plus")
 
 #: The ``throughput/`` figures a line shows, in this order, with their labels.
-THROUGHPUT_SHOWN = (("samples_per_second", "samples/s"), ("sequences_per_second", "sequences/s"),
-                    ("tokens_per_second", "tokens/s"), ("mfu", "MFU"))
+THROUGHPUT_SHOWN = (("sequences_per_second", "sequences/s"), ("tokens_per_second", "tokens/s"),
+                    ("mfu", "MFU"))
 #: Marks a printer whose ``on_log`` a summary wrapped (one wrapper per printer).
 _QUIETED = "_hf_callbacks_plus_quieted_by"
 

@@ -1,4 +1,5 @@
-"""Folders staged for upload (a checkpoint as hard links, a saved model), holding no secret in clear."""
+"""Folders staged for upload (a checkpoint copied, never linked: the trainer rewrites its files in
+place; a saved model), holding no secret in clear."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from ..runtime.file_copies import copy_file
 from .secrets import REDACTED, looks_like_secret, mask_secrets
 
 __all__ = ["NEVER_UPLOADED", "redacted", "save_model_to_temp", "stage_folder"]
@@ -33,26 +35,24 @@ def redacted(value: Any, key: str = "") -> Any:
     return value
 
 
-def _link_or_copy(source: str, target: str) -> None:
+def _copy(source: str, target: str) -> None:
     if Path(source).name in REDACTED_COPIES:
         data = json.loads(Path(source).read_text(encoding="utf-8"))
         Path(target).write_text(json.dumps(redacted(data), indent=2), encoding="utf-8")
         return
-    try:
-        os.link(source, target)
-    except OSError:  # another file system, or links not supported
-        shutil.copy2(source, target)
+    copy_file(source, target)
 
 
 def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str) -> Optional[Path]:
-    """Hard-link copy of ``source`` under ``staging_root`` (replaced); None, with a warning, on failure."""
+    """Copy of ``source`` under ``staging_root`` (replaced; copy-on-write where the file system can);
+    None, with a warning, on failure."""
     source = Path(source)
     target = Path(staging_root) / source.name
     try:
         if target.exists():
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(source, target, copy_function=_link_or_copy,
+        shutil.copytree(source, target, copy_function=_copy,
                         ignore=shutil.ignore_patterns(*NEVER_UPLOADED))
     except (OSError, ValueError) as error:
         logger.warning("Could not stage %s for upload (%s); it is not uploaded.", source, error)

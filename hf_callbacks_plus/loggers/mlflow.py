@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import shutil
+import socket
 import sqlite3
+import ssl
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
 from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
-from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce
+from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
-from .wal import Sender, WriteAheadLog
+from .wal import Sender, StoreUnreachable, WriteAheadLog
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
-           "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
+           "create_local_store", "explain_mlflow_error", "is_transient_mlflow_error", "mlflow_limits",
+           "validate_tracking_uri"]
 
 LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
 #: Tracking URI schemes MLflow understands out of the box (plugins add more).
@@ -78,6 +83,51 @@ def is_transient_mlflow_error(error: BaseException) -> bool:
     return False
 
 
+def explain_mlflow_error(error: BaseException, uri: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """Why an MLflow call failed, whole, and its kind: ``"refused"``, ``"dns"`` or ``"tls"`` (the server
+    cannot be reached, and waiting does not change that), ``"auth"`` (it refused the credentials),
+    ``"timeout"``, or None (anything else: the error's own message, cut only past 1000 characters)."""
+    chain: list[BaseException] = []
+    while error is not None and len(chain) < 10 and error not in chain:
+        chain.append(error)
+        reason = getattr(error, "reason", None)  # urllib3's MaxRetryError
+        reason = reason if isinstance(reason, BaseException) else None
+        error = error.__cause__ or error.__context__ or reason
+    text = " ".join(str(each) for each in chain)
+    parsed = urlparse(uri or "")
+    try:
+        port = parsed.port or {"http": 80, "https": 443}.get(parsed.scheme)
+    except ValueError:
+        port = None
+    place = f"{parsed.hostname}:{port}" if parsed.hostname else "the server"
+    code = getattr(chain[0], "error_code", None)
+    if any(isinstance(each, ConnectionRefusedError) for each in chain) or "Connection refused" in text:
+        return (f"connection refused at {place}: nothing listens there (is the server running, and is the "
+                "port right?)"), "refused"
+    if any(isinstance(each, socket.gaierror) for each in chain) or "Failed to resolve" in text:
+        return (f"the host name {parsed.hostname or ''!r} does not resolve (is it spelled right, and is this "
+                "machine on its network?)"), "dns"
+    tls = [each for each in chain if isinstance(each, ssl.SSLError)]
+    if tls or "SSLError" in text:
+        return (f"the TLS handshake with {place} failed ({tls[-1] if tls else text[-300:]}): an http:// "
+                "server addressed as https://, or its certificate (MLFLOW_TRACKING_SERVER_CERT_PATH, "
+                "MLFLOW_TRACKING_INSECURE_TLS)"), "tls"
+    if code == "UNAUTHENTICATED" or "error code 401" in text:
+        return (f"{place} refused the credentials (HTTP 401): set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"), "auth"
+    if code == "PERMISSION_DENIED" or "error code 403" in text:
+        return (f"{place} refused access (HTTP 403): the credentials lack a permission on the experiment or "
+                "the run"), "auth"
+    if any("timeout" in type(each).__name__.lower() for each in chain) or "timed out" in text:
+        return (f"no answer from {place} within the request timeout (MLFLOW_HTTP_REQUEST_TIMEOUT, "
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES)"), "timeout"
+    message = f"{type(chain[0]).__name__}: {chain[0]}"
+    message = str(chain[0]) if isinstance(chain[0], StoreUnreachable) else message
+    if len(message) > 1000:
+        message = f"{message[:1000].rsplit(' ', 1)[0]} ... ({len(message) - 1000} more characters)"
+    return message, None
+
+
 def _plugin_schemes() -> set[str]:
     try:
         from importlib.metadata import entry_points
@@ -117,10 +167,9 @@ def _refuse_unusable_sqlite_path(uri: str) -> None:
     """Refuse now a sqlite database MLflow cannot create (its folder is under a file, or not writable)."""
     for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
         require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
-    path = uri.split(":///", 1)[1].split("?", 1)[0] if ":///" in uri else ""
-    if not path or path == ":memory:":
+    path = _local_store(uri)[0]
+    if path is None:
         return
-    path = os.path.abspath(path)
     problem = "is a directory" if os.path.isdir(path) else None
     ancestor = os.path.dirname(path)
     while problem is None and not os.path.exists(ancestor):
@@ -134,6 +183,95 @@ def _refuse_unusable_sqlite_path(uri: str) -> None:
                          f"{problem}. Use a path in a writable folder, e.g. "
                          "tracking_uri='sqlite:///mlflow.db' (relative to the working directory) or "
                          "'sqlite:////absolute/path/mlflow.db'.")
+    _refuse_half_made_sqlite(uri, path)
+
+
+def _refuse_half_made_sqlite(uri: str, path: str) -> None:
+    """Refuse, with the repair, a sqlite store a process left while creating or upgrading its tables."""
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            left = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
+            runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if left and "runs" in tables else 0
+    except sqlite3.Error:  # not there, locked, not a database: MLflow says so when it opens it
+        return
+    if not left:
+        return
+    repair = "; ".join(f"DROP TABLE {name}" if name[len("_alembic_tmp_"):] in tables else
+                       f"ALTER TABLE {name} RENAME TO {name[len('_alembic_tmp_'):]}" for name in left)
+    fix = ("it holds no runs: delete the file and MLflowLogger creates it again" if not runs else
+           f"it holds {runs} run(s): back it up, run `sqlite3 {path} '{repair}'`, then "
+           f"`mlflow db upgrade {uri}`")
+    raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} was left "
+                     "half-made by a process that ended while creating or upgrading its tables "
+                     f"({', '.join(left)} left over), and MLflow cannot open it. To repair it: {fix}.")
+
+
+def _local_store(uri: Optional[str]) -> tuple[Optional[str], str]:
+    """The path of a local store (``"sqlite"`` or ``"file"``), else ``(None, "")``."""
+    scheme = urlparse(uri or "").scheme.lower()
+    path = uri.split(":///", 1)[1].split("?", 1)[0] if uri and ":///" in uri else ""
+    if scheme.split("+")[0] == "sqlite" and path and path != ":memory:":
+        return os.path.abspath(path), "sqlite"
+    if uri and (len(scheme) <= 1 or scheme == "file") and uri not in KNOWN_TRACKING_SCHEMES:
+        from mlflow.utils.file_utils import local_file_uri_to_path
+
+        return os.path.abspath(local_file_uri_to_path(uri)), "file"
+    return None, ""
+
+
+def absolute_store_uri(uri: Optional[str]) -> Optional[str]:
+    """``uri`` with a local store's path made absolute (what a replay from another folder must reach)."""
+    path, kind = _local_store(uri)
+    if kind == "sqlite":
+        query = uri.split(":///", 1)[1].partition("?")[1:]
+        return f"{uri.split(':///', 1)[0]}:///{path}{''.join(query)}"
+    return path if kind == "file" else uri
+
+
+def create_local_store(uri: Optional[str]) -> None:
+    """Create a sqlite or file store that does not exist yet beside its place, then move it there in one
+    step: a process that ends meanwhile (a crash right after train begin) leaves no half-made store, only
+    ``<store>.creating-<pid>``, which the next creation removes."""
+    path, kind = _local_store(uri)
+    if path is None or os.path.exists(path):
+        return
+    for stale in glob.glob(f"{glob.escape(path)}.creating-*"):  # with their journal files
+        try:
+            os.kill(int(re.match(r"\d+", stale[len(path) + 10:]).group()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True) if os.path.isdir(stale) else os.unlink(stale)
+        except (AttributeError, OSError):
+            continue
+    temporary = f"{path}.creating-{os.getpid()}"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if kind == "sqlite":
+        import sqlalchemy
+        from mlflow.store.db.utils import _initialize_tables
+
+        engine = sqlalchemy.create_engine(f"sqlite:///{temporary}")
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        try:
+            os.link(temporary, path)
+        except FileExistsError:  # made meanwhile by another process: theirs is used
+            pass
+        except OSError:  # a file system without hard links
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+    else:
+        from mlflow.store.tracking.file_store import FileStore
+        from mlflow.utils.file_utils import path_to_local_file_uri
+
+        FileStore(temporary, path_to_local_file_uri(path))
+        try:
+            os.rename(temporary, path)
+        except OSError:  # made meanwhile by another process: theirs is used
+            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _refuse_file_store_if_disabled(uri: str) -> None:
@@ -194,11 +332,14 @@ class MLflowBackend(Backend):
         #: Set at train begin: the active fluent run (``nested``), and whether to run MLflow's monitor.
         self.parent_run_id: Optional[str] = None
         self.system_metrics = False
+        #: The write-ahead log written for this backend (named in messages about writing it).
+        self.log_path: Optional[Path] = None
         self._client = self._monitor = None
+        self._tried = False
 
     @classmethod
     def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None) -> MLflowBackend:
-        """The backend a write-ahead log's sidecar names (the masked URI's real value: ``tracking_uri``,
+        """The backend a write-ahead log's target names, or ``tracking_uri`` (a masked URI's real value is
         one given earlier in this process, or ``MLFLOW_TRACKING_URI``).
 
         Raises:
@@ -212,9 +353,50 @@ class MLflowBackend(Backend):
         return cls(validate_tracking_uri(uri), target.get("experiment_name"))
 
     def target(self, run_key: str) -> dict[str, Any]:
-        """What a write-ahead log's sidecar records of the target (the URI's credentials masked)."""
-        return {"logger": self.name, "tracking_uri": mask_url_credentials(self.tracking_uri),
+        """What a write-ahead log records of its target: the tracking URI as a replay from any folder
+        reaches it (a local store's path absolute, MLflow's default when none is given; credentials
+        masked), the experiment, the run key."""
+        uri = self.tracking_uri or self._mlflow_default_uri()
+        return {"logger": self.name, "tracking_uri": mask_url_credentials(absolute_store_uri(uri)),
                 "experiment_name": self.experiment_name, "run_key": run_key}
+
+    @staticmethod
+    def _mlflow_default_uri() -> Optional[str]:
+        import mlflow
+
+        return mlflow.get_tracking_uri()
+
+    @property
+    def where(self) -> str:
+        """``"the store at <tracking URI>"`` (credentials masked), for messages."""
+        uri = mask_url_credentials(absolute_store_uri(self.tracking_uri))
+        return f"the store at {uri or 'MLflow default tracking URI'}"
+
+    def location(self) -> str:
+        """The write-ahead log, where this process writes the run."""
+        return str(self.log_path) if self.log_path is not None else self.where
+
+    def explain(self, error: BaseException) -> tuple[str, Optional[str]]:
+        """`explain_mlflow_error` for this store's URI."""
+        return explain_mlflow_error(error, self.tracking_uri)
+
+    def probe(self, timeout: float = 2.0) -> Optional[tuple[str, str]]:
+        """An http(s) store asked once, without retries (``GET /health``): the cause and kind when it
+        cannot be reached (refused, DNS, TLS), else None (it answered anything, or only slowly)."""
+        uri = self.tracking_uri
+        if not uri or not uri.startswith(("http://", "https://")):
+            return None
+        from mlflow.utils.credentials import get_default_host_creds
+        from mlflow.utils.rest_utils import http_request
+
+        try:
+            http_request(get_default_host_creds(uri), "/health", "GET", max_retries=0, backoff_factor=0,
+                         timeout=timeout, raise_on_status=False)
+        except Exception as error:  # what kind of failure is the point
+            cause, kind = self.explain(error)
+            if kind in ("refused", "dns", "tls"):
+                return cause, kind
+        return None
 
     @property
     def client(self) -> Any:
@@ -222,6 +404,7 @@ class MLflowBackend(Backend):
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
+            create_local_store(self.tracking_uri or self._mlflow_default_uri())
             client = MlflowClient(tracking_uri=self.tracking_uri)
             service = getattr(client, "_tracking_client", None)
             if service is not None and callable(getattr(service, "_log_url", None)):
@@ -264,6 +447,7 @@ class MLflowBackend(Backend):
             UnusableRunError: The run to reattach to does not exist or is deleted.
         """
         client = self.client
+        resume, self._tried = resume or self._tried, True  # a retry: the first try may have created it
         if resume and not run_id and run_key:
             run_id = self._run_with_key(run_key)  # None: the first process never created it
         if resume and run_id:
@@ -275,7 +459,11 @@ class MLflowBackend(Backend):
             tags = {**self.tags, RUN_KEY_TAG: run_key}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
-            run_id = client.create_run(self._experiment_id(), run_name=self.run_name, tags=tags).info.run_id
+            experiment_id = self._experiment_id()
+            run_id = client.create_run(experiment_id, run_name=self.run_name, tags=tags).info.run_id
+            for twin in self._runs_with_key(run_key, experiment_id):  # made by a retry inside mlflow
+                if twin != run_id:
+                    client.delete_run(twin)
         if self.system_metrics and self._monitor is None:
             self._start_monitor(run_id, resume)
         return run_id
@@ -286,10 +474,16 @@ class MLflowBackend(Backend):
         if not re.fullmatch(r"[0-9A-Za-z_-]+", run_key):
             raise UnusableRunError(f"MLflowLogger: run_key must be letters, digits, '_' or '-', got "
                                    f"{run_key!r} (from the resumed checkpoint).")
-        runs = self.client.search_runs([self._experiment_id()],
-                                       filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
-                                       run_view_type=ViewType.ALL, max_results=1)
-        return runs[0].info.run_id if runs else None
+        runs = self._runs_with_key(run_key, self._experiment_id(), ViewType.ALL)
+        return runs[0] if runs else None
+
+    def _runs_with_key(self, run_key: str, experiment_id: str, view: Any = None) -> list[str]:
+        """Ids of the runs tagged ``run_key``, the newest first."""
+        from mlflow.entities import ViewType
+
+        runs = self.client.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
+                                       run_view_type=view or ViewType.ACTIVE_ONLY, max_results=10)
+        return [run.info.run_id for run in runs]
 
     def _check_usable(self, run_id: str) -> None:
         from mlflow.exceptions import MlflowException
@@ -462,6 +656,7 @@ class MLflowLogger(TrackerLogger):
                                               self.tags, warn=self.warn)
         self._wal: Optional[WriteAheadLog] = None
         self._sender: Optional[Sender] = None
+        self._lost_error: Optional[BaseException] = None
 
     @property
     def state_key(self) -> str:
@@ -527,7 +722,7 @@ class MLflowLogger(TrackerLogger):
                           f"{error.strerror or error}. Pass a writable wal_dir.") from error
         if boundary:
             wal.append({"kind": "boundary"})
-        self._wal = wal
+        self._wal, self.backend.log_path = wal, wal.path
         self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume,
                               name=self.logger_name, backoff=self.backoff,
                               on_run_id=lambda run_id: setattr(self, "run_id", run_id),
@@ -535,12 +730,16 @@ class MLflowLogger(TrackerLogger):
         self.run_id = self._sender.run_id
         self._sender.start()
 
-    def _append(self, entry: dict[str, Any]) -> None:
+    def _append(self, entry: dict[str, Any]) -> bool:
         try:
             self._wal.append(entry)
         except Exception as error:  # a full disk: never into the training loop
             self._lose(1, error)
-        self._sender.check_silence()
+            self._lost_error = error
+            return False
+        finally:
+            self._sender.check_silence()
+        return True
 
     def _write(self, record: LogRecord) -> None:
         self._append({"kind": "log", "step": record.step, "time": record.time, "metrics": record.metrics,
@@ -571,13 +770,20 @@ class MLflowLogger(TrackerLogger):
         return self._sender.flush(timeout)
 
     def _close_run(self, status: str, timeout: float) -> bool:
-        wal, sender = self._wal, self._sender
-        self._append({"kind": "finish", "status": status})
+        wal, sender, lost = self._wal, self._sender, self._lost
+        try:
+            wal.append({"kind": "finish", "status": status})
+        except OSError:  # a full disk: the sender sets the status itself
+            pass
         finished = status == FINISHED  # an exception waits for no unreachable store
         delivered = sender.close(status, timeout, grace=5.0 if finished else 1.0, while_down=finished)
+        if lost:
+            logger.error("%s: %d record(s) could not be written to %s (%s) and are not in the run (every "
+                         "logged record is also in the trainer's state.log_history, trainer_state.json).",
+                         self.logger_name, lost, wal.path, self._lost_error)
         wal.close(delete=delivered)
         self._wal = self._sender = None
-        return delivered and self._lost == 0 and not sender.dropped
+        return delivered and lost == 0 and not sender.dropped
 
     def close_after_exception(self) -> bool:
         """Close the run FAILED within ``min(flush_timeout, 5)`` s, at once while the store is unreachable."""

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 try:
     import fcntl
@@ -16,7 +16,7 @@ except ImportError:  # Windows: the file is not locked between processes
 
 from .base import Backend, LogRecord, logger
 
-__all__ = ["Sender", "WriteAheadLog", "find_logs", "replay"]
+__all__ = ["Sender", "StoreUnreachable", "WriteAheadLog", "find_logs", "read_target", "replay"]
 
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64
@@ -24,14 +24,21 @@ BATCH_ENTRIES = 64
 CALL_BATCHES = 2
 #: A backlog this large (about a full call: 2000 points) is sent at once, without waiting for the pace.
 FULL_BATCH_BYTES = 64_000
-#: Past this size, a file the sender has caught up with is emptied.
-COMPACT_BYTES = 16 * 2**20
 #: A call to the store silent for this long is told as an outage (mlflow retries inside a call).
 SILENT_CALL_SECONDS = 30.0
 #: Refused records told one by one per error type, before one error saying so.
 REFUSALS_TOLD = 5
 #: How often an idle sender looks for new entries.
 POLL_SECONDS = 0.1
+#: Bytes read at a time.
+CHUNK_BYTES = 1 << 18
+#: The log's own lines: its first line names the target; a ``sent`` line records how far the store
+#: acknowledged the file, and the run's id (`Sender` passes over both).
+TARGET_LINE, SENT_LINE = b'{"kind": "target"', b'{"kind": "sent"'
+
+
+class StoreUnreachable(ConnectionError):
+    """The store cannot be reached; the message says why (a replay raises it)."""
 
 
 def replay_hint(path: Union[str, Path]) -> str:
@@ -39,22 +46,59 @@ def replay_hint(path: Union[str, Path]) -> str:
     return f"`hf-callbacks-plus replay {path}` sends them (add --dry-run to list them first)"
 
 
-def _lock(fd: int, wait: float) -> bool:
-    """Take an exclusive ``flock`` on ``fd`` within ``wait`` seconds (always True without fcntl)."""
+def _open_locked(path: Path, wait: float, create: bool) -> int:
+    """Open ``path`` read-write with its exclusive ``flock`` taken within ``wait`` seconds. The lock is
+    on the file the path names once it is held: a file another process deleted (or replaced) before
+    letting go of it is never written; the path is opened again.
+
+    Raises:
+        RuntimeError: Another process holds the file.
+        FileNotFoundError: There is no file (and not ``create``).
+    """
     end = time.monotonic() + wait
-    while fcntl is not None:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0), 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.05)
-    return True
+            while fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= end:
+                        raise RuntimeError(f"{path} is in use by another process (a training of the "
+                                           "same run, or `hf-callbacks-plus replay`); wait for it to end."
+                                           ) from None
+                    time.sleep(0.05)
+            held = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            named = os.stat(path)
+        except FileNotFoundError:
+            named = None
+        if named is not None and (named.st_ino, named.st_dev) == (held.st_ino, held.st_dev):
+            return fd
+        os.close(fd)
+        if named is None and not create:
+            raise FileNotFoundError(f"{path} no longer exists (another process sent it to its end)")
+
+
+def read_target(path: Union[str, Path]) -> dict[str, Any]:
+    """The target a log names on its first line ({} when the file is not a write-ahead log)."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(1 << 16)
+        return json.loads(first) if first.startswith(TARGET_LINE) and first.endswith(b"\n") else {}
+    except (OSError, ValueError):
+        return {}
 
 
 class WriteAheadLog:
-    """One run's append-only file of entries, and its sidecar.
+    """One run's append-only file: a target line, then entries and ``sent`` lines, one JSON line each.
+
+    This process is the file's only writer while it holds the lock (`open`), so it knows the file's end;
+    an append that fails (a full disk) is cut off again, so no torn line can merge with the next one.
 
     Args:
         path: The file, ``<wal_dir>/<run key>.jsonl``.
@@ -62,123 +106,198 @@ class WriteAheadLog:
 
     def __init__(self, path: Union[str, Path]) -> None:
         self.path = Path(path)
-        self.sidecar = self.path.with_suffix(".json")
+        #: What the first line names (logger, tracking URI with credentials masked, experiment, run key).
+        self.target: dict[str, Any] = {}
+        #: Times the file was emptied (`Sender.flush` waits for an end of one generation).
+        self.generation = 0
         self._fd: Optional[int] = None
-        self._append_lock = threading.Lock()
-        self._state: Optional[dict[str, Any]] = None
+        self._lock = threading.Lock()
+        self._end = self._start = 0
+        self._owed = b""  # lines the last emptying could not write; they go first in the next write
 
-    def state(self) -> dict[str, Any]:
-        """The sidecar's content ({} when there is none)."""
-        if self._state is None:
-            try:
-                self._state = json.loads(self.sidecar.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return {}
-        return dict(self._state)
+    @property
+    def size(self) -> int:
+        """The file's size in bytes."""
+        return self._end
 
-    def save_state(self, **changes: Any) -> None:
-        """Merge ``changes`` into the sidecar, atomically (a kill leaves the old or the new one)."""
-        state = {**self.state(), **changes}
-        temporary = self.sidecar.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(state), encoding="utf-8")
-        os.replace(temporary, self.sidecar)
-        self._state = state
-
-    def open(self, target: dict[str, Any], wait: float) -> None:
-        """Open for appending, take the lock within ``wait`` seconds, drop a half-written last line.
+    def open(self, target: Optional[dict[str, Any]], wait: float) -> None:
+        """Open and lock the file; without ``target`` it must exist; with it, a new or empty file gets it
+        as its first line. A half-written last line (a kill during a write) is dropped.
 
         Raises:
-            RuntimeError: Another process (a training or a replay) holds the file.
-            OSError: The folder cannot be written.
+            RuntimeError: Another process holds the file.
+            ValueError: The file is not a write-ahead log.
+            OSError: The folder cannot be written (or, without ``target``, there is no file).
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        if not _lock(fd, wait):
-            os.close(fd)
-            raise RuntimeError(f"{self.path} is in use by another process (a training or `hf-callbacks-plus "
-                               "replay` of the same run); wait for it to end.")
+        if target is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._load(_open_locked(self.path, wait, create=target is not None), target, writable=True)
+
+    def inspect(self) -> None:
+        """Open for reading only, without the lock (a listing; a training may be writing it)."""
+        self._load(os.open(self.path, os.O_RDONLY), None, writable=False)
+
+    def _load(self, fd: int, target: Optional[dict[str, Any]], writable: bool) -> None:
         self._fd = fd
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
-            os.ftruncate(fd, size - len(tail) + tail.rfind(b"\n") + 1)
-        if not self.sidecar.exists():
-            self.save_state(**target, acked=0, held=None)
+        try:
+            size = self._end = os.fstat(fd).st_size
+            if writable and size and os.pread(fd, 1, size - 1) != b"\n":
+                tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+                self._end = size - len(tail) + tail.rfind(b"\n") + 1
+                os.ftruncate(fd, self._end)
+            if self._end == 0 and target is not None:
+                self._write(self._line({"kind": "target", **target}))
+            first, self._start = next(self._lines(0), (b"", 0))
+            if not first.startswith(TARGET_LINE):
+                raise ValueError(f"{self.path} is not an MLflowLogger write-ahead log (its first line "
+                                 "names no target)")
+            self.target = json.loads(first)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _line(entry: dict[str, Any]) -> bytes:
+        return (json.dumps(entry, allow_nan=True) + "\n").encode()
 
     def append(self, entry: dict[str, Any]) -> None:
-        """Append one entry: one ``os.write`` of a whole line (the kernel has it when this returns)."""
-        data = (json.dumps(entry, allow_nan=True) + "\n").encode()
-        with self._append_lock:
-            while data:
-                data = data[os.write(self._fd, data):]
+        """Append one entry: one ``os.write`` of a whole line (the kernel has it when this returns).
+
+        Raises:
+            OSError: It could not be written (nothing of it is left in the file).
+        """
+        data = self._line(entry)
+        with self._lock:
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        start, data = self._end, self._owed + data
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise
+        self._end, self._owed = start + len(data), b""
+
+    def end(self) -> tuple[int, int]:
+        """``(generation, size)``, read together."""
+        with self._lock:
+            return self.generation, self._end
+
+    def settle(self, acked: int, run_id: Optional[str], boundary: bool) -> int:
+        """Record that the store holds everything before ``acked``; return the offset to go on from.
+
+        When that is the whole file, the file is emptied down to its target line (then a boundary line
+        when ``boundary``, so a later reader asks the store for the steps again, and a ``sent`` line
+        with the run's id); else a ``sent`` line is appended. A line that cannot be written (a full disk)
+        is left out (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
+        """
+        with self._lock:
+            if acked < self._end:
+                compacted, line = False, {"kind": "sent", "offset": acked, "run_id": run_id}
+            else:
+                os.ftruncate(self._fd, self._start)
+                self._end, self.generation = self._start, self.generation + 1
+                compacted, line = True, {"kind": "sent", "offset": self._start, "run_id": run_id}
+                self._owed = self._line({"kind": "boundary", "compacted": True}) if boundary else b""
+            try:
+                self._write(self._line(line))
+            except OSError:
+                pass
+            return self._end if compacted else acked
 
     def sync(self) -> None:
         """``fsync`` the file (a checkpoint is saved: it survives a machine crash too)."""
         if self._fd is not None:
             os.fsync(self._fd)
 
-    def compact(self, acked: int) -> bool:
-        """Empty the file when ``acked`` is its size (the sidecar says 0 first); True when emptied."""
-        with self._append_lock:
-            if self._fd is None or os.fstat(self._fd).st_size != acked:
-                return False
-            self.save_state(acked=0)
-            os.ftruncate(self._fd, 0)
-            return True
-
     def close(self, delete: bool = False) -> None:
-        """Let go of the file and the lock; with ``delete``, remove it and its sidecar first."""
-        if delete:
-            self.path.unlink(missing_ok=True)
-            self.sidecar.unlink(missing_ok=True)
-        if self._fd is not None:
+        """Let go of the file and the lock; with ``delete``, remove it first (while locked)."""
+        with self._lock:
+            if self._fd is None:
+                return
+            if delete:
+                self.path.unlink(missing_ok=True)
             os.close(self._fd)
             self._fd = None
 
-    def size(self) -> int:
-        """The file's size in bytes (0 when it does not exist)."""
-        try:
-            return self.path.stat().st_size
-        except FileNotFoundError:
-            return 0
+    def _lines(self, offset: int) -> Iterator[tuple[bytes, int]]:
+        """Complete lines from ``offset`` to the end, each with the offset after it."""
+        pending, position = b"", offset  # ``pending`` starts at ``position``
+        while offset < self._end:
+            chunk = os.pread(self._fd, min(CHUNK_BYTES, self._end - offset), offset)
+            if not chunk:
+                return
+            offset += len(chunk)
+            data, start = pending + chunk, 0
+            while (newline := data.find(b"\n", start)) >= 0:
+                yield data[start:newline + 1], position + newline + 1
+                start = newline + 1
+            pending, position = data[start:], position + start
 
-    def read(self, offset: int, max_points: int, max_entries: int) -> tuple[list[tuple[dict, int]], bool]:
-        """Complete entries from ``offset``: a run of log entries (at most ``max_points`` points, one
-        at least) or one other entry, each with the offset after it; and whether more follow."""
-        found: list[tuple[dict, int]] = []
+    def recover(self) -> tuple[int, Optional[str], bool]:
+        """From the ``sent`` lines: the offset the store acknowledged, the run's id, and whether a
+        boundary lies before that offset (the steps the run held must be asked for again)."""
+        acked, run_id, boundaries = self._start, self.target.get("run_id"), []
+        for line, end in self._lines(self._start):
+            if line.startswith(SENT_LINE):
+                sent = json.loads(line)
+                acked, run_id = max(acked, int(sent["offset"])), sent.get("run_id") or run_id
+            elif line.startswith(b'{"kind": "boundary"'):
+                boundaries.append(end)
+        return acked, run_id, any(end <= acked for end in boundaries)
+
+    def read(self, offset: int, max_points: int, max_entries: int) -> tuple[list[dict], int]:
+        """Entries from ``offset``: a run of log entries (at most ``max_points`` points, one at least) or
+        one other entry; and the offset after them (and after the log's own lines among them)."""
+        found: list[dict] = []
         points = 0
-        try:
-            handle = open(self.path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            return found, False
-        with handle:
-            handle.seek(offset)
-            for line in handle:
-                if not line.endswith(b"\n"):
-                    break  # being written
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset,
-                                   self.path)
-                    entry = {"kind": "corrupt"}
-                size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
-                if found and (entry.get("kind") != "log" or found[0][0].get("kind") != "log"
-                              or points + size > max_points or len(found) >= max_entries):
-                    return found, True
-                offset += len(line)
-                found.append((entry, offset))
-                points += size
-        return found, False
+        for line, end in self._lines(offset):
+            if line.startswith((TARGET_LINE, SENT_LINE)):
+                offset = end
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset, self.path)
+                offset = end
+                continue
+            size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
+            if found and (entry.get("kind") != "log" or found[0].get("kind") != "log"
+                          or points + size > max_points or len(found) >= max_entries):
+                break
+            found.append(entry)
+            points, offset = points + size, end
+        return found, offset
 
-    def count_logs(self, offset: int) -> int:
-        """Log entries past ``offset`` (for messages)."""
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(offset)
-                return sum(line.startswith(b'{"kind": "log"') and line.endswith(b"\n") for line in handle)
-        except OSError:
-            return 0
+    def pending(self, offset: int) -> dict[str, Any]:
+        """What lies past ``offset``: log records, their points and steps, params, files, the last status."""
+        counts: dict[str, Any] = {"log": 0, "points": 0, "steps": [], "params": 0, "file": 0, "status": None}
+        for line, _ in self._lines(offset):
+            entry = {} if line.startswith((TARGET_LINE, SENT_LINE)) else json.loads(line)
+            kind = entry.get("kind")
+            if kind == "log":
+                counts["points"] += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
+                counts["steps"].append(int(entry["step"]))
+            if kind in ("log", "params", "file"):
+                counts[kind] += 1
+            counts["status"] = entry.get("status") if kind == "finish" else counts["status"]
+        return counts
+
+
+def describe_pending(counts: dict[str, Any]) -> str:
+    """``"5 log record(s) (40 points, steps 3-7), the params, 1 file(s) and the final status FAILED"``."""
+    steps = counts["steps"]
+    parts = [f"{counts['log']} log record(s) ({counts['points']} points, steps {min(steps)}-{max(steps)})"
+             ] if steps else []
+    parts += ["the params"] * bool(counts["params"]) + [f"{counts['file']} file(s)"] * bool(counts["file"])
+    parts += [f"the final status {counts['status']}"] * bool(counts["status"])
+    return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "nothing"
 
 
 class Sender:
@@ -186,40 +305,45 @@ class Sender:
     transient errors with backoff, drops a refused entry alone (docs/architecture.md).
 
     Args:
-        wal: The log.
-        backend: The store (MLflow's: ``is_transient``, ``send_interval``, ``max_metrics_per_batch``).
-        run_key: The run's key (finds the run when its id is not known).
-        run_id: The run's id, when known (else the sidecar's). Defaults to None.
+        wal: The log, open.
+        backend: The store (MLflow's: ``is_transient``, ``explain``, ``probe``, ``send_interval``,
+            ``max_metrics_per_batch``).
+        run_key: The run's key (finds the run when its id is not known). Defaults to the log's.
+        run_id: The run's id, when known. Defaults to the log's.
         resume: The run may exist already. Defaults to True.
         name: Shown in messages. Defaults to the backend's name.
         backoff: ``(initial, max)`` retry delays in seconds. Defaults to (0.5, 30).
         on_run_id: Called with the run's id once it is open. Defaults to None.
-        for_target: Builds the backend another log's sidecar names; with it, other runs' logs in the
-            folder for the same store are sent once the run is open. Defaults to None.
+        for_target: Builds the backend another log's target names; with it, other runs' logs in the
+            folder for the same store are sent in the background once this run is open. Defaults to None.
     """
 
-    def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str],
+    def __init__(self, wal: WriteAheadLog, backend: Backend, run_key: Optional[str] = None,
                  run_id: Optional[str] = None, resume: bool = True, name: Optional[str] = None,
                  backoff: tuple[float, float] = (0.5, 30.0),
                  on_run_id: Optional[Callable[[str], None]] = None,
                  for_target: Optional[Callable[[dict], Backend]] = None) -> None:
-        state = wal.state()
+        acked, logged_run_id, self._ask_held = wal.recover()
         self.wal, self.backend, self.name = wal, backend, name or backend.name
-        self.run_key = run_key or state.get("run_key")
-        self.run_id: Optional[str] = run_id or state.get("run_id")
+        self.run_key = run_key or wal.target.get("run_key")
+        self.run_id: Optional[str] = run_id or logged_run_id
         self.resume = resume or self.run_id is not None
-        self.acked = int(state.get("acked") or 0)
-        self.held: Optional[dict[str, int]] = state.get("held")
+        self.acked = acked
+        #: The steps the run held at the last boundary (None: no boundary met).
+        self.held: Optional[dict[str, int]] = None
         self.backoff, self.on_run_id, self.for_target = backoff, on_run_id, for_target
         #: Entries sent and records the store refused (dropped), in this process.
         self.sent = self.dropped = 0
-        #: Why the run could not start (told once; nothing is sent then).
+        #: Why the run could not start, or the store refused every call (told once; nothing more is sent).
         self.start_error: Optional[BaseException] = None
-        self._started = self._closing = self._abandoned = False
+        self.finished = False
+        self._started = self._closing = self._abandoned = self._hopeless = False
         self._down_since: Optional[float] = None
         self._call_started: Optional[float] = None
+        self._cause = ""
+        self._last_error: BaseException = RuntimeError("nothing sent yet")
         self._deadline = float("inf")
-        self._isolate_until = self._flushing = self._compactions = 0
+        self._isolate_until = self._flushing = self._generation = 0
         self._last_send = 0.0
         self._refused: dict[str, int] = {}
         self._wake = threading.Event()
@@ -249,152 +373,170 @@ class Sender:
 
     def flush(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until everything appended so far is acknowledged."""
-        target, end, compactions = self.wal.size(), time.monotonic() + timeout, self._compactions
+        generation, target = self.wal.end()
+        end = time.monotonic() + timeout
         self._flushing += 1
         self._wake.set()
         try:
             with self._progress:
-                while self.acked < target and compactions == self._compactions and self._thread.is_alive():
+                while not self._reached(generation, target) and self._thread.is_alive():
                     if time.monotonic() >= end:
                         return False
                     self._progress.wait(min(end - time.monotonic(), 0.2))
+                return self._reached(generation, target)
         finally:
             self._flushing -= 1
-        return self.acked >= target or compactions != self._compactions
+
+    def _reached(self, generation: int, offset: int) -> bool:
+        """Emptying the file waits for everything in it: a later generation holds everything before."""
+        return self._generation > generation or (self._generation == generation and self.acked >= offset)
 
     def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
-        """Send what is left for at most ``timeout`` seconds (``grace`` more for a call in flight; without
-        ``while_down``, not once the store is unreachable), then stop; warn about what is left.
+        """Send what is left for at most ``timeout`` seconds (``grace`` more for a call in flight; not at
+        all once the store is known unreachable for a reason waiting cannot cure, such as a refused
+        connection; without ``while_down``, not once it is unreachable), stop, set the run's status when
+        the store answers; warn about what is left.
 
         Returns:
             True when everything was acknowledged.
         """
         self._closing, self._deadline = True, time.monotonic() + timeout
         self._wake.set()
-        end = self._deadline
+        end, probed = self._deadline, False
+        hopeless = self.down and self._hopeless and not self._probe()  # still refused (DNS, TLS) now?
         while self._thread.is_alive() and time.monotonic() < end:
             self._thread.join(min(0.05 if self.down else 0.5, max(0.0, end - time.monotonic())))
             self.check_silence()
-            if self.down and not while_down:
+            started = self._call_started
+            if started is not None and not probed and time.monotonic() - started > 1.0:
+                probed = True  # a call silent at the close: is anything there to answer it?
+                hopeless = not self._probe() and self._hopeless
+            if self.down and (hopeless or not while_down):
                 self._deadline = end = time.monotonic()
                 self._wake.set()
             if time.monotonic() >= self._deadline and self._call_started is not None:
                 end = self._deadline + grace
         if self._thread.is_alive():
             self._abandoned = True  # stuck in a call: it writes nothing more
-        if self.acked >= self.wal.size():
-            return True
-        reason = self._why_not_delivered()
-        if self._started and self._down_since is None and not self._thread.is_alive():
-            try:  # the run gets its status now; the log keeps the rest (and the status) for later
+        delivered = self.acked >= self.wal.size
+        if self._started and not self.finished and not self.down and not self._thread.is_alive():
+            try:  # the finish entry was not sent (or not written): the run gets its status now
                 self.backend.finish(status, self.run_id)
+                self.finished = True
             except Exception as error:
-                reason += f"; its status {status} could not be set either ({type(error).__name__}: {error})"
-        logger.warning("%s: %d record(s) were not delivered (%s); they are kept in %s. Resuming this run "
-                       "sends them, or %s.", self.name, self.wal.count_logs(self.acked), reason,
-                       self.wal.path, replay_hint(self.wal.path))
+                self._cause = self._explain(error)[0]
+        if delivered:
+            return True
+        logger.warning("%s: %s were not delivered (%s); they are kept in %s. Resuming this run sends them, "
+                       "or %s.", self.name, describe_pending(self.wal.pending(self.acked)),
+                       self._why_not_delivered(status), self.wal.path, replay_hint(self.wal.path))
         return False
 
-    def _why_not_delivered(self) -> str:
+    def _why_not_delivered(self, status: str) -> str:
+        where = getattr(self.backend, "where", self.name)
         if self.start_error is not None:
-            error = self.start_error
-            return f"the run could not start: {type(error).__name__}: {str(error)[:200]}"
-        if self._call_started is not None:
-            return f"a call to the store had not answered after {time.monotonic() - self._call_started:.0f} s"
-        if self._down_since is not None:
-            return f"the store was unreachable for the last {time.monotonic() - self._down_since:.0f} s"
-        if not self._started:
-            return "the run did not open within the close deadline"
-        return "the store was too slow to take them within the close deadline"
+            reason = f"{where}: {self._explain(self.start_error)[0]}"
+        elif self._call_started is not None and not self._hopeless:
+            reason = f"a call to {where} had not answered after {time.monotonic() - self._call_started:.0f} s"
+        elif self._down_since is not None:
+            since = time.monotonic() - self._down_since
+            reason = (f"{where} is unreachable" + (f" since {since:.0f} s" if since >= 1 else "")
+                      + f": {self._cause or 'no answer'}")
+        elif not self._started:
+            reason = f"the run did not open at {where} within the close deadline"
+        else:
+            reason = f"{where} was too slow to take them within the close deadline"
+        return reason + ("" if self.finished else f"; the run's status {status} is not set either")
 
-    def send_to_end(self) -> None:
-        """Send everything on this thread (``replay``); raise on a failure other than a refused record."""
-        self._closing = True
+    def step(self) -> str:
+        """One call: open the run, or send the next batch. Returns "done" when nothing is left, else the
+        call's outcome: "ok", "transient" (retry), "dropped" (a refused entry) or "fatal" (stop)."""
+        if self.start_error is not None:
+            return "fatal"
         if not self._started:
-            self._start_run()
-        while True:
-            entries, _ = self._next_batch()
-            if not entries:
-                return
-            if self._attempt(self._send, entries) == "transient":
+            return self._attempt(self._start_run)
+        if self.wal.size <= self.acked:
+            return "done"
+        limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
+        alone = self.acked < self._isolate_until
+        entries, end = self.wal.read(self.acked, limit, 1 if alone else BATCH_ENTRIES)
+        if not entries:  # only the log's own lines
+            moved = end > self.acked
+            self._ack(end, sent=False)
+            return "ok" if moved and end < self.wal.size else "done"
+        return self._attempt(self._send, entries, end)
+
+    def send_to_end(self, stop: Optional[Callable[[], bool]] = None) -> None:
+        """Send everything on this thread (``replay``) unless ``stop()`` says to stop between calls; raise
+        on a failure other than a refused record."""
+        self._closing = True
+        while (outcome := self.step()) != "done" and not (stop is not None and stop()):
+            if outcome in ("transient", "fatal"):
                 raise self._last_error
 
     def _run(self) -> None:
+        siblings: Optional[threading.Thread] = None
         try:
-            self._loop()
+            backoff = self.backoff[0]
+            while not self._abandoned and time.monotonic() < self._deadline:
+                if self._started and siblings is None and self.for_target is not None:
+                    siblings = threading.Thread(target=self._send_siblings, daemon=True,
+                                                name=f"hf-callbacks-plus-{self.name}-earlier-runs")
+                    siblings.start()
+                backlog = self.wal.size - self.acked
+                left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
+                if (self._started and 0 < backlog < FULL_BATCH_BYTES and left > 0
+                        and not (self._closing or self._flushing)):
+                    self._wait(min(left, POLL_SECONDS))  # gather about a second's records in one call
+                    continue
+                sending, outcome = self._started, self.step()
+                if outcome == "fatal" or (outcome == "done" and self._closing):
+                    return
+                if outcome == "done":
+                    self._wait(POLL_SECONDS)
+                elif outcome == "transient":
+                    self._wait(max(0.0, min(backoff, self._deadline - time.monotonic())))
+                    backoff = min(backoff * 2, self.backoff[1])
+                else:
+                    backoff, self._last_send = self.backoff[0], time.monotonic() if sending else 0.0
         except Exception:  # never let an exception escape the thread: the entries stay in the file
             logger.exception("%s: the sender hit an unexpected error; what is not sent stays in %s.",
                              self.name, self.wal.path)
-
-    def _loop(self) -> None:
-        backoff = self.backoff[0]
-        while not self._abandoned and time.monotonic() < self._deadline:
-            if not self._started:
-                outcome = self._attempt(self._start_run)
-                if outcome == "fatal":
-                    return
-                if outcome == "ok":
-                    self._replay_siblings()
-                    continue
-            else:
-                backlog = self.wal.size() - self.acked
-                left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
-                if 0 < backlog < FULL_BATCH_BYTES and left > 0 and not (self._closing or self._flushing):
-                    self._wait(min(left, POLL_SECONDS))  # gather about a second's records in one call
-                    continue
-                entries, _ = self._next_batch()
-                if not entries:
-                    if self._closing:
-                        return
-                    if self.acked >= COMPACT_BYTES and self.wal.compact(self.acked):
-                        self._compactions += 1
-                        self._ack(0)
-                    self._wait(POLL_SECONDS)
-                    continue
-                outcome = self._attempt(self._send, entries)
-                self._last_send = time.monotonic()
-                if outcome != "transient":
-                    backoff = self.backoff[0]
-                    continue
-            self._wait(max(0.0, min(backoff, self._deadline - time.monotonic())))
-            backoff = min(backoff * 2, self.backoff[1])
 
     def _wait(self, seconds: float) -> None:
         self._wake.wait(seconds)
         self._wake.clear()
 
-    def _next_batch(self) -> tuple[list[tuple[dict, int]], bool]:
-        if self.wal.size() <= self.acked:
-            return [], False
-        limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
-        return self.wal.read(self.acked, limit, 1 if self.acked < self._isolate_until else BATCH_ENTRIES)
-
     def _start_run(self) -> None:
         self.run_id = self.backend.start(self.run_id, self.run_key, self.resume)
+        if self._ask_held:  # recovered past a boundary: the steps the run holds are asked for again
+            self.held = self.backend.logged_steps(self.run_id)
         self._started = True
-        if not self._abandoned:
-            self.wal.save_state(run_id=self.run_id)
+        self._ack(self.acked)  # the run's id, in the file
         if self.on_run_id is not None:
             self.on_run_id(self.run_id)
 
-    def _send(self, entries: list[tuple[dict, int]]) -> None:
+    def _send(self, entries: list[dict], end: int) -> None:
         """Send one batch; acknowledge it once the store answered."""
-        backend, run_id, first = self.backend, self.run_id, entries[0][0]
-        kind = first.get("kind")
+        backend, run_id, first = self.backend, self.run_id, entries[0]
+        kind, sent = first.get("kind"), True
         if kind == "log":
-            records = [record for record in map(self._unheld, (entry for entry, _ in entries)) if record]
+            records = [record for record in map(self._unheld, entries) if record]
             if records:
                 backend.log(records, run_id)
         elif kind == "params":
             backend.log_config(first["params"], run_id)
         elif kind == "file":
             backend.log_file(first["folder"], first["name"], first.get("type", "model"), run_id)
-        elif kind == "boundary":
+        elif kind == "boundary" and not (first.get("compacted") and self.held is not None):
             self.held = backend.logged_steps(run_id)
-        elif kind == "finish" and entries[-1][1] >= self.wal.size():  # the last entry: the session ended
+        elif kind == "finish" and end >= self.wal.size:  # the last entry: the session ended
             backend.finish(first["status"], run_id)
+            self.finished = True
+        else:
+            sent = False
         self.sent += len(entries)
-        self._ack(entries[-1][1])
+        self._ack(end, sent)
 
     def _unheld(self, entry: dict) -> Optional[LogRecord]:
         """The entry's record without the points at or below the boundary in force."""
@@ -404,110 +546,146 @@ class Sender:
         summary = entry.get("summary") or {}
         return LogRecord(step, int(entry["time"]), metrics, summary) if metrics or summary else None
 
-    def _ack(self, offset: int) -> None:
+    def _ack(self, offset: int, sent: bool = True) -> None:
         if self._abandoned:
             return
-        self.wal.save_state(acked=offset, held=self.held)
+        if sent:
+            offset = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
         with self._progress:
-            self.acked = offset
+            self.acked, self._generation = offset, self.wal.generation
             self._progress.notify_all()
 
+    def _explain(self, error: BaseException) -> tuple[str, Optional[str]]:
+        explain = getattr(self.backend, "explain", None)
+        return explain(error) if explain is not None else (f"{type(error).__name__}: {error}", None)
+
+    def _probe(self) -> bool:
+        """Ask the backend, cheaply, whether the store can be reached; tell it at once when it cannot."""
+        probe = getattr(self.backend, "probe", None)
+        found = probe() if probe is not None else None
+        if found is not None:
+            self._unreachable(*found)
+        return found is None
+
+    def _unreachable(self, cause: str, kind: Optional[str]) -> str:
+        self._cause, self._hopeless = cause, kind in ("refused", "dns", "tls")
+        if self._down_since is None:
+            self._down_since = self._call_started or time.monotonic()
+            if self._thread is not None:  # a replay raises it instead
+                logger.warning("%s: %s is unreachable: %s. Training continues; records wait in %s and are "
+                               "sent in order when it answers.", self.name,
+                               getattr(self.backend, "where", "the store"), cause, self.wal.path)
+        return "transient"
+
     def _attempt(self, function: Callable[..., None], *args: Any) -> str:
-        """Run ``function``: "ok", "transient" (retry), "dropped" (a refused entry) or "fatal" (no run)."""
+        """Run ``function``: "ok", "transient" (retry), "dropped" (a refused entry) or "fatal" (stop)."""
+        if (self._down_since is not None or not self._started) and not self._probe():
+            self._last_error = StoreUnreachable(self._cause)
+            return "transient"
         self._call_started = time.monotonic()
         try:
             function(*args)
         except Exception as error:  # the store must never crash training
             self._last_error = error
-            return self._failed(error, args[0] if args else None)
+            return self._failed(error, args[0] if args else None, args[1] if args else 0)
         finally:
             self._call_started = None
         if self._down_since is not None:
             logger.warning("%s: the store is reachable again after %.1f s; sending what waited in order.",
                            self.name, time.monotonic() - self._down_since)
-            self._down_since = None
+            self._down_since, self._hopeless = None, False
         return "ok"
 
-    def _failed(self, error: Exception, entries: Optional[list[tuple[dict, int]]]) -> str:
-        if getattr(self.backend, "is_transient", lambda error: True)(error):
-            if self._down_since is None:
-                self._down_since = self._call_started or time.monotonic()
-                logger.warning("%s: the store is unreachable (%s: %s); records wait in %s and are sent in "
-                               "order when it answers.", self.name, type(error).__name__, str(error)[:300],
-                               self.wal.path)
-            return "transient"
-        if entries is None:
+    def _failed(self, error: Exception, entries: Optional[list[dict]], end: int) -> str:
+        cause, kind = self._explain(error)
+        if kind in ("refused", "dns", "tls") or (
+                kind != "auth" and getattr(self.backend, "is_transient", lambda error: True)(error)):
+            return self._unreachable(cause, kind)
+        if entries is None or kind == "auth":
             self.start_error = error
-            logger.error("%s: could not start the run (%s: %s). Nothing is sent; the records stay in %s.",
-                         self.name, type(error).__name__, str(error)[:500], self.wal.path)
+            if self._thread is not None:  # a replay raises it instead
+                what = "could not start the run at" if entries is None else "cannot write to"
+                logger.error("%s: %s %s (%s). Nothing more is sent; the records stay in %s: fix the cause, "
+                             "then %s.", self.name, what, getattr(self.backend, "where", "the store"), cause,
+                             self.wal.path, replay_hint(self.wal.path))
             return "fatal"
         if len(entries) > 1:  # send them one by one: only the refused one is dropped
-            self._isolate_until = entries[-1][1]
+            self._isolate_until = end
             return "dropped"
-        entry, kind = entries[0][0], type(error).__name__
+        entry, kind = entries[0], type(error).__name__
         what = (f"the record of step {entry.get('step')} ({', '.join(list(entry.get('metrics', {}))[:5])})"
                 if entry.get("kind") == "log" else f"a {entry.get('kind')} entry")
         told = self._refused[kind] = self._refused.get(kind, 0) + 1
         if told <= REFUSALS_TOLD:
-            logger.warning("%s: the store refused %s, which is dropped; the other records are sent (%s: %s).",
-                           self.name, what, kind, str(error)[:300])
+            logger.warning("%s: the store refused %s, which is dropped; the other records are sent (%s).",
+                           self.name, what, cause)
         if told == REFUSALS_TOLD:
             logger.error("%s: the store has refused %d records with %s; further ones are dropped without "
                          "being listed. If the records look right, this looks like a fault of the logger or "
-                         "the store: please report it with this message (%s).", self.name, told, kind,
-                         str(error)[:300])
+                         "the store: please report it with this message (%s).", self.name, told, kind, cause)
         self.dropped += 1
-        self._ack(entries[0][1])
+        self._ack(end)
         return "dropped"
 
-    def _replay_siblings(self) -> None:
-        """Send the logs other runs left in this folder for the same store, each to its own run."""
-        if self._thread is None or self.for_target is None:
-            return
-        mine = self.wal.state()
+    def _send_siblings(self) -> None:
+        """Send, after this run's own records and at their pace, the logs other runs left in this folder
+        for the same store, each to its own run; stop at this run's close (what is left stays)."""
+        mine = self.wal.target
         for path in find_logs(self.wal.path.parent):
-            theirs = WriteAheadLog(path)
-            state = theirs.state()
-            if (path == self.wal.path or theirs.size() <= int(state.get("acked") or 0)
-                    or any(state.get(key) != mine.get(key)
-                           for key in ("logger", "tracking_uri", "experiment_name"))):
+            theirs = read_target(path)
+            if self._closing or self._abandoned:
+                return
+            if path == self.wal.path or any(theirs.get(key) != mine.get(key)
+                                            for key in ("logger", "tracking_uri", "experiment_name")):
                 continue
             try:
-                sent = replay(path, self.for_target)
-                logger.warning("%s: sent %d entries an earlier training left in %s to run %s.", self.name,
-                               sent.sent, path, sent.run_id)
+                sender = replay(path, self.for_target, stop=lambda: self._closing or self._abandoned,
+                                pace=getattr(self.backend, "send_interval", 0.0))
+            except (RuntimeError, FileNotFoundError):  # another process has it
+                continue
             except Exception as error:  # kept for a later run or a replay
-                logger.warning("%s: could not send what %s holds (%s: %s); %s.", self.name, path,
-                               type(error).__name__, str(error)[:300], replay_hint(path))
+                logger.warning("%s: could not send what %s holds (%s); %s.", self.name, path,
+                               self._explain(error)[0], replay_hint(path))
+                continue
+            if sender.acked >= sender.wal.size:
+                logger.warning("%s: sent %d entries an earlier training left in %s to run %s.", self.name,
+                               sender.sent, path, sender.run_id)
 
 
 def find_logs(folder: Union[str, Path]) -> list[Path]:
-    """The write-ahead logs under ``folder``: every ``*.jsonl`` with a sidecar."""
-    return sorted(file for file in Path(folder).rglob("*.jsonl") if file.with_suffix(".json").is_file())
+    """The write-ahead logs under ``folder``: every ``*.jsonl`` whose first line names a target."""
+    return sorted(file for file in Path(folder).rglob("*.jsonl") if read_target(file))
 
 
-def replay(path: Union[str, Path], for_target: Callable[[dict], Backend]) -> Sender:
+def replay(path: Union[str, Path], for_target: Callable[[dict], Backend],
+           announce: Optional[Callable[[Sender], None]] = None, stop: Optional[Callable[[], bool]] = None,
+           pace: float = 0.0) -> Sender:
     """Send a write-ahead log past its acknowledged offset to its run, remove it; return the `Sender`.
 
     Args:
         path: The log (``<run key>.jsonl``).
-        for_target: Builds the backend its sidecar names (``MLflowBackend.for_target``).
+        for_target: Builds the backend its target names (``MLflowBackend.for_target``).
+        announce: Called with the `Sender` before anything is sent (the CLI prints where it sends).
+            Defaults to None.
+        stop: Called between calls; True stops (the log keeps what is left). Defaults to None.
+        pace: Seconds between calls. Defaults to 0.
 
     Raises:
         RuntimeError: A training (or another replay) holds the log.
+        FileNotFoundError: The log no longer exists.
+        ValueError: The file is not a write-ahead log, or one of another logger.
         Exception: What the store raised (the log is kept).
     """
     wal = WriteAheadLog(path)
-    fd = os.open(wal.path, os.O_RDONLY)
+    wal.open(None, wait=0.0)
+    done = False
     try:
-        if not _lock(fd, 0.0):
-            raise RuntimeError(f"{wal.path} is in use by a running training (or another replay), which "
-                               "sends it")
-        state = wal.state()
-        sender = Sender(wal, for_target(state), state.get("run_key"), state.get("run_id"))
-        if wal.size() > sender.acked:
-            sender.send_to_end()
-        wal.close(delete=True)
+        sender = Sender(wal, for_target(wal.target))
+        if announce is not None:
+            announce(sender)
+        paced = stop if not pace else (lambda: time.sleep(pace) or (stop is not None and stop()))
+        sender.send_to_end(paced)
+        done = sender.acked >= wal.size
     finally:
-        os.close(fd)
+        wal.close(delete=done)
     return sender

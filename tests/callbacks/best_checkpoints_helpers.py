@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from transformers import TrainerCallback
 
 from tests.tiny_models import make_trainer
@@ -83,13 +84,16 @@ def kept_weights(folder: Any) -> tuple[float, float]:
 
 def expected_ranking(scripts: Mapping[str, Mapping[int, float]], specs: Sequence[tuple[str, int, str]],
                      saved: Sequence[int]) -> dict[str, list[int]]:
-    """The ground truth: for each (metric, k, mode), sort the saved steps' finite values (ties by
-    step) and take k."""
+    """The ground truth: for each (metric, k, mode), sort the saved steps' values that rank (ties by
+    step) and take k. A value ranks when numpy's comparison puts it ahead of the worst infinity, as
+    ``load_best_model_at_end``'s first comparison does: NaN and the worst infinity never, the best
+    infinity first."""
     out = {}
     for name, k, mode in specs:
         script = scripts[name]
-        finite = [(script[s], s) for s in saved if s in script and math.isfinite(script[s])]
-        ordered = sorted(finite, key=lambda pair: (pair[0] if mode == "min" else -pair[0], pair[1]))
+        better, worst = (np.less, math.inf) if mode == "min" else (np.greater, -math.inf)
+        ranked = [(script[s], s) for s in saved if s in script and better(script[s], worst)]
+        ordered = sorted(ranked, key=lambda pair: (pair[0] if mode == "min" else -pair[0], pair[1]))
         out[f"eval_{name}"] = [step for _, step in ordered[:k]]
     return out
 
@@ -103,3 +107,16 @@ def tree_snapshot(root: Any) -> dict[str, tuple[int, int, int]]:
             info = os.stat(path)
             snapshot[os.path.relpath(path, root)] = (info.st_size, info.st_mtime_ns, info.st_ino)
     return snapshot
+
+
+def tree_hashes(root: Any) -> dict[str, str]:
+    """Every file under ``root``: the sha256 of its bytes."""
+    import hashlib
+
+    hashes = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as handle:
+                hashes[os.path.relpath(path, root)] = hashlib.sha256(handle.read()).hexdigest()
+    return hashes

@@ -75,13 +75,14 @@ def test_keeps_the_k_best_whatever_rotation_deletes(run):
     assert run.keeper.best_checkpoint == str((run.dir / KEPT / "checkpoint-10").resolve())
 
 
-def test_kept_files_are_hard_links_without_the_resume_only_files(run):
+def test_kept_files_are_copies_without_the_resume_only_files(run):
     kept, original = run.dir / KEPT / "checkpoint-14", run.dir / "checkpoint-14"  # not rotated yet
     names = sorted(os.listdir(kept))
     assert names == ["model.safetensors", "trainer_state.json", "training_args.bin"]
     assert {"optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(os.listdir(original))
-    for name in names:  # no byte copied
-        assert os.path.samefile(kept / name, original / name), name
+    for name in names:  # the same bytes in a file of their own
+        assert not os.path.samefile(kept / name, original / name), name
+        assert (kept / name).read_bytes() == (original / name).read_bytes(), name
 
 
 def test_ranking_reaches_the_trackers_summary_and_the_plot(run):
@@ -163,11 +164,11 @@ def test_several_metrics_each_with_its_own_k_and_mode(tmp_path):
     scripted_run(tmp_path, [keeper], score=SCORE, acc=accuracy, save_total_limit=2).train()
     specs = [("score", 2, "min"), ("acc", 1, "max")]
     expected = expected_ranking({"score": SCORE, "acc": accuracy}, specs, SAVED)
-    assert expected == {"eval_score": [10, 6], "eval_acc": [8]}  # Inf never ranks; the tie keeps step 8
+    assert expected == {"eval_score": [10, 6], "eval_acc": [14]}  # +Inf is the best accuracy
     assert {name: [e.step for e in kept] for name, kept in keeper.ranking.items()} == expected
-    assert kept_steps(tmp_path) == [6, 8, 10]
+    assert kept_steps(tmp_path) == [6, 10, 14]
     ranks = {c["step"]: c["ranks"] for c in manifest(tmp_path)["checkpoints"]}
-    assert ranks == {6: {"eval_score": 2}, 8: {"eval_acc": 1}, 10: {"eval_score": 1}}
+    assert ranks == {6: {"eval_score": 2}, 10: {"eval_score": 1}, 14: {"eval_acc": 1}}
 
 
 def test_plot_marks_the_kept_steps(run):
@@ -282,3 +283,74 @@ def test_two_instances_on_one_folder_are_refused(tmp_path):
                                       KeepBestCheckpoints("eval_loss")], score=SCORE)
     with pytest.raises(ValueError, match="same dirname"):
         trainer.train()
+
+
+# -- agreement with load_best_model_at_end on infinities; when the rest is refused (issue 32, item 6) --
+INF, NAN = math.inf, math.nan
+
+
+@pytest.mark.parametrize(("values", "greater_is_better"), [
+    ({2: 0.5, 4: INF, 6: 0.9, 8: INF}, True),   # +Inf is the best accuracy; a second +Inf ties
+    ({2: -INF, 4: 0.3, 6: 0.2, 8: NAN}, True),  # -Inf and NaN never best
+    ({2: 0.5, 4: -INF, 6: 0.1, 8: NAN}, False),  # -Inf is the best loss
+    ({2: INF, 4: 3.0, 6: INF, 8: 4.0}, False),  # +Inf never best
+], ids=["+inf max", "-inf max", "-inf min", "+inf min"])
+def test_infinities_rank_as_load_best_model_at_end_picks(tmp_path, values, greater_is_better):
+    """Side by side in one real Trainer: our rank 1 is the trainer's best_global_step; the top k is
+    the independent ground truth."""
+    keeper = KeepBestCheckpoints(k=2)  # monitor=None: metric_for_best_model, mode from greater_is_better
+    trainer = scripted_run(tmp_path, [keeper], metric=values, max_steps=8, load_best_model_at_end=True,
+                           metric_for_best_model="metric", greater_is_better=greater_is_better)
+    trainer.train()
+    mode = "max" if greater_is_better else "min"
+    expected = expected_ranking({"metric": values}, [("metric", 2, mode)], sorted(values))["eval_metric"]
+    assert [entry.step for entry in keeper.ranking["eval_metric"]] == expected
+    assert expected[0] == trainer.state.best_global_step
+
+
+@pytest.mark.parametrize("wiring", ["TrainerPlus", "run_before_integrations", "stock Trainer"])
+@pytest.mark.parametrize("monitor", ["score", "eval_score"])
+def test_a_plain_metric_with_a_dict_of_eval_sets_is_refused_before_any_save(tmp_path, wiring, monitor):
+    """A trainer that binds its callbacks (TrainerPlus, run_before_integrations) shows its eval
+    datasets at train begin; a stock Trainer shows callbacks no dataset before it evaluates, so
+    there it is the first evaluation, which comes before the save of its step."""
+    from hf_callbacks_plus.integrations.ordering import run_before_integrations
+    from hf_callbacks_plus.integrations.transformers import TrainerPlus
+    from tests.tiny_models import RegressionDataset
+
+    keeper = KeepBestCheckpoints(monitor, mode="min")
+    trainer = scripted_run(tmp_path, [] if wiring == "run_before_integrations" else [keeper],
+                           trainer_class=TrainerPlus if wiring == "TrainerPlus" else None, score=SCORE)
+    trainer.eval_dataset = {"a": RegressionDataset(8, seed=3), "b": RegressionDataset(8, seed=4)}
+    if wiring == "run_before_integrations":
+        run_before_integrations(trainer, keeper)
+    error = RuntimeError if wiring == "stock Trainer" else ValueError
+    words = "eval_a_score' or 'eval_b_score'" if error is ValueError else "named datasets"
+    with pytest.raises(error, match=words):
+        trainer.train()
+    assert trainer.state.global_step == (2 if wiring == "stock Trainer" else 0)
+    assert checkpoint_steps(tmp_path) == [] and kept_steps(tmp_path) == []
+
+
+def test_resumable_with_save_only_model_is_refused_at_train_begin(tmp_path):
+    keeper = KeepBestCheckpoints("eval_score", mode="min", resumable=True)
+    trainer = scripted_run(tmp_path, [keeper], score=SCORE, save_only_model=True)
+    with pytest.raises(ValueError, match="resumable=True keeps what a resume needs, but args.save_only"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_values_logged_after_the_save_of_their_step_rank_it(tmp_path, caplog):
+    """Evaluation by epoch, saves by steps (strict=False accepts it): the saves at the epochs' last
+    steps (8, and the final step 16) are saved before their evaluation, which ranks them; the
+    saves in between (4, 12) have no value and are told."""
+    keeper = KeepBestCheckpoints("eval_score", k=2, mode="min", strict=False)
+    weights = WeightsAtSave()
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        scripted_run(tmp_path, [weights, keeper], score={8: 2.0, 16: 1.0}, eval_strategy="epoch",
+                     save_steps=4, save_total_limit=1, num_train_epochs=2, max_steps=-1).train()
+    assert [entry.step for entry in keeper.ranking["eval_score"]] == [16, 8]
+    assert kept_steps(tmp_path) == [8, 16]
+    for step in (8, 16):
+        assert kept_weights(tmp_path / KEPT / f"checkpoint-{step}") == weights.weights[step]
+    assert "2 saved checkpoint(s) (steps 4, 12) had no value" in caplog.text

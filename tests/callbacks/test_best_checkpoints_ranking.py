@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,8 +40,12 @@ CASES = {
     "a tie keeps the earlier step": ([(1, at(1.0)), (2, at(2.0)), (3, at(1.0))], [LOSS], [1, 3], [2]),
     "a tie with the k-th keeps the k-th": ([(1, at(1.0)), (2, at(2.0)), (3, at(2.0))], [LOSS], [1, 2], []),
     "NaN never ranks": ([(1, at(NAN)), (2, at(5.0))], [LOSS], [2], []),
-    "-Inf never ranks in min mode": ([(1, at(-INF)), (2, at(5.0))], [LOSS], [2], []),
-    "+Inf never ranks in max mode": ([(1, at(acc=INF)), (2, at(acc=0.1))], [ACC], [2], []),
+    "+Inf ranks first in max mode": ([(1, at(acc=0.5)), (2, at(acc=INF)), (3, at(acc=0.9))], [ACC], [2], [1]),
+    "-Inf ranks first in min mode": ([(1, at(1.0)), (2, at(-INF)), (3, at(0.5))], [LOSS], [2, 3], [1]),
+    "a second +Inf ties with the first": ([(1, at(acc=INF)), (2, at(acc=INF))], [ACC], [1], []),
+    "+Inf never ranks in min mode": ([(1, at(INF)), (2, at(5.0))], [LOSS], [2], []),
+    "-Inf never ranks in max mode": ([(1, at(acc=-INF)), (2, at(acc=0.1))], [TopK("eval_accuracy", 2, "max")],
+                                     [2], []),
     "a step without the metric is not kept": ([(1, at(other=1.0)), (2, at(5.0))], [LOSS], [2], []),
     "kept while any ranking keeps it": ([(1, at(1.0, 0.1)), (2, at(9.0, 0.9)), (3, at(2.0, 0.2))],
                                         [LOSS, ACC], [1, 2, 3], []),
@@ -68,12 +73,16 @@ def test_a_missing_entry_keeps_its_place():
     assert [e.step for e in admission.evicted] == [2]
 
 
-def test_json_round_trip_keeps_non_finite_values_as_nan():
-    entry = Kept(7, {"eval_loss": NAN, "eval_accuracy": 0.5}, epoch=1.5, missing=True)
-    data = entry.to_json()
-    assert data["values"] == {"eval_loss": None, "eval_accuracy": 0.5}
+def test_json_round_trip_is_strict_json_and_keeps_infinities():
+    import json
+
+    entry = Kept(7, {"eval_loss": NAN, "eval_accuracy": 0.5, "eval_f1": INF, "eval_mse": -INF}, epoch=1.5,
+                 missing=True)
+    data = json.loads(json.dumps(entry.to_json(), allow_nan=False))
+    assert data["values"] == {"eval_loss": None, "eval_accuracy": 0.5, "eval_f1": "inf", "eval_mse": "-inf"}
     back = Kept.from_json(data)
     assert math.isnan(back.values["eval_loss"]) and back.values["eval_accuracy"] == 0.5
+    assert (back.values["eval_f1"], back.values["eval_mse"]) == (INF, -INF)
     assert (back.step, back.epoch, back.missing) == (7, 1.5, True)
 
 
@@ -93,12 +102,14 @@ def test_admitting_one_at_a_time_keeps_the_top_k_of_everything(history, k_loss, 
         after = {e.step for e in admission.kept} | {e.step for e in admission.evicted}
         assert {e.step for e in entries} <= after
         entries = admission.kept
-    # the ground truth: sort the whole history (finite values only, ties by step)
+    # the ground truth: sort the whole history, ties by step; a value ranks when it beats the worst
+    # infinity under numpy's comparison, as load_best_model_at_end's first comparison does
     expected = {}
     for spec in specs:
-        finite = [(v[spec.monitor], s) for s, v in enumerate(history, start=1)
-                  if spec.monitor in v and math.isfinite(v[spec.monitor])]
-        ordered = sorted(finite, key=lambda pair: (pair[0] if spec.mode == "min" else -pair[0], pair[1]))
+        better, worst = (np.less, INF) if spec.mode == "min" else (np.greater, -INF)
+        ranked = [(v[spec.monitor], s) for s, v in enumerate(history, start=1)
+                  if spec.monitor in v and better(v[spec.monitor], worst)]
+        ordered = sorted(ranked, key=lambda pair: (pair[0] if spec.mode == "min" else -pair[0], pair[1]))
         expected[spec.monitor] = [step for _, step in ordered[: spec.k]]
     assert {name: [e.step for e in kept] for name, kept in rankings(entries, specs).items()} == expected
     assert sorted(e.step for e in entries) == sorted({s for steps in expected.values() for s in steps})

@@ -21,6 +21,7 @@ from tests.callbacks.best_checkpoints_helpers import (
     kept_weights,
     manifest,
     scripted_run,
+    tree_hashes,
     tree_snapshot,
 )
 
@@ -99,7 +100,7 @@ def test_a_crash_between_the_trainers_save_and_ours_is_completed_on_resume(tmp_p
 
 #: Where the save of step 8 is interrupted: making its kept folder, writing the manifest that lists
 #: it, deleting the folder it evicts (step 6's).
-AT_STEP_8 = {"sync_folder": lambda args: str(args[1]).endswith("checkpoint-8"),
+AT_STEP_8 = {"copy_entries": lambda args: str(args[1]).endswith("checkpoint-8"),
              "write_manifest": lambda args: args[1].get("last_step") == 8,
              "remove_folder": lambda args: args[1] == 6}
 
@@ -143,18 +144,23 @@ def test_a_deleted_kept_checkpoint_is_told_and_keeps_its_place(tmp_path, caplog)
     assert [(c["step"], c["missing"]) for c in manifest(tmp_path)["checkpoints"]] == [(12, True), (16, False)]
 
 
-def test_resuming_from_an_earlier_checkpoint_leaves_at_most_k(tmp_path, caplog):
-    """Lightning #5173: the kept folders of steps after the resumed one belong to the abandoned
-    timeline (and share files the trainer rewrites in place): removed, and told."""
+def test_resuming_from_an_earlier_checkpoint_leaves_at_most_k_and_deletes_none(tmp_path, caplog):
+    """Lightning #5173: the kept folders of steps after the resumed one belong to the line of
+    training the resume leaves: they leave the folder (at most k remain), set aside with their
+    bytes unchanged, and the user is told where."""
     weights = WeightsAtSave()
     scripted_run(tmp_path, [weights, keeper()], score=SCORE).train()
     assert kept_steps(tmp_path) == [8, 12]
+    first = {step: tree_hashes(tmp_path / KEPT / f"checkpoint-{step}") for step in (8, 12)}
     resumed_from = tmp_path / "checkpoint-6"
     files = tree_snapshot(resumed_from)
     kept = keeper()
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         scripted_run(tmp_path, [weights, kept], score=SCORE).train(resume_from_checkpoint=str(resumed_from))
-    assert "removing kept checkpoint-8" in caplog.text and "removing kept checkpoint-12" in caplog.text
+    (aside,) = tmp_path.glob(f"{KEPT}.run-*-step-16")
+    assert f"are set aside, not deleted: in {aside}" in caplog.text and "gone" not in caplog.text
+    assert {step: tree_hashes(aside / f"checkpoint-{step}") for step in (8, 12)} == first
+    assert manifest(tmp_path, aside.name)["ranking"] == {"eval_score": EXPECTED}  # the line set aside
     assert_kept_as_uninterrupted(tmp_path, kept, weights)
     assert tree_snapshot(resumed_from) == files  # never touched
 

@@ -160,17 +160,17 @@ def test_throughput_and_the_monitored_metric_lead_the_line(tmp_path, capsys):
     history = trainer.state.log_history
     lines = [line for line in out.splitlines() if "| eval_mse" in line]
     assert len(lines) == len([r for r in history if "eval_mse" in r]) == 3
-    assert "samples/s" in lines[-1]
+    assert "sequences/s" in lines[-1]
     for line in lines:
         step = int(line.split()[1].split("/")[0])
         record = next(r for r in history if r.get("step") == step and "eval_mse" in r)
-        figures = [r for r in history if "throughput/samples_per_second" in r and r["step"] <= step]
+        figures = [r for r in history if "throughput/sequences_per_second" in r and r["step"] <= step]
         expected = (f"eval_mse {record['eval_mse']:.4g} (subset {record['train_subset_mse']:.4g}, "
                     f"gap {record['gap_mse']:+.4g})")
         assert line.split(" | ")[1].startswith(expected)
         assert "| eval_loss " in line
         if figures:
-            assert line.endswith(f"| {_rate(figures[-1]['throughput/samples_per_second'])} samples/s")
+            assert line.endswith(f"| {_rate(figures[-1]['throughput/sequences_per_second'])} sequences/s")
 
 
 @pytest.mark.parametrize(("callbacks", "args", "expected"), [
@@ -274,6 +274,6 @@ def test_the_lines_shown_in_the_docs_are_what_the_callback_prints():
             logs = {"loss": float(values["loss"]), "learning_rate": float(values["lr"]),
                     "grad_norm": float(values["grad_norm"]),
                     **{f"throughput/{key}": throughput[label] for key, label in
-                       (("samples_per_second", "samples/s"), ("tokens_per_second", "tokens/s"))}}
+                       (("sequences_per_second", "sequences/s"), ("tokens_per_second", "tokens/s"))}}
             rebuilt = summary.format_training(logs, state)
         assert rebuilt == text

@@ -196,3 +196,41 @@ def test_which_losses_shift_their_labels():
     assert not loss_shifts_labels(T5ForConditionalGeneration(T5Config(vocab_size=48, d_model=16, d_ff=32,
                                                                       num_layers=1, num_heads=2, d_kv=8)))
     assert not loss_shifts_labels(torch.nn.Linear(2, 2))
+
+
+def test_measure_is_refused_with_reentrant_checkpointing():
+    """With reentrant activation checkpointing (trl sets it for PEFT under ZeRO-3) the extra pass's
+    ``autograd.grad`` cannot follow the checkpointed layers' backward: torch refuses it (a crash of
+    the training, before) or, when the inputs require gradients (PEFT's
+    ``enable_input_require_grads``), it counts far fewer FLOPs than the same model with
+    non-reentrant checkpointing (which recomputes the forward: more than without). The monitor
+    refuses ``measure`` there at train begin, naming the way out."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
+
+    counts = {}
+    cases = (("none", None), ("non-reentrant", {"use_reentrant": False}),
+             ("reentrant", {"use_reentrant": True}), ("reentrant-input-grads", {"use_reentrant": True}))
+    for name, kwargs in cases:
+        model = llama()
+        if kwargs is not None:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if name == "reentrant-input-grads":
+            model.enable_input_require_grads()
+        try:
+            counts[name] = measure_training_flops(model, batch())
+        except RuntimeError as error:
+            counts[name] = str(error)
+    assert counts["non-reentrant"] > counts["none"]
+    for name in ("reentrant", "reentrant-input-grads"):  # refused by torch, or far too few
+        wrong = counts[name]
+        refused = isinstance(wrong, str) and "incompatible with .grad()" in wrong
+        assert refused or wrong < counts["none"], name
+    args = TrainingArguments("unused", use_cpu=True, report_to="none")
+    monitor = ThroughputMonitor(flops_per_token="measure")
+    with pytest.raises(ValueError, match="reentrant activation checkpointing.*use_reentrant=False"):
+        monitor.on_train_begin(args, TrainerState(), TrainerControl(), model=model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    monitor.on_train_begin(args, TrainerState(), TrainerControl(), model=model)  # accepted
+    monitor.on_train_end(args, TrainerState(), TrainerControl())

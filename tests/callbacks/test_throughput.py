@@ -2,8 +2,10 @@
 
 The counts are checked exactly against the batches the collator built (counted by hand in
 ``throughput_helpers.Counts``) and against transformers' own ``num_input_tokens_seen``; the
-window times, what is left out of them (evaluation, saving, logging, warm-up) and the MFU
-formula are checked exactly on a simulated clock (the one thing faked; see throughput_helpers).
+window times (data loading in, evaluation, saving, logging and warm-up out) and the MFU formula
+are checked exactly on a simulated clock (the one thing faked; see throughput_helpers); the
+matrix of trainers and schedules is in test_throughput_windows.py, the wall-clock ground truth
+in test_throughput_wall_clock.py.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from hf_callbacks_plus.callbacks.throughput import ThroughputMonitor
 from hf_callbacks_plus.callbacks.throughput.flops import measure_training_flops, training_flops
 from tests.callbacks.throughput_helpers import (
     EVAL_FORWARD,
-    LOG,
-    SAVE,
+    LOAD,
     TRAIN_FORWARD,
     RecordingCollator,
     SimulatedClock,
     assert_counts,
+    assert_window_seconds,
     classifier_rows,
     clock_callback,
     drive_clock,
@@ -35,7 +37,7 @@ from tests.callbacks.throughput_helpers import (
     tiny_llama,
     window_counts,
 )
-from tests.tiny_models import TinyClassifier, classification_rows, training_args
+from tests.tiny_models import training_args
 
 pytestmark = pytest.mark.transformers
 
@@ -43,10 +45,10 @@ PEAK = 3e9  # FLOP/s of "one device", for the MFU
 
 
 def build(tmp_path, *, kind="lm", mask=True, accumulation=1, rows=35, epochs=2, callbacks=(),
-          trainer_class=None, model=None, compute_metrics=None, **overrides):
+          trainer_class=None, model=None, compute_metrics=None, clock=None, **overrides):
     from transformers import Trainer
 
-    collator = RecordingCollator(mask=mask)
+    collator = RecordingCollator(mask=mask, clock=clock)
     make_rows = lm_rows if kind == "lm" else classifier_rows
     values = {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 4,
               "gradient_accumulation_steps": accumulation, "num_train_epochs": epochs, "logging_steps": 2,
@@ -61,6 +63,8 @@ def build(tmp_path, *, kind="lm", mask=True, accumulation=1, rows=35, epochs=2, 
         callbacks=list(callbacks),
         compute_metrics=compute_metrics,
     )
+    if clock is not None:
+        clock.follow(trainer)
     return trainer, collator
 
 
@@ -78,11 +82,13 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_counts_seconds_and_mfu_by_hand(case, tmp_path, monkeypatch):
+    """Every batch takes LOAD seconds to build (a slow data loader): the windows count it, and
+    leave out only the logging, evaluation and save work."""
     setup = CASES[case]
     clock = SimulatedClock()
     monkeypatch.setattr(throughput, "time", clock)
     monitor = ThroughputMonitor(peak_flops=PEAK)
-    trainer, collator = build(tmp_path, **setup, callbacks=[monitor, clock_callback(clock)],
+    trainer, collator = build(tmp_path, **setup, callbacks=[monitor, clock_callback(clock)], clock=clock,
                               eval_strategy="steps", eval_steps=3, save_strategy="steps", save_steps=5)
     run_before_integrations(trainer)  # our on_pre_log: the figures are fixed before any on_log
     drive_clock(clock, trainer.model)
@@ -92,11 +98,8 @@ def test_counts_seconds_and_mfu_by_hand(case, tmp_path, monkeypatch):
     batches_per_epoch = math.ceil(35 / 4)
     steps = step_of_batches(batches_per_epoch, accumulation, epochs=2)
     assert len(collator.batches) == len(steps)  # every batch built was trained on, once
-    last_step = trainer.state.global_step
-    evaluations = [s for s in range(1, last_step + 1) if s % 3 == 0 or s == last_step]
-    saves = [s for s in range(1, last_step + 1) if s % 5 == 0 or s == last_step]
-    eval_forwards = math.ceil(6 / 4)
     flops = training_flops(trainer.model)
+    assert sum(seconds for what, seconds, _ in clock.trace if what == "load") == LOAD * len(steps)
 
     records = throughput_records(trainer.state.log_history)
     logged = [r["step"] for r in trainer.state.log_history if "loss" in r]
@@ -107,14 +110,12 @@ def test_counts_seconds_and_mfu_by_hand(case, tmp_path, monkeypatch):
         expected = window_counts(collator.batches, steps, start, end, shifts)
         assert record["throughput/window_steps"] == end - start
         assert_counts(record, expected, tokens=True, loss=True)
-        # the window is the training work only...
-        assert record["throughput/window_seconds"] == expected.micro_batches * TRAIN_FORWARD
-        # ...and left out: the logging of the previous window's record and the evaluations and
-        # saves from the start of the window up to (not including) its last step
-        left_out = (LOG if start in logged and start > 1 else 0.0) + sum(
-            eval_forwards * EVAL_FORWARD + LOG for s in evaluations if start <= s < end
-        ) + sum(SAVE for s in saves if start <= s < end)
-        assert record["throughput/left_out_seconds"] == pytest.approx(left_out)
+        # the window is the training work and the data loading; left out: the logging of the
+        # previous window's record and the evaluations and saves from the start of the window
+        # up to (not including) its last step, each under its own key
+        assert_window_seconds(record, clock.trace, start)
+        loads = record["throughput/window_seconds"] - expected.micro_batches * TRAIN_FORWARD
+        assert loads > 0 and loads % LOAD == 0  # batches built (the loader works one batch ahead)
         seconds = record["throughput/window_seconds"]
         model_flops = (flops.per_token * expected.non_padding_tokens
                        + flops.per_squared_length * expected.squared_lengths)
@@ -122,6 +123,7 @@ def test_counts_seconds_and_mfu_by_hand(case, tmp_path, monkeypatch):
         assert record["throughput/mfu"] == pytest.approx(model_flops / seconds / PEAK, rel=1e-12)
         assert record["throughput/device/tokens_per_second"] == record["throughput/tokens_per_second"]
         start = end
+    assert trainer.callback_handler.callbacks[-1] is monitor  # it runs last from train begin on
     assert not trainer.model._forward_pre_hooks or all(
         getattr(h, "__self__", None) is not monitor for h in trainer.model._forward_pre_hooks.values()
     )
@@ -131,14 +133,17 @@ def test_warmup_zero_leaves_an_evaluation_on_start_out(tmp_path, monkeypatch):
     clock = SimulatedClock()
     monkeypatch.setattr(throughput, "time", clock)
     trainer, collator = build(tmp_path, rows=16, epochs=1, callbacks=[ThroughputMonitor(warmup_steps=0)],
-                              eval_strategy="steps", eval_steps=100, eval_on_start=True)
+                              clock=clock, eval_strategy="steps", eval_steps=100, eval_on_start=True)
     run_before_integrations(trainer)
     drive_clock(clock, trainer.model)
     trainer.train()
     first = throughput_records(trainer.state.log_history)[0]
     assert first["step"] == 2 and first["throughput/window_steps"] == 2
-    assert first["throughput/window_seconds"] == 2 * TRAIN_FORWARD
-    assert first["throughput/left_out_seconds"] == math.ceil(6 / 4) * EVAL_FORWARD  # the evaluation on start
+    # steps 1-2 and their batches (the loader builds one ahead: batches 0, 1 and 2)
+    assert first["throughput/window_seconds"] == 2 * TRAIN_FORWARD + 3 * LOAD
+    assert_window_seconds(first, clock.trace, 0)
+    evaluation = math.ceil(6 / 4) * (EVAL_FORWARD + LOAD)  # the evaluation on start, its batches built
+    assert first["throughput/evaluation_seconds"] == first["throughput/left_out_seconds"] == evaluation
     steps = step_of_batches(4, 1, 1)
     assert_counts(first, window_counts(collator.batches, steps, 0, 2, shifts=True))
 
@@ -212,20 +217,6 @@ def test_resume_counts_only_the_steps_of_this_run(tmp_path):
         assert_counts(record, window_counts(collator.batches, steps, step - 2, step, shifts=True))
 
 
-def test_a_model_without_token_inputs_logs_samples_only(tmp_path):
-    from transformers import Trainer
-
-    trainer = Trainer(model=TinyClassifier(), args=training_args(tmp_path, max_steps=6, logging_steps=2),
-                      train_dataset=classification_rows(40), callbacks=[ThroughputMonitor(peak_flops=PEAK)])
-    run_before_integrations(trainer)
-    trainer.train()
-    for record in throughput_records(trainer.state.log_history):
-        rows, seconds = 8 * record["throughput/window_steps"], record["throughput/window_seconds"]
-        assert record["throughput/samples_per_second"] * seconds == pytest.approx(rows)
-        assert record["throughput/loss_tokens_per_second"] * seconds == pytest.approx(rows)
-        assert not any(k in record for k in ("throughput/tokens_per_second", "throughput/mfu"))
-
-
 def test_measured_flops_leave_training_unchanged(tmp_path):
     """flops_per_token="measure" runs one extra forward and backward on the first micro-batch: the
     training (with dropout, so the random state matters) is the same as without the monitor."""
@@ -297,10 +288,13 @@ def test_lightweight_trainer_counts_the_forward_passes_of_its_train_step(tmp_pat
         assert_counts(record, window_counts(collator.batches * 2, steps, first, record["step"], shifts=True))
 
 
-def test_an_evaluation_asked_for_after_the_monitor_is_left_out_by_its_runtime(tmp_path):
-    """A callback after the monitor asks for an evaluation at a step that does not log: the
-    step's end could not announce it, so its ``eval_runtime`` is left out (the evaluation is made
-    slow, 0.3 s, by its compute_metrics: a fault injected to make it measurable)."""
+@pytest.mark.parametrize("bound", [False, True])
+def test_an_evaluation_asked_for_by_a_callback_after_the_monitor_is_left_out(bound, tmp_path):
+    """A callback listed after the monitor asks for an evaluation at a step that does not log. In
+    a stock Trainer (not bound) the step's end could not announce it: it is left out from that
+    step's end, unsynchronised; bound (run_before_integrations), the monitor runs last and sees
+    the request. The evaluation is made slow, 0.3 s, by its compute_metrics (a fault injected to
+    make it measurable)."""
     import time
 
     from transformers import TrainerCallback
@@ -314,11 +308,14 @@ def test_an_evaluation_asked_for_after_the_monitor_is_left_out_by_its_runtime(tm
         time.sleep(0.3)
         return {}
 
-    trainer, _ = build(tmp_path, rows=24, epochs=1, callbacks=[ThroughputMonitor(), EvaluateAtStep3()],
+    monitor = ThroughputMonitor()
+    trainer, _ = build(tmp_path, rows=24, epochs=1, callbacks=[monitor, EvaluateAtStep3()],
                        compute_metrics=slow_metrics)
-    run_before_integrations(trainer)
+    if bound:
+        run_before_integrations(trainer)
     trainer.train()
+    assert (trainer.callback_handler.callbacks[-1] is monitor) == bound
     evaluation = next(r for r in trainer.state.log_history if "eval_runtime" in r)
     assert evaluation["step"] == 3 and evaluation["eval_runtime"] >= 0.3
     window = next(r for r in throughput_records(trainer.state.log_history) if r["step"] == 4)
-    assert window["throughput/left_out_seconds"] >= evaluation["eval_runtime"]
+    assert window["throughput/evaluation_seconds"] >= evaluation["eval_runtime"]

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = [pytest.mark.transformers]
 STEPS, ACCUMULATION = 6, 2
-COUNTED = ("samples", "tokens", "non_padding_tokens", "loss_tokens")
+COUNTED = ("sequences", "tokens", "non_padding_tokens", "loss_tokens")
 
 
 def throughput_two_ranks(out: Path) -> None:
@@ -76,7 +76,7 @@ def test_two_ranks_sum_their_counts_once_per_window(distributed_outcome):
     for index, (step, steps) in enumerate(windows):
         expected = {name: sum(o["per_step"][s][name] for o in outcomes for s in range(step - steps, step))
                     for name in COUNTED}
-        assert sum(o["per_step"][step - 1]["samples"] for o in outcomes) == 2 * ACCUMULATION * 4
+        assert sum(o["per_step"][step - 1]["sequences"] for o in outcomes) == 2 * ACCUMULATION * 4
         for outcome in outcomes:  # the same totals on both ranks; the seconds are each rank's own
             record = records(outcome)[index]
             seconds = record["throughput/window_seconds"]

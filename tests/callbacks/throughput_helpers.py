@@ -4,8 +4,11 @@ expected counts of a window counted by hand from those batches, and a simulated 
 
 The simulated clock replaces ``time`` in ``hf_callbacks_plus.callbacks.throughput`` (the one
 thing faked: wall time is not reproducible on a shared machine). The test advances it by known
-amounts where the work happens (a training forward pass, an evaluation forward pass, a save, a
-log), so the windows' seconds and what is left out of them are known exactly.
+amounts where the work happens (building a batch in the data loader, a training forward pass, an
+evaluation forward pass, a save, a log), each entry tagged with the trainer's ``global_step`` at
+that moment, so the windows' seconds and what is left out of them follow from the trace alone
+(`expected_window`): the work done while ``global_step`` is ``g`` belongs to the window that ends
+at the first logging step after ``g``.
 """
 
 from __future__ import annotations
@@ -63,13 +66,17 @@ class RecordingCollator:
     """Pads a list of rows to the longest (``input_ids`` with 0, ``attention_mask`` 0 there,
     ``labels`` with -100) or, with ``mask=False``, truncates them to the shortest (no padding);
     keeps a copy of every training batch it builds, in order (the Trainer collates its
-    evaluation batches with it too: those rows say ``split="eval"``)."""
+    evaluation batches with it too: those rows say ``split="eval"``). With a ``clock``, building
+    a batch takes `LOAD` simulated seconds (a slow data loader)."""
 
-    def __init__(self, mask: bool = True) -> None:
+    def __init__(self, mask: bool = True, clock: Any = None) -> None:
         self.mask = mask
+        self.clock = clock
         self.batches: list[dict[str, torch.Tensor]] = []
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        if self.clock is not None:
+            self.clock.advance(LOAD, "load" if rows[0].get("split", "train") == "train" else "eval-load")
         lengths = [len(row["input_ids"]) for row in rows]
         width = max(lengths) if self.mask else min(lengths)
         ids = torch.zeros(len(rows), width, dtype=torch.long)
@@ -96,7 +103,7 @@ class RecordingCollator:
 class Counts:
     """A window's counts by hand."""
 
-    samples: int = 0
+    sequences: int = 0
     tokens: int = 0
     non_padding_tokens: int = 0
     loss_tokens: int = 0
@@ -106,7 +113,7 @@ class Counts:
     def add(self, batch: dict[str, torch.Tensor], shifts: bool) -> None:
         ids = batch["input_ids"]
         self.micro_batches += 1
-        self.samples += ids.shape[0]
+        self.sequences += ids.shape[0]
         self.tokens += ids.numel()
         mask = batch.get("attention_mask", torch.ones_like(ids))
         lengths = [int(row.sum()) for row in mask]
@@ -137,21 +144,33 @@ def window_counts(batches: list[dict], steps: list[int], first: int, last: int, 
 
 @dataclass
 class SimulatedClock:
-    """A ``time`` stand-in whose ``perf_counter`` the test advances (module docstring)."""
+    """A ``time`` stand-in whose ``perf_counter`` the test advances (module docstring).
+
+    ``step`` reads the trainer's ``global_step`` (set once the trainer exists)."""
 
     now: float = 1000.0
-    trace: list[tuple[str, float]] = field(default_factory=list)
+    trace: list[tuple[str, float, int]] = field(default_factory=list)
+    step: Any = None
 
     def perf_counter(self) -> float:
         return self.now
 
     def advance(self, seconds: float, what: str) -> None:
         self.now += seconds
-        self.trace.append((what, seconds))
+        self.trace.append((what, seconds, int(self.step()) if self.step is not None else 0))
+
+    def follow(self, trainer: Any) -> None:
+        """Tag the work with ``trainer.state.global_step`` (the Trainer replaces its state in
+        ``train()``: read through the trainer)."""
+        self.step = lambda: trainer.state.global_step
 
 
-#: Simulated seconds of each kind of work.
-TRAIN_FORWARD, EVAL_FORWARD, SAVE, LOG = 1.0, 100.0, 1000.0, 10.0
+#: Simulated seconds of each kind of work: building a batch, a training forward pass, an
+#: evaluation forward pass, a save, a log.
+LOAD, TRAIN_FORWARD, EVAL_FORWARD, SAVE, LOG = 0.5, 1.0, 100.0, 1000.0, 10.0
+#: What each tag of the trace is: training, or one of the monitor's left-out kinds.
+KIND_OF = {"load": "training", "train": "training", "log": "logging", "eval": "evaluation",
+           "eval-load": "evaluation", "eval-log": "evaluation", "save": "save"}
 
 
 def drive_clock(clock: SimulatedClock, model: Any) -> Any:
@@ -168,7 +187,8 @@ def drive_clock(clock: SimulatedClock, model: Any) -> Any:
 
 
 def clock_callback(clock: SimulatedClock) -> Any:
-    """A callback that advances ``clock`` by `SAVE` at each save and `LOG` at each log."""
+    """A callback that advances ``clock`` by `SAVE` at each save and `LOG` at each log (a
+    logger's own work: ``log`` for a training record, ``eval-log`` for an evaluation's)."""
     from transformers import TrainerCallback
 
     class ClockWork(TrainerCallback):
@@ -176,9 +196,32 @@ def clock_callback(clock: SimulatedClock) -> Any:
             clock.advance(SAVE, "save")
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-            clock.advance(LOG, "log")
+            clock.advance(LOG, "log" if "loss" in (logs or {}) else "eval-log")
 
     return ClockWork()
+
+
+def expected_window(trace: list[tuple[str, float, int]], first: int, last: int) -> dict[str, float]:
+    """Seconds of training and of each left-out kind in the window of steps ``first + 1 .. last``:
+    the work done while ``global_step`` was ``first .. last - 1`` (the point after step
+    ``first`` and the data fetch of step ``first + 1`` on, up to the end of step ``last``)."""
+    seconds = {"training": 0.0, "logging": 0.0, "evaluation": 0.0, "save": 0.0}
+    for what, amount, step in trace:
+        if first <= step < last:
+            seconds[KIND_OF[what]] += amount
+    return seconds
+
+
+def assert_window_seconds(record: dict, trace: list[tuple[str, float, int]], first: int) -> None:
+    """The record's window and left-out seconds are those of the trace (`expected_window`)."""
+    import pytest
+
+    expected = expected_window(trace, first, record["step"])
+    assert record["throughput/window_seconds"] == pytest.approx(expected["training"]), record
+    for kind in ("logging", "evaluation", "save"):
+        assert record[f"throughput/{kind}_seconds"] == pytest.approx(expected[kind]), (kind, record)
+    assert record["throughput/left_out_seconds"] == pytest.approx(
+        expected["logging"] + expected["evaluation"] + expected["save"])
 
 
 def throughput_records(history: list[dict]) -> list[dict]:
@@ -193,7 +236,9 @@ def assert_counts(record: dict, expected: Counts, *, tokens: bool = True, loss: 
     def count(name: str) -> float:
         return record[f"throughput/{name}_per_second"] * seconds
 
-    assert count("samples") == _approx(expected.samples)
+    assert count("sequences") == _approx(expected.sequences)
+    # samples_per_second: the 0.2 name of the same figure
+    assert record["throughput/samples_per_second"] == record["throughput/sequences_per_second"]
     if tokens:
         assert count("tokens") == _approx(expected.tokens)
         assert count("non_padding_tokens") == _approx(expected.non_padding_tokens)

@@ -28,7 +28,7 @@ def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path, 
     # the console: one line per evaluation (ConsoleSummary), no dict of the record
     assert re.search(r"^step 9/\d+ \(epoch [\d.]+\) \| eval_loss \S+ \(subset \S+, gap [-+]\S+\) "
                      r"best \S+ @ 3 wait 2/2 \| eval_accuracy \S+ \(subset \S+, gap [-+]\S+\) \| "
-                     r"\S+ samples/s, \S+ tokens/s$", out, re.M), out
+                     r"\S+ sequences/s, \S+ tokens/s$", out, re.M), out
     assert "{'eval_loss'" not in out and "{'loss'" not in out
 
     run_dir = tmp_path / "demo"

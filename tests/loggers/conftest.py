@@ -82,12 +82,15 @@ class MlflowServer:
 
 class TcpProxy:
     """Forwards 127.0.0.1:``port`` to the server. `cut` closes every connection and the listening
-    socket (the server unreachable: connections refused); `restore` listens again on the same port."""
+    socket (the server unreachable: connections refused); `restore` listens again on the same port.
+    ``lose_answers[marker] = n``: the answers to the next ``n`` requests whose first bytes hold
+    ``marker`` never come back (fault injection: the server did the work, then the connection died)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
+        self.lose_answers: dict[bytes, int] = {}
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -131,12 +134,22 @@ class TcpProxy:
                     upstream.close()
                     return
                 self._open.update((client, upstream))
+            lose = threading.Event()  # set by the request side, read by the answer side
             for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+                threading.Thread(target=self._pump, args=(source, target, lose, source is client),
+                                 daemon=True).start()
 
-    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+    def _pump(self, source: socket.socket, target: socket.socket, lose: threading.Event,
+              requests: bool) -> None:
         try:
             while data := source.recv(65536):
+                with self._lock:
+                    marker = next((m for m, n in self.lose_answers.items() if n and m in data[:300]), None)
+                    if requests and marker is not None:
+                        self.lose_answers[marker] -= 1
+                        lose.set()
+                if not requests and lose.is_set():
+                    break  # the answer is dropped with the connection
                 target.sendall(data)
         except OSError:
             pass

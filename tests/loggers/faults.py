@@ -86,9 +86,10 @@ class FailingInitWandb(SlowInitWandb):
 
 
 def train_in_loop(out: Any, callbacks: list, steps: int, fail_at: Optional[int] = None,
-                  save_steps: Optional[int] = None) -> Any:
+                  save_steps: Optional[int] = None, resume_from: Optional[str] = None) -> Any:
     """``steps`` logged steps of `LightweightTrainer` (loss ``1/step``); the user's step raises
-    ``RuntimeError`` at step ``fail_at``; a checkpoint every ``save_steps`` steps if given."""
+    ``RuntimeError`` at step ``fail_at``; a checkpoint every ``save_steps`` steps if given; resumed from
+    the checkpoint ``resume_from`` if given."""
     from hf_callbacks_plus.loop.arguments import LoopArguments
     from hf_callbacks_plus.loop.trainer import LightweightTrainer
 
@@ -103,4 +104,42 @@ def train_in_loop(out: Any, callbacks: list, steps: int, fail_at: Optional[int] 
         return 1.0 / calls["n"]
 
     return LightweightTrainer(args, train_step=step, train_data=[[1.0]] * steps, callbacks=callbacks,
-                              learning_rate_fn=lambda: 0.1).train()
+                              learning_rate_fn=lambda: 0.1).train(resume_from_checkpoint=resume_from)
+
+
+class RefusingHttpServer:
+    """Fault injection: a real HTTP server on 127.0.0.1 answering every request with ``status`` and the
+    body of MLflow's authentication app (an MLflow server behind authentication, given no or wrong
+    credentials: 401, or credentials without the permission: 403). Addressed with ``https://`` it is a
+    server that does not speak TLS."""
+
+    def __init__(self, status: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        body = {401: b"You are not authenticated. Please see https://www.mlflow.org/docs/latest/auth/index.html"
+                     b"#authenticating-to-mlflow on how to authenticate.",
+                403: b"Permission denied"}.get(status, b"")
+
+        class Handler(BaseHTTPRequestHandler):
+            def answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(status)
+                if status == 401:
+                    self.send_header("WWW-Authenticate", 'Basic realm="mlflow"')
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = answer
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -18,6 +18,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
@@ -94,14 +95,13 @@ def test_memory_is_bounded_while_a_call_hangs_after_it_returns_and_on_reload(tmp
     assert len(in_a_call) == 1 and in_a_call[0] < BOUND, in_a_call  # once it returned: catching up
     assert [m.step for m in client.get_metric_history(logger.run_id, "train/m7")] == list(range(1, STEPS + 6))
 
-    # the store never answers within the close deadline; the next training in this output_dir reads
-    # the backlog back and sends it to its run
+    # the store never answers within the close deadline; a replay reads the backlog back and sends it
     stuck = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.5)
     stuck.backend = FaultInjectingBackend(stuck.backend, gated=("log",))
     train(tmp_path / "b", [Metrics(), stuck], STEPS)
     stuck.backend.gate.set()
     in_a_call.clear()
     tracemalloc.start(6)
-    train(tmp_path / "b", [MLflowLogger(tracking_uri=sqlite_uri, log_params=False)], 2)
+    assert cli(["replay", str(tmp_path / "b" / ".mlflow_wal")]) == 0
     assert in_a_call and in_a_call[0] < BOUND, in_a_call
     assert [m.step for m in client.get_metric_history(stuck.run_id, "train/m7")] == list(range(1, STEPS + 1))

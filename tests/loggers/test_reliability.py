@@ -32,11 +32,17 @@ train = train_in_loop
 
 def in_log(logger) -> list[dict]:
     """The entries a logger's write-ahead log holds past its acknowledged offset."""
-    path = logger.wal_path
-    acked = json.loads(path.with_suffix(".json").read_text())["acked"]
-    with open(path, "rb") as handle:
-        handle.seek(acked)
-        return [json.loads(line) for line in handle]
+    from hf_callbacks_plus.loggers.wal import WriteAheadLog
+
+    wal, found = WriteAheadLog(logger.wal_path), []
+    wal.inspect()
+    offset = wal.recover()[0]
+    while True:
+        entries, offset = wal.read(offset, 10**6, 10**6)
+        if not entries:
+            wal.close()
+            return found
+        found += entries
 
 
 def loss_steps(client, run_id):

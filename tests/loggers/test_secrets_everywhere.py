@@ -101,7 +101,7 @@ def test_no_planted_secret_in_any_file_or_console_line(tmp_path: Path, monkeypat
     (wandb_run,) = runs(wandb_root)
     assert wandb_run.config["run_name"] == "exp http://ru:***@host/x"
     assert [key for key in run.data.metrics if key.startswith("train/score_")] == ["train/score____"]
-    (kept,) = (tmp_path / "wal").glob("*.json")  # the dead store's records wait in its log
+    (kept,) = (tmp_path / "wal").glob("*.jsonl")  # the dead store's records wait in its log
     assert "mluser:***@127.0.0.1" in kept.read_text()
     assert list((out / "runs" / tensorboard.run_id).glob("events.out.tfevents.*"))
     checkpoints = sorted(out.glob("checkpoint-*/trainer_state.json"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import Counter
 
@@ -104,25 +105,33 @@ def test_a_store_down_until_the_end_keeps_everything_and_replay_sends_it_once(tm
     A kill between the store's answer and the acknowledgment (the backup copy below, sent again)
     sends nothing twice: MLflow keeps a resent point (same timestamp) once."""
     logger = MLflowLogger(tracking_uri=sqlite_uri, flush_timeout=0.3, backoff=(0.01, 0.05))
-    logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "log_config", "finish"))
+    faulty = logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "log_config", "finish"))
+    met = []
+
+    def outage_met():  # a gate: the sender has opened the run and met the outage
+        end = time.monotonic() + 60
+        while not faulty.calls.get("log_config") and time.monotonic() < end:
+            time.sleep(0.01)
+        met.append(time.monotonic())
+
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"), pytest.raises(RuntimeError):
-        start = time.monotonic()
-        train(tmp_path, [logger], 12, fail_at=9)
-    assert time.monotonic() - start < 5.0
+        train(tmp_path, [AtStep(3, outage_met), logger], 12, fail_at=9)
+    assert time.monotonic() - met[0] < 5.0
     wal = tmp_path / ".mlflow_wal" / f"{logger.run_key}.jsonl"
     (warning,) = [r.getMessage() for r in caplog.records if "not delivered" in r.getMessage()]
-    assert "8 record(s)" in warning and "unreachable" in warning
+    assert "8 log record(s) (24 points, steps 1-8), the params and the final status FAILED" in warning
+    assert "unreachable" in warning
     assert f"hf-callbacks-plus replay {wal}" in warning
     client = MlflowClient(sqlite_uri)
     assert client.get_run(logger.run_id).info.status == "RUNNING"
-    backup = {path: path.read_bytes() for path in (wal, wal.with_suffix(".json"))}
+    backup = {wal: wal.read_bytes()}
 
     assert cli(["replay", str(wal.parent), "--dry-run"]) == 0 and wal.exists()
     assert cli(["replay", str(wal.parent)]) == 0
     run = client.get_run(logger.run_id)
     assert run.info.status == "FAILED" and run.data.params["max_steps"] == "12"
     assert loss_steps(client, logger.run_id) == list(range(1, 9))
-    assert not wal.exists() and not wal.with_suffix(".json").exists()  # sent to its end: removed
+    assert not wal.exists()  # sent to its end: removed
     for path, data in backup.items():
         path.write_bytes(data)
     assert cli(["replay", str(wal)]) == 0
@@ -131,12 +140,20 @@ def test_a_store_down_until_the_end_keeps_everything_and_replay_sends_it_once(tm
 
 
 def test_the_next_training_sends_what_an_earlier_one_left_to_its_run(tmp_path, sqlite_uri, caplog):
+    """In the background, after its own records: the second training waits (a gate) until it is done."""
     first = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.2, backoff=(0.01, 0.05))
     first.backend = FaultInjectingBackend(first.backend, failing=("log", "finish"))
     train(tmp_path, [first], 6)
+    left = first.wal_path
     second = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+
+    def earlier_log_sent():
+        end = time.monotonic() + 60
+        while left.exists() and time.monotonic() < end:
+            time.sleep(0.02)
+
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        train(tmp_path, [second], 3)
+        train(tmp_path, [AtStep(2, earlier_log_sent), second], 3)
     client = MlflowClient(sqlite_uri)
     assert first.run_id != second.run_id
     assert loss_steps(client, first.run_id) == list(range(1, 7))
@@ -162,20 +179,19 @@ def test_replay_leaves_alone_a_log_a_training_holds(tmp_path, sqlite_uri, capsys
     assert list((tmp_path / ".mlflow_wal").iterdir()) == []  # no lock file left either
 
 
-def test_a_caught_up_log_is_emptied_and_nothing_is_lost(tmp_path, sqlite_uri, monkeypatch):
-    monkeypatch.setattr(wal_module, "COMPACT_BYTES", 2_000)
+def test_a_caught_up_log_is_emptied_and_nothing_is_lost(tmp_path, sqlite_uri):
+    """Each time the sender has caught up, the file is emptied down to its first line (and a line naming
+    the run): it holds what the store has not acknowledged, not what it has."""
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
     sizes = []
 
     def catch_up():
         assert logger.flush(20)
-        end = time.monotonic() + 20
-        while logger.wal_path.stat().st_size and time.monotonic() < end:
-            time.sleep(0.02)
         sizes.append(logger.wal_path.stat().st_size)
 
     train(tmp_path, [AtStep(60, catch_up), logger], 80, metrics=5)
-    assert sizes == [0]
+    assert sizes[0] < 500, sizes  # the target line and a `sent` line
+    assert not logger.wal_path.exists()  # everything delivered at the close: removed
     client = MlflowClient(sqlite_uri)
     assert loss_steps(client, logger.run_id) == list(range(1, 81))
     assert max(points(client, logger.run_id).values()) == 1
@@ -186,16 +202,38 @@ def test_a_half_written_line_is_dropped_when_the_log_is_reopened(tmp_path):
     wal.open({"logger": "MLflowLogger", "run_key": "key"}, wait=0)
     wal.append({"kind": "log", "step": 1, "time": 0, "metrics": {"a": 1.0}, "summary": {}})
     wal.close()
-    whole = wal.path.stat().st_size
     with open(wal.path, "ab") as handle:  # what a SIGKILL in the middle of a write leaves
         handle.write(b'{"kind": "log", "step": 2, "ti')
     reopened = WriteAheadLog(wal.path)
     reopened.open({}, wait=0)
     reopened.append({"kind": "log", "step": 3, "time": 0, "metrics": {"a": 3.0}, "summary": {}})
+    entries, end = reopened.read(0, 1000, 100)
     reopened.close()
-    entries, _ = reopened.read(0, 1000, 100)
-    assert [entry["step"] for entry, _ in entries] == [1, 3]
-    assert entries[0][1] == whole
+    assert [entry["step"] for entry in entries] == [1, 3] and end == wal.path.stat().st_size
+    kinds = [json.loads(line)["kind"] for line in wal.path.read_text().splitlines()]
+    assert kinds == ["target", "log", "log"]
+
+
+def test_a_log_deleted_by_its_holder_is_never_written_by_the_one_that_waited(tmp_path, monkeypatch):
+    """The holder removes the log and lets go while another opener waits for the lock: the waiter then
+    holds and writes the file the path names. (With two processes: test_wal_faults.py.)"""
+    from tests.loggers.test_wal_faults import FlockSpy
+
+    target = {"logger": "MLflowLogger", "run_key": "key"}
+    holder, waiter, waiting = WriteAheadLog(tmp_path / "key.jsonl"), WriteAheadLog(tmp_path / "key.jsonl"), []
+    holder.open(target, wait=0)
+    monkeypatch.setattr(wal_module, "fcntl", FlockSpy(on_held=lambda: waiting.append(1)))
+    opening = threading.Thread(target=waiter.open, args=(target, 30.0))
+    opening.start()
+    end = time.monotonic() + 30
+    while not waiting and time.monotonic() < end:
+        time.sleep(0.01)
+    holder.close(delete=True)
+    opening.join(30)
+    waiter.append({"kind": "log", "step": 1, "time": 0, "metrics": {"a": 1.0}, "summary": {}})
+    waiter.close()
+    assert waiting and [json.loads(line)["kind"] for line in holder.path.read_text().splitlines()] == [
+        "target", "log"]
 
 
 def test_small_records_go_about_once_a_second_a_full_batch_at_once(tmp_path, sqlite_uri):
@@ -261,8 +299,9 @@ def test_replay_lists_then_sends_a_log_and_removes_it(tmp_path, sqlite_uri, caps
     capsys.readouterr()
     assert cli(["replay", str(path), "--dry-run"]) == 0 and path.exists()
     listed = capsys.readouterr().out
-    assert f"would send {path}: run {logger.run_id}, 5 log record(s)" in listed
-    assert "steps 1-4, final status FINISHED" in listed
+    assert f"would send {path}: run {logger.run_id}, 5 log record(s) (" in listed
+    assert "steps 1-4) and the final status FINISHED to the store at " in listed
+    assert f"experiment Default, run {logger.run_id}" in listed
     sender = replay(path, MLflowBackend.for_target)
     assert sender.run_id == logger.run_id and sender.sent == 6 and not path.exists()
 

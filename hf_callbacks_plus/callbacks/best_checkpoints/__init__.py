@@ -4,13 +4,17 @@ transformers keeps one best checkpoint (``best_model_checkpoint``) and its rotat
 the rest inside ``_save_checkpoint``, before any callback hears of the save. `KeepBestCheckpoints`
 ranks every saved step by one or several metrics (each with its own k and mode, in
 `EarlyStopping`'s monitor grammar) and, at ``on_save``, while the checkpoint just saved still
-exists, hard-links the ones it keeps into ``<output_dir>/best_checkpoints/checkpoint-<step>/``,
-where rotation never looks. The pieces:
+exists, copies the ones it keeps into ``<output_dir>/best_checkpoints/checkpoint-<step>/``,
+where rotation never looks. Once kept, a checkpoint's bytes never change: a copy shares nothing
+with the files transformers (or anyone) rewrites in place under ``checkpoint-*``. A kept
+checkpoint leaves only when its successor is complete on disk. The pieces:
 
-* ``best_checkpoints_ranking.py``: which steps are the k best (pure);
-* ``best_checkpoints_files.py``: the kept folders and the manifest on disk;
-* this module: the events, the state in every checkpoint (`SelfRestoringState`), the resume
-  against what is on disk, the agreement of the ranks, the report and the summary line.
+* ``ranking.py``: which steps are the k best (pure);
+* ``files.py``: the kept folders and the manifest on disk (durable copies);
+* ``start.py``: where a run's ranking starts (fresh, continued, or a new line after a resume
+  from an earlier step, with the other line's folders set aside);
+* this module: the events, the state in every checkpoint (`SelfRestoringState`), the agreement
+  of the ranks, the report and the summary line.
 
 See ``docs/best_checkpoints.md``.
 """
@@ -26,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Optional, Union
 
+from ...core.checkpoint_files import kept_entries
 from ...core.checkpoint_folders import checkpoint_folder
 from ...core.claims import TrainBeginClaims
 from ...core.stateful import SelfRestoringState
@@ -33,9 +38,21 @@ from ...metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar, grammar_for
 from ...metrics.monitor import MODES, Monitor
 from ...metrics.numbers import to_float
 from ...runtime.console import tell
-from ...runtime.distributed import from_rank0
-from .files import RESUME_ONLY, kept_folder, remove_folder, sync_folder, write_manifest
-from .ranking import Kept, TopK, admit, rankings
+from ...runtime.distributed import from_rank0, sum_over_ranks
+from .files import (
+    abandon_folder,
+    begin_folder,
+    building_folder,
+    copy_entries,
+    copy_folder,
+    finish_folder,
+    kept_folder,
+    move_folder,
+    remove_folder,
+    update_folder,
+    write_manifest,
+)
+from .ranking import Admission, Kept, TopK, admit, rankings
 from .start import Start, plan_start
 
 __all__ = ["KeepBestCheckpoints", "TopK"]
@@ -47,7 +64,8 @@ _FLAGS = ("resumable", "strict", "report", "verbose")
 _CLAIMS = TrainBeginClaims()
 _SAME_KEY = ("the same dirname, so they would delete each other's folders. Give each its own "
              "dirname, or rank several metrics in one: KeepBestCheckpoints(['eval_loss', 'eval_accuracy']).")
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+_IN_PLACE = "in place"  # a keep whose folder is the one it would copy
 
 MonitorArg = Union[None, str, TopK, Mapping[str, Any], Sequence[Union[str, TopK, Mapping[str, Any]]]]
 
@@ -60,15 +78,19 @@ class KeepBestCheckpoints(SelfRestoringState):
     """Keep the ``k`` best saved checkpoints by one or several metrics; rotation never deletes them.
 
     At every save the checkpoint's step is ranked by the values the trainer logged at that
-    step. A checkpoint in the top k of any ranking is kept as
-    ``<output_dir>/<dirname>/checkpoint-<step>/``: hard links to the files of the checkpoint
-    just saved (no byte copied; copies where the file system has no hard links), so at most
-    k + ``save_total_limit`` checkpoints' data is on disk. One that drops out of every top k
-    is deleted. ``<dirname>/manifest.json`` lists the kept steps, their values and ranks.
+    step (before or after the save). A checkpoint in the top k of any ranking is kept as
+    ``<output_dir>/<dirname>/checkpoint-<step>/``: a durable copy of the files of the checkpoint
+    just saved (copy-on-write where the file system can: no space, no time), so at most
+    k + ``save_total_limit`` checkpoints' data is on disk, and a kept file never changes
+    whatever is later written under ``checkpoint-*``. One that drops out of every top k is
+    deleted once the checkpoint that evicts it is complete on disk; a keep that fails (a full
+    disk, a quota) deletes nothing and is told. ``<dirname>/manifest.json`` lists the kept
+    steps, their values and ranks.
 
-    NaN and +-Inf never rank; a tie keeps the earlier step, as ``load_best_model_at_end`` and
-    ``EarlyStopping`` do (with their default ``min_delta=0``), so all three name the same best
-    step. The state is in every checkpoint and is checked against the disk on resume.
+    As ``load_best_model_at_end``: NaN never ranks, the best infinity (+Inf in ``"max"`` mode)
+    ranks first, the worst never ranks, and a tie keeps the earlier step. The state is in every
+    checkpoint and is checked against the disk on resume; a resume from an earlier step starts a
+    new ranking and sets the other line's kept checkpoints aside (never deletes them).
 
     Args:
         monitor: The metric(s): a name in `EarlyStopping`'s grammar (``"eval_loss"``,
@@ -80,9 +102,13 @@ class KeepBestCheckpoints(SelfRestoringState):
             ``args.greater_is_better``), for metrics given as names. Defaults to ``"auto"``.
         dirname: The folder in ``output_dir`` that holds the kept checkpoints (one name, not
             ``checkpoint-*``). Defaults to ``"best_checkpoints"``.
-        resumable: Also keep the optimizer, scheduler, AMP scaler and RNG states, so a kept
-            checkpoint can be resumed from (about 3 x the model's size with Adam). Defaults to
-            False: the model (or peft adapter), its config, tokenizer and ``trainer_state.json``.
+        resumable: Keep exactly what the trainer's resume reads (the optimizer, scheduler, AMP
+            scaler and RNG states; under DeepSpeed and FSDP the engine's own files), so a kept
+            checkpoint can be resumed from (about 3 x the model's size with Adam); refused with
+            ``args.save_only_model=True``, which saves none of them. Defaults to False: the
+            model once (or the peft adapter), as the trainer wrote it (consolidated, or the
+            engine's shards when it wrote no consolidated weights), its config, tokenizer and
+            ``trainer_state.json``.
         strict: Raise when a metric cannot show up or saves and evaluations never meet, as
             early as that is known (train begin, the first evaluation); False warns once and
             keeps training. Defaults to True.
@@ -94,8 +120,9 @@ class KeepBestCheckpoints(SelfRestoringState):
     Raises:
         TypeError, ValueError: At construction and train begin for bad arguments (a misspelt
             metric gets a "did you mean"); at train begin for a metric the run cannot produce,
-            saves that never meet an evaluation, two instances with one ``dirname``, or a
-            fresh run whose ``dirname`` holds another run's kept checkpoints.
+            saves that never meet an evaluation, ``resumable=True`` with
+            ``save_only_model=True``, two instances with one ``dirname``, or a fresh run whose
+            ``dirname`` holds another run's kept checkpoints.
 
     Example:
         >>> keeper = KeepBestCheckpoints("eval_loss", k=3)
@@ -162,6 +189,11 @@ class KeepBestCheckpoints(SelfRestoringState):
             raise ValueError(f"{_OWNER}: dirname must be one folder name inside output_dir that does not "
                              f"start with 'checkpoint' (transformers' rotation and resume look at "
                              f"checkpoint-*), got {dirname!r}. E.g. dirname='best_checkpoints'.")
+        if args is not None and self.resumable and getattr(args, "save_only_model", False):
+            raise ValueError(f"{_OWNER}: resumable=True keeps what a resume needs, but "
+                             f"args.save_only_model=True saves no optimizer, scheduler or RNG state into "
+                             f"checkpoints, so no kept checkpoint could be resumed from. Set "
+                             f"save_only_model=False, or resumable=False (the model only).")
         requested = self._requested()
         monitors: list[Monitor] = []
         if requested:
@@ -201,12 +233,14 @@ class KeepBestCheckpoints(SelfRestoringState):
         self.output_dir: Optional[str] = None
         self.last_step: Optional[int] = None
         self.directory: Optional[str] = None
+        self.not_kept: list[dict[str, Any]] = []
         self._state: Any = None
         self._writer = False
+        self._rank_index, self._world = 0, 1
         self._fresh: Optional[int] = None
+        self._pending: Optional[int] = None
         self._confirmed: set[str] = set()
         self._unranked: list[int] = []
-        self._copied = False
         self._evaluates = False
 
     @property
@@ -229,14 +263,17 @@ class KeepBestCheckpoints(SelfRestoringState):
                 **{name: getattr(self, name) for name in _FLAGS}}
 
     def state_attributes(self) -> dict[str, Any]:
-        """The ranking as it stands once the checkpoint being saved is ranked: the trainer asks
-        for the state inside ``_save_checkpoint``, before ``on_save`` ranks it."""
-        entries, last_step = self.entries, self.last_step
-        candidate = self._candidate(self._state, last_step)
+        """The ranking as it stands: through the previous save (the trainer asks for the state
+        inside ``_save_checkpoint``, before ``on_save`` ranks the checkpoint being saved; a resume
+        ranks that step again from its ``log_history``). ``kept``: the steps kept once this
+        checkpoint is ranked, if its keep succeeds (for readers such as the plot)."""
+        kept = self.entries
+        candidate = self._candidate(self._state, self.last_step)
         if candidate is not None:
-            entries, last_step = admit(entries, candidate, self.specs).kept, candidate.step
-        return {"run_id": self.run_id, "output_dir": self.output_dir, "last_step": last_step,
-                "entries": [entry.to_json() for entry in entries]}
+            kept = admit(kept, candidate, self.specs).kept
+        return {"run_id": self.run_id, "output_dir": self.output_dir, "last_step": self.last_step,
+                "entries": [entry.to_json() for entry in self.entries],
+                "kept": [entry.step for entry in kept if not entry.missing]}
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         self.run_id = attributes.get("run_id")
@@ -260,11 +297,12 @@ class KeepBestCheckpoints(SelfRestoringState):
         best = next(iter(self.ranking.values()), [])
         return self.folder(best[0].step) if best and not best[0].missing else None
 
-    def manifest(self) -> dict[str, Any]:
-        """The content of ``manifest.json``."""
-        ranked = self.ranking
+    def manifest(self, entries: Optional[Sequence[Kept]] = None) -> dict[str, Any]:
+        """The content of ``manifest.json`` (for ``entries``, by default the current ones)."""
+        entries = self.entries if entries is None else tuple(entries)
+        ranked = rankings(entries, self.specs)
         checkpoints = []
-        for entry in self.entries:
+        for entry in entries:
             ranks = {name: [e.step for e in kept].index(entry.step) + 1 for name, kept in ranked.items()
                      if entry.step in [e.step for e in kept]}
             checkpoints.append({**entry.to_json(), "path": os.path.basename(self.folder(entry.step) or ""),
@@ -272,7 +310,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         return {"format": MANIFEST_FORMAT, "run_id": self.run_id, "output_dir": self.output_dir,
                 "last_step": self.last_step, "monitors": [asdict(spec) for spec in self.specs],
                 "ranking": {name: [entry.step for entry in kept] for name, kept in ranked.items()},
-                "checkpoints": checkpoints}
+                "checkpoints": checkpoints, "not_kept": list(self.not_kept)}
 
     # -- reading the metrics of a step ---------------------------------------------------
     def _record_of(self, state: Any) -> dict[str, Any]:
@@ -331,7 +369,7 @@ class KeepBestCheckpoints(SelfRestoringState):
             raise error(message)
         logger.warning("%s (strict=False: continuing.)", message)
 
-    # -- events --------------------------------------------------------------------------
+    # -- train begin ---------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the settings and the run, then restore and reconcile the ranking, or start one."""
         self.reset()
@@ -343,7 +381,11 @@ class KeepBestCheckpoints(SelfRestoringState):
                 self._fail(ValueError, problem)
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
         self._evaluates = _text(getattr(args, "eval_strategy", "no")) != "no"
-        self._writer = bool(getattr(args, "should_save", getattr(state, "is_world_process_zero", True)))
+        # the main process writes the kept folders and the manifest; every rank copies the files it
+        # wrote (its ZeRO partition, its distributed-checkpoint shard, its RNG state)
+        self._writer = bool(getattr(state, "is_world_process_zero", True))
+        self._rank_index = int(getattr(args, "process_index", 0) or 0)
+        self._world = max(1, int(getattr(args, "world_size", 1) or 1))
         output_dir = os.path.realpath(os.fspath(args.output_dir))
         self.directory = os.path.join(output_dir, self.dirname)
         self._state = state
@@ -351,30 +393,76 @@ class KeepBestCheckpoints(SelfRestoringState):
         step = int(getattr(state, "global_step", 0))
         saved = self.find_saved_state(state) if step > 0 else None
         candidate = self._candidate(state, None)
-        start = from_rank0(lambda: plan_start(saved, step, candidate, self.specs, output_dir, self.directory))
+        history = list(getattr(state, "log_history", None) or [])
+        start = from_rank0(lambda: plan_start(saved, step, history, candidate, output_dir, self.directory))
         if start.problem is not None:
             raise RuntimeError(start.problem)
         if getattr(state, "is_world_process_zero", True):
             for warning in start.warnings:
                 logger.warning(warning)
-        self.run_id, self.output_dir, self.last_step = start.run_id, start.output_dir, start.last_step
-        self.entries = start.entries
+            for note in start.notes:
+                logger.info(note)
+        self.run_id, self.output_dir, self.entries = start.run_id, start.output_dir, start.entries
+        self.last_step = start.last_step
+        local = self._prepare(start) if self._writer else ([], None)
+        lost, error = from_rank0(lambda: local)
+        if error is not None:
+            raise RuntimeError(error)
+        self._lose(lost)
+        if start.candidate is not None:
+            self._rank(start.candidate, start.sources.get(step) or self._in_place(step))
+        self.last_step = max(self.last_step or 0, step)
         if self._writer:
-            self._apply(start)
+            self._commit(self.entries)
 
-    def _apply(self, start: Start) -> None:
-        """Make the disk match the ranking the run starts from (on the processes that write)."""
+    def _prepare(self, start: Start) -> tuple[list[int], Optional[str]]:
+        """Make the disk match the ranking the run starts from (on the processes that write; no
+        collective): set another line's folders aside, delete this line's leftovers, make the
+        kept folders a crash left unmade. Returns the steps that could not be made, and why the
+        run cannot start (or None)."""
+        aside = start.set_aside
+        if aside is not None:
+            try:
+                os.makedirs(aside.path, exist_ok=True)
+                if aside.manifest is not None:
+                    write_manifest(aside.path, aside.manifest)
+                for step in aside.copy:
+                    copy_folder(self.folder(step), kept_folder(aside.path, step))
+                for step in aside.move:
+                    move_folder(self.folder(step), kept_folder(aside.path, step))
+            except OSError as error:
+                return [], (f"{_OWNER}: could not set the kept checkpoints of another run aside into "
+                            f"{aside.path} ({type(error).__name__}: {error}); nothing was deleted. Free the "
+                            f"space, or move {self.directory} away yourself, then start again.")
         for path in start.cleanup:
             shutil.rmtree(path, ignore_errors=True)
         for step in start.remove:
             self._remove(step)
-        failed = [step for step in start.make if not self._keep(step)]
-        for step in start.make:
-            if step not in failed:
-                logger.info("%s: made the kept folder of step %s from its checkpoint (the run stopped before "
-                            "it was made, or it was deleted since).", _OWNER, step)
-        self._lose(failed)
-        write_manifest(self.directory, self.manifest())
+        lost = []
+        for step, source in sorted(start.sources.items()):
+            if start.candidate is not None and step == start.candidate.step:
+                continue
+            problem = self._make(step, source)
+            if problem is None:
+                logger.info("%s: made the kept folder of step %s from %s (the run stopped before it was "
+                            "made, or it was deleted since).", _OWNER, step, source)
+            else:
+                logger.warning("%s: could not make the kept folder of step %s from %s (%s); it keeps its "
+                               "place, marked missing.", _OWNER, step, source, problem)
+                lost.append(step)
+        return lost, None
+
+    def _make(self, step: int, source: str) -> Optional[str]:
+        """Make a kept folder in this process alone (a repair at train begin); None, or why not."""
+        try:
+            copy_folder(source, self.folder(step), kept_entries(source, self.resumable))
+        except OSError as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def _in_place(self, step: int) -> Optional[str]:
+        folder = self.folder(step)
+        return folder if folder is not None and os.path.isdir(folder) else None
 
     def _schedule_problem(self, args: Any, monitor: Monitor) -> Optional[str]:
         """Why no saved checkpoint would ever have the metric, or None."""
@@ -400,24 +488,114 @@ class KeepBestCheckpoints(SelfRestoringState):
                     f"{what}_steps.")
         return None
 
-    def _keep(self, step: int) -> bool:
-        """Make the kept folder of ``step`` from its checkpoint; False (warned) if the disk refuses."""
+    # -- one keep ------------------------------------------------------------------------
+    def _keep(self, step: int, source: Optional[str]) -> Optional[str]:
+        """Make the kept folder of ``step`` a complete copy of what `kept_entries` chooses of
+        ``source``; None, or why it failed (then nothing of it is left). A collective: every rank
+        calls it, copies the files it wrote, and gets the same answer."""
+        target = self.folder(step)
+        status = from_rank0(lambda: self._begin(step, source, target))
+        if status == _IN_PLACE:
+            return None
+        if status is not None:
+            return status
+        building, local = building_folder(target), None
         try:
-            linked = sync_folder(checkpoint_folder(self.output_dir, step), self.folder(step),
-                                 () if self.resumable else RESUME_ONLY)
+            entries = [entry for entry in kept_entries(source, self.resumable, self._world)
+                       if entry.owner == self._rank_index]
+            copied = copy_entries(source, building, entries)
+            logger.debug("%s: copied %d files (%d bytes, %d shared copy-on-write) of checkpoint-%s on rank "
+                         "%d.", _OWNER, copied.files, copied.bytes, copied.shared, step, self._rank_index)
         except OSError as error:
-            logger.warning("%s: could not keep checkpoint-%s in %s (%s: %s); it stays ranked, marked "
-                           "missing.", _OWNER, step, self.directory, type(error).__name__, error)
-            return False
-        if not linked and not self._copied:
-            self._copied = True
-            logger.warning("%s: this file system refused hard links in %s, so kept checkpoints are copies "
-                           "(each costs its size on disk while its checkpoint-N also exists).", _OWNER,
-                           self.directory)
-        logger.debug("%s: kept checkpoint-%s in %s.", _OWNER, step, self.directory)
-        return True
+            local = f"{type(error).__name__}: {error}"
+            if self._rank_index != 0:
+                logger.warning("%s: rank %d could not copy its files of checkpoint-%s: %s.", _OWNER,
+                               self._rank_index, step, local)
+        flags = sum_over_ranks([1.0 if local and rank == self._rank_index else 0.0
+                                for rank in range(self._world)])
+        failed = [rank for rank, flag in enumerate(flags) if flag]
+        return from_rank0(lambda: self._finish(step, building, target, failed, local))
 
-    def _lose(self, steps: list[int]) -> None:
+    def _begin(self, step: int, source: Optional[str], target: str) -> Optional[str]:
+        """On the main process: check ``source`` and make the folder the copy is built in."""
+        if source is None:
+            return (f"no save of step {step} of this run is left to keep it from (its checkpoint-{step} "
+                    f"is not in output_dir, or is another run's)")
+        if os.path.realpath(source) == os.path.realpath(target):
+            return _IN_PLACE  # already kept (the folder a run resumes from)
+        if not os.path.isdir(source):
+            return (f"{source} was gone at on_save: transformers' save_total_limit rotation deleted it "
+                    f"(it keeps the newest checkpoints by mtime, or by step when their mtimes are within "
+                    f"1 s, so higher checkpoint-N of an earlier run, or of the steps a resumed run trains "
+                    f"again, outrank it)")
+        try:
+            begin_folder(target)
+        except OSError as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    def _finish(self, step: int, building: str, target: str, failed: Sequence[int],
+                local: Optional[str]) -> Optional[str]:
+        """On the main process: rename the complete copy into place, or delete what was made."""
+        if failed:
+            abandon_folder(building)
+            return local if 0 in failed else (f"rank(s) {failed} could not copy their files of "
+                                               f"checkpoint-{step} (their output says why)")
+        existed = os.path.isdir(target)
+        try:
+            finish_folder(building, target)
+        except OSError as error:
+            abandon_folder(building)
+            if not existed and os.path.isdir(target):  # renamed into place, then the disk failed
+                self._remove(step)
+            return f"{type(error).__name__}: {error}"
+        logger.debug("%s: kept checkpoint-%s in %s.", _OWNER, step, self.directory)
+        return None
+
+    def _commit(self, entries: Sequence[Kept]) -> Optional[str]:
+        """Write the manifest for ``entries``; None, or why it failed (the old one stays)."""
+        try:
+            write_manifest(self.directory, self.manifest(entries))
+        except OSError as error:
+            return f"{type(error).__name__}: {error} (writing {self.directory}/manifest.json)"
+        return None
+
+    def _rank(self, candidate: Kept, source: Optional[str]) -> None:
+        """Rank ``candidate``; keep it when it is in a top k; delete the evicted only once its kept
+        folder and the manifest that lists it are on disk. A failed keep changes nothing."""
+        admission = admit(self.entries, candidate, self.specs)
+        problem = self._keep(candidate.step, source) if admission.admitted else None
+        if problem is None and self._writer:
+            problem = self._commit(admission.kept)
+            if problem is not None and admission.admitted:
+                self._remove(candidate.step)
+        problem = from_rank0(lambda: problem)
+        if problem is not None and admission.admitted:
+            self._not_kept(candidate, admission, problem)
+            return
+        if problem is not None:
+            logger.warning("%s: %s.", _OWNER, problem)
+        self.entries = admission.kept
+        if self._writer:
+            for entry in admission.evicted:
+                if not entry.missing:
+                    self._remove(entry.step)
+        self._fresh = candidate.step if admission.admitted else None
+
+    def _not_kept(self, candidate: Kept, admission: Admission, problem: str) -> None:
+        ranks = {name: [e.step for e in kept].index(candidate.step) + 1
+                 for name, kept in rankings(admission.kept, self.specs).items()
+                 if candidate.step in [e.step for e in kept]}
+        self.not_kept.append({**candidate.to_json(), "ranks": ranks, "reason": problem})
+        if self._writer:
+            self._commit(self.entries)
+            stays = "; ".join(f"{name}: steps {[e.step for e in kept]}"
+                              for name, kept in self.ranking.items())
+            logger.warning("%s: could not keep %s, which would rank %s, in %s: %s. Nothing was deleted: the "
+                           "kept checkpoints stay as they were (%s).", _OWNER, candidate.describe(), ranks,
+                           self.directory, problem, stays or "none yet")
+
+    def _lose(self, steps: Sequence[int]) -> None:
         """Mark the entries of ``steps`` missing (their kept folder could not be made)."""
         self.entries = tuple(entry.lost() if entry.step in steps else entry for entry in self.entries)
 
@@ -428,27 +606,51 @@ class KeepBestCheckpoints(SelfRestoringState):
             logger.warning("%s: could not delete the kept checkpoint-%s from %s (%s: %s).", _OWNER, step,
                            self.directory, type(error).__name__, error)
 
+    def _settle(self) -> None:
+        """The save of the last step is over: copy what callbacks after this one wrote into the
+        checkpoint just kept (their state on transformers < 4.45), before the next save can rotate
+        it away; a save whose step logged no value is unranked."""
+        step, self._fresh = self._fresh, None
+        if step is not None and self._writer and os.path.isdir(self.folder(step)):
+            source = checkpoint_folder(self.output_dir, step)
+            if os.path.isdir(source):
+                try:
+                    entries = [entry for entry in kept_entries(source, self.resumable, self._world)
+                               if entry.owner == 0]
+                    update_folder(source, self.folder(step), entries)
+                except OSError as error:
+                    logger.warning("%s: could not copy what was written into checkpoint-%s after our "
+                                   "on_save (%s: %s); its kept folder holds the checkpoint as it was then.",
+                                   _OWNER, step, type(error).__name__, error)
+        pending, self._pending = self._pending, None
+        if pending is not None and pending not in self._unranked:
+            self._unranked.append(pending)
+
+    def _rank_pending(self, state: Any) -> None:
+        """Values logged after the save of their step (an evaluation by epoch after a save by steps
+        at the epoch's last step) rank that save, while its checkpoint-N still exists."""
+        if self._pending is None or self._pending != getattr(state, "global_step", None):
+            return
+        candidate = from_rank0(lambda: self._candidate(state, None))
+        if candidate is not None:
+            self._pending = None
+            self._rank(candidate, checkpoint_folder(self.output_dir, candidate.step))
+
+    # -- events --------------------------------------------------------------------------
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._state = state
 
     on_epoch_end = on_step_end
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The callbacks after this one may have replaced files of the checkpoint just kept (their
-        state on transformers < 4.45): link them again, before the next save can rotate it away."""
-        self._refresh()
-
-    def _refresh(self) -> None:
-        step, self._fresh = self._fresh, None
-        if step is None or not self._writer or not os.path.isdir(checkpoint_folder(self.output_dir, step)):
-            return
-        if os.path.isdir(self.folder(step)):
-            self._keep(step)
+        """The save of the previous step is over (see `_settle`)."""
+        self._settle()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
-        """Check the first evaluation holds the metrics."""
+        """Check the first evaluation holds the metrics; rank a save waiting for them."""
         self._state = state
         self._check_record(metrics, from_evaluate=True)
+        self._rank_pending(state)
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Check the first training record holds a training-loop metric; add the ranking to the
@@ -462,40 +664,45 @@ class KeepBestCheckpoints(SelfRestoringState):
             return
         self._check_record(logs, from_evaluate=False)
 
-    on_log = on_pre_log  # a stock Trainer fires only on_log: later callbacks (our loggers) see the ranking
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """As `on_pre_log` (a stock Trainer fires only ``on_log``: later callbacks, our loggers, see
+        the ranking); then rank a save waiting for the values just logged."""
+        self.on_pre_log(args, state, control, logs=logs, **kwargs)
+        if isinstance(logs, dict) and not KeyGrammar.is_summary_record(logs):
+            self._rank_pending(state)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Rank the checkpoint just saved; keep it (hard links) if it is in a top k; delete the evicted."""
+        """Rank the checkpoint just saved; keep it (a copy) if it is in a top k; delete the evicted."""
         self._state = state
-        super().on_save(args, state, control, **kwargs)  # transformers < 4.45: our state, this save ranked
+        super().on_save(args, state, control, **kwargs)  # transformers < 4.45: our state, before this save
+        if self._pending is not None:
+            self._settle()
         step = int(state.global_step)
         candidate = from_rank0(lambda: self._candidate(state, self.last_step))
         if self.last_step is None or step > self.last_step:
             self.last_step = step
-        if candidate is None:
-            if self.specs and step not in self._unranked:
-                self._unranked.append(step)
-        else:
-            admission = admit(self.entries, candidate, self.specs)
-            self.entries = admission.kept
-            if self._writer:
-                if admission.admitted and not self._keep(step):
-                    self._lose([step])
-                write_manifest(self.directory, self.manifest())
-                for entry in admission.evicted:
-                    if not entry.missing:
-                        self._remove(entry.step)
-                self._fresh = step if admission.admitted else None
+        if candidate is not None:
+            self._rank(candidate, checkpoint_folder(self.output_dir, step))
+            return
+        if self.specs:
+            self._pending = step
+        if self._writer:
+            self._commit(self.entries)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Link the last kept checkpoint again; print the kept checkpoints."""
-        self._refresh()
+        """Settle the last save; warn about unranked or unkept saves; print the kept checkpoints."""
+        self._settle()
         _CLAIMS.release(state, self.state_key, self)
         self._state = None
         if self._unranked and self.specs:
             logger.warning("%s: %d saved checkpoint(s) (steps %s) had no value of %s and were not ranked.",
                            _OWNER, len(self._unranked), _short(self._unranked),
                            [spec.monitor for spec in self.specs])
+        if self.not_kept and self._writer:
+            logger.warning("%s: %d checkpoint(s) that ranked could not be kept (steps %s; reasons in %s's "
+                           "'not_kept').", _OWNER, len(self.not_kept),
+                           _short([e["step"] for e in self.not_kept]),
+                           os.path.join(self.directory or "", "manifest.json"))
         if self.verbose and self.specs:
             tell(self.summary_message(), state, verbose=True)
 

@@ -3,9 +3,12 @@
 `KeepBestCheckpoints` (``best_checkpoints.py``) feeds `admit` one `Kept` candidate per saved
 checkpoint and acts on the answer (link the new one, delete the evicted ones). The rules:
 
-* each `TopK` ranks the entries that have a finite value of its metric, best first (lower
-  first in ``"min"`` mode, higher first in ``"max"``); a tie keeps the earlier step;
-* NaN and +-Inf never rank (they are stored, so the manifest shows them);
+* each `TopK` ranks the entries that have a value of its metric, best first (lower first in
+  ``"min"`` mode, higher first in ``"max"``); a tie keeps the earlier step;
+* as ``load_best_model_at_end`` (``np.greater``/``np.less`` against a best that starts at the
+  worst infinity): NaN never ranks, the best infinity (+Inf in ``"max"`` mode, -Inf in
+  ``"min"``) ranks first, the worst infinity never ranks (all are stored, so the manifest shows
+  them);
 * a checkpoint is kept while it is in the top k of at least one `TopK`;
 * an entry marked ``missing`` (its folder was deleted outside the run) keeps its place: the
   ranking stays the run's truth and nothing worse is promoted silently in its stead.
@@ -49,6 +52,14 @@ class TopK:
         value = entry.values[self.monitor]
         return (value if self.mode == "min" else -value, entry.step)
 
+    def ranks(self, entry: Kept) -> bool:
+        """Whether ``entry`` has a value that ranks: not NaN, not the worst infinity (the value
+        ``load_best_model_at_end`` starts from, which nothing equal to it beats)."""
+        value = entry.values.get(self.monitor)
+        if value is None or math.isnan(value):
+            return False
+        return value != (math.inf if self.mode == "min" else -math.inf)
+
 
 @dataclass(frozen=True)
 class Kept:
@@ -66,11 +77,6 @@ class Kept:
     epoch: Optional[float] = None
     missing: bool = False
 
-    def has(self, monitor: str) -> bool:
-        """A finite value of ``monitor`` (only those rank)."""
-        value = self.values.get(monitor)
-        return value is not None and math.isfinite(value)
-
     def lost(self) -> Kept:
         """This entry marked missing."""
         return replace(self, missing=True)
@@ -82,13 +88,13 @@ class Kept:
         return f"step {self.step} ({shown}{', missing' if self.missing else ''})"
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict (non-finite values become None)."""
-        values = {name: (value if math.isfinite(value) else None) for name, value in self.values.items()}
+        """A strict-JSON dict: NaN becomes None, +-Inf the strings ``"inf"`` and ``"-inf"``."""
+        values = {name: _json_value(value) for name, value in self.values.items()}
         return {"step": self.step, "epoch": self.epoch, "values": values, "missing": self.missing}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Kept:
-        """Read what `to_json` wrote (None values are NaN)."""
+        """Read what `to_json` wrote (None is NaN)."""
         values = {str(name): (math.nan if value is None else float(value))
                   for name, value in (data.get("values") or {}).items()}
         epoch = data.get("epoch")
@@ -111,10 +117,15 @@ class Admission:
     admitted: bool
 
 
+def _json_value(value: float) -> Any:
+    if math.isnan(value):
+        return None
+    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+
+
 def top_k(entries: Iterable[Kept], ranking: TopK) -> list[Kept]:
-    """The ``ranking.k`` best of ``entries`` by ``ranking.monitor``, best first (finite values only)."""
-    finite = [entry for entry in entries if entry.has(ranking.monitor)]
-    return sorted(finite, key=ranking.order)[: ranking.k]
+    """The ``ranking.k`` best of ``entries`` by ``ranking.monitor``, best first (values that rank only)."""
+    return sorted((entry for entry in entries if ranking.ranks(entry)), key=ranking.order)[: ranking.k]
 
 
 def rankings(entries: Iterable[Kept], specs: Sequence[TopK]) -> dict[str, list[Kept]]:

@@ -12,7 +12,11 @@ mask or not). Summed over a sequence of ``S`` tokens that is ``12·L·d_attn·S�
 
 ``P`` counts the weights of the matrix products the model runs: every parameter with two or more
 dimensions except embedding tables (a lookup, no product), and a language-model head tied to its
-embedding counted once, as the product it is. Biases and norms are left out. ``L`` and
+embedding counted once, as the product it is. Biases and norms are left out. The shapes are the
+full ones whatever engine shards the weights (`full_weights`): DeepSpeed ZeRO-3's ``ds_shape``
+(its parameters are placeholders of shape ``[0]``), FSDP1's original shapes (``FlatParameter``
+metadata: the modules hold 1-D flat shards, or views of them), a DTensor's global shape (FSDP2),
+so every rank counts the whole model. ``L`` and
 ``d_attn = heads x head_dim`` come from the model's config. The count assumes activation
 gradients flow through every layer; autograd skips those below the first trained weight (with
 LoRA, the frozen projections of the first layer), so the count is a little high there.
@@ -25,17 +29,19 @@ from the vendors' datasheets.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 __all__ = [
     "PEAK_FLOPS",
     "PRECISIONS",
     "TrainingFlops",
+    "full_weights",
     "loss_shifts_labels",
     "measure_training_flops",
     "peak_flops",
+    "reentrant_checkpointing",
     "training_flops",
     "training_precision",
 ]
@@ -157,22 +163,99 @@ class TrainingFlops:
         return self.per_token * tokens + self.per_squared_length * squared_lengths
 
 
+class Weight(NamedTuple):
+    """One parameter of a model as its engine holds it, with its full shape.
+
+    Attributes:
+        module: The module that uses it (a tied weight appears once per module).
+        identity: The same for every appearance of one parameter.
+        shape: Its full (unsharded) shape.
+        trained: Whether it requires a gradient.
+    """
+
+    module: Any
+    identity: Hashable
+    shape: tuple[int, ...]
+    trained: bool
+
+
+def _flat_parameters(model: Any) -> list[Any]:
+    """FSDP1's ``FlatParameter`` objects of ``model`` (registered on the wrappers, or held by their
+    handles when ``use_orig_params=True`` registers views of them instead)."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        handle = getattr(module, "_handle", None)
+        candidates = [getattr(handle, "flat_param", None), *module.parameters(recurse=False)]
+        for candidate in candidates:
+            if candidate is not None and hasattr(candidate, "_param_infos") and hasattr(candidate, "_shapes"):
+                found[id(candidate)] = candidate
+    return list(found.values())
+
+
+def full_weights(model: Any) -> Iterator[Weight]:
+    """Every parameter of ``model`` with its full shape, whatever engine shards it: FSDP1's
+    original parameters from the ``FlatParameter`` metadata, ZeRO-3's ``ds_shape``, a DTensor's
+    global shape (``.shape``), else the tensor's own shape.
+
+    Args:
+        model: A torch module, sharded or not.
+    """
+    described: set[tuple[int, str]] = set()
+    for flat in _flat_parameters(model):
+        originals = getattr(flat, "_params", None)  # use_orig_params=True: the original parameters
+        for index, (info, shape) in enumerate(zip(flat._param_infos, flat._shapes)):
+            trained = originals[index].requires_grad if originals else flat.requires_grad
+            identity = (id(info.module), info.param_name)
+            described.add(identity)
+            yield Weight(info.module, identity, tuple(shape), bool(trained))
+        for shared in getattr(flat, "_shared_param_infos", ()):
+            primary = (id(shared.prim_module), shared.prim_param_name)
+            described.add((id(shared.module), shared.param_name))
+            index = next(i for i, info in enumerate(flat._param_infos)
+                         if (id(info.module), info.param_name) == primary)
+            trained = originals[index].requires_grad if originals else flat.requires_grad
+            yield Weight(shared.module, primary, tuple(flat._shapes[index]), bool(trained))
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            if hasattr(parameter, "_param_infos") or (id(module), name) in described:
+                continue
+            shape = getattr(parameter, "ds_shape", None)  # DeepSpeed ZeRO-3: a placeholder of shape [0]
+            yield Weight(module, id(parameter), tuple(shape if shape is not None else parameter.shape),
+                         bool(parameter.requires_grad))
+
+
+def reentrant_checkpointing(model: Any) -> bool:
+    """True when a module of ``model`` recomputes its forward with reentrant activation
+    checkpointing (transformers' ``gradient_checkpointing_kwargs={"use_reentrant": True}``; trl
+    sets it for a PEFT model under ZeRO-3), whose backward ``torch.autograd.grad`` with ``inputs``
+    cannot follow."""
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is not True:
+            continue
+        function = getattr(module, "_gradient_checkpointing_func", None)
+        if (getattr(function, "keywords", None) or {}).get("use_reentrant") is True:
+            return True
+    return False
+
+
 def _product_parameters(model: Any) -> tuple[int, int]:
     """``(P, P_t)``: parameters of the weight products, and those of them that are trained."""
     import torch
 
-    seen: set[int] = set()
+    seen: set[Hashable] = set()
     total = trained = 0
-    for module in model.modules():
-        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+    for weight in full_weights(model):
+        if isinstance(weight.module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
             continue
-        for parameter in module.parameters(recurse=False):
-            if parameter.dim() < 2 or id(parameter) in seen:
-                continue
-            seen.add(id(parameter))
-            total += parameter.numel()
-            if parameter.requires_grad:
-                trained += parameter.numel()
+        if len(weight.shape) < 2 or weight.identity in seen:
+            continue
+        seen.add(weight.identity)
+        numel = 1
+        for size in weight.shape:
+            numel *= int(size)
+        total += numel
+        if weight.trained:
+            trained += numel
     return total, trained
 
 
