@@ -136,6 +136,7 @@ def bench_wandb(logs: list[dict[str, Any]], root: Path) -> list[Row]:
         delivered = ours.flush(300)
         drain.append(time.perf_counter() - start)
         ours.on_train_end(args, state, control)
+        ours.close()  # the run stays open after training (as WandbCallback leaves it): end it here
         print(f"WandbLogger flush after the last call: {drain[0]:.3f} s "
               f"({'complete' if delivered else 'NOT complete'})")
 

@@ -8,8 +8,10 @@ Variants (each ``train()`` in its own fresh interpreter: W&B's service and MLflo
 process-wide):
 
 * ``none``: ``report_to="none"``, no logger;
-* ours: ``JsonlLogger``, ``MLflowLogger``, ``WandbLogger``, ``TensorBoardLogger`` (defaults);
-* stock: transformers' ``MLflowCallback``, ``WandbCallback``, ``TensorBoardCallback`` through
+* ours: ``JsonlLogger``, ``MLflowLogger``, ``WandbLogger``, ``TensorBoardLogger``, ``TrackioLogger``
+  (defaults);
+* stock: transformers' ``MLflowCallback``, ``WandbCallback``, ``TensorBoardCallback``,
+  ``TrackioCallback`` through
   ``report_to=[...]``.
 
 Same environment for all: ``MLFLOW_TRACKING_URI`` a sqlite store (a copy of one store created
@@ -18,14 +20,16 @@ a temporary directory, the same seed, data and model. An ``ExtraMetrics`` callba
 float metrics to every training log record (``logging_steps=1``) from ``on_pre_log``, so every
 tracker sees them (``run_before_integrations`` gives every variant, ``none`` included, the same
 handler). transformers' ``PrinterCallback`` is removed (it would print 500 metrics a step to
-stdout in every variant). The stock W&B callback leaves its run open after ``train()`` (W&B
-closes it at interpreter exit) and the stock MLflow callback ends its run in ``on_train_end``;
-the time of the ``wandb.finish()`` / ``mlflow.end_run()`` a script would call after ``train()``
-is printed under the table, not added to ``train()``.
+stdout in every variant). Both W&B loggers leave their run open after ``train()`` (W&B closes it
+at interpreter exit), the MLflow and trackio ones end theirs in ``on_train_end``; the time of the
+``wandb.finish()`` / ``logger.close()`` / ``mlflow.end_run()`` a script would call after ``train()``
+is printed under the table, not added to ``train()``. trackio writes to ``TRACKIO_DIR`` in the
+temporary directory, project ``TrainingArguments.project`` (``"huggingface"``) for both.
 
 Besides the wall clock, the CPU time (user + system) of the process and of its child processes
-(W&B's service) during ``train()`` is recorded: on a shared machine it moves less with the
-load of other jobs than the wall clock does.
+(W&B's service) during ``train()`` is recorded, and the CPU time of the training thread alone
+(``time.thread_time``: what the training waits for, apart from the GIL): on a shared machine they
+move less with the load of other jobs than the wall clock does.
 
 After each run the points are read back with each tracker's own reader and compared with the
 points produced (``M`` per training record): MLflow ``MlflowClient().get_metric_history`` of the
@@ -69,8 +73,9 @@ from pathlib import Path
 from typing import Any
 
 OURS = {"JsonlLogger": "jsonl", "MLflowLogger": "mlflow", "WandbLogger": "wandb",
-        "TensorBoardLogger": "tensorboard"}
-STOCK = {"MLflowCallback": "mlflow", "WandbCallback": "wandb", "TensorBoardCallback": "tensorboard"}
+        "TensorBoardLogger": "tensorboard", "TrackioLogger": "trackio"}
+STOCK = {"MLflowCallback": "mlflow", "WandbCallback": "wandb", "TensorBoardCallback": "tensorboard",
+         "TrackioCallback": "trackio"}
 VARIANTS = ["none", *OURS, *STOCK]
 MODELS = {
     # name: (hidden, layers, tokens per row, rows per step, default steps)
@@ -87,7 +92,7 @@ def _environment(root: Path, store: Path) -> None:
     os.environ.update(
         MLFLOW_TRACKING_URI=f"sqlite:///{store}", MLFLOW_EXPERIMENT_NAME="bench",
         WANDB_MODE="offline", WANDB_DIR=str(root / "wandb"), WANDB_PROJECT="bench", WANDB_SILENT="true",
-        TENSORBOARD_LOGGING_DIR=str(root / "tensorboard"),
+        TENSORBOARD_LOGGING_DIR=str(root / "tensorboard"), TRACKIO_DIR=str(root / "trackio"),
     )
     (root / "wandb").mkdir(parents=True, exist_ok=True)
 
@@ -150,6 +155,10 @@ def _logger(variant: str) -> Any:
         from hf_callbacks_plus.loggers.wandb import WandbLogger
 
         return WandbLogger()
+    if variant == "TrackioLogger":
+        from hf_callbacks_plus.loggers.trackio import TrackioLogger
+
+        return TrackioLogger()
     from hf_callbacks_plus.loggers.tensorboard import TensorBoardLogger
 
     return TensorBoardLogger()
@@ -190,6 +199,13 @@ def _delivered(variant: str, root: Path, output_dir: Path, names: list[str]) -> 
             keys = [key for key in run.data.metrics if "extra_" in key]
             total += sum(len(client.get_metric_history(run.info.run_id, key)) for key in keys)
         return total
+    if backend == "trackio":  # the project is TrainingArguments.project's default, "huggingface"
+        import trackio
+        from trackio.sqlite_storage import SQLiteStorage
+
+        return sum(1 for run in trackio.Api().runs("huggingface")
+                   for row in SQLiteStorage.get_logs("huggingface", run.name, run_id=run.id)
+                   for key in row if "extra_" in key)
     if backend == "tensorboard":
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -242,8 +258,7 @@ def run_one(kind: str, metrics: int, variant: str, steps: int, root: Path, store
         torch.set_num_threads(threads)
     output_dir = root / "out"
     batch = MODELS[kind][3]
-    report_to = {"MLflowCallback": ["mlflow"], "WandbCallback": ["wandb"],
-                 "TensorBoardCallback": ["tensorboard"]}.get(variant, "none")
+    report_to = [STOCK[variant]] if variant in STOCK else "none"
     args = TrainingArguments(
         str(output_dir), max_steps=steps, per_device_train_batch_size=batch, logging_steps=1,
         report_to=report_to, use_cpu=True, disable_tqdm=True, save_strategy="no",
@@ -255,13 +270,15 @@ def run_one(kind: str, metrics: int, variant: str, steps: int, root: Path, store
                       callbacks=loggers)
     trainer.remove_callback(PrinterCallback)
     run_before_integrations(trainer, extra)
-    cpu = _cpu_seconds()
+    cpu, thread_cpu = _cpu_seconds(), time.thread_time()
     start = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - start
-    cpu = _cpu_seconds() - cpu
+    cpu, thread_cpu = _cpu_seconds() - cpu, time.thread_time() - thread_cpu
     start = time.perf_counter()
-    if variant == "WandbCallback":
+    if variant == "WandbLogger":  # its run stays open after train(), as WandbCallback's does
+        loggers[0].close()
+    elif variant == "WandbCallback":
         import wandb
 
         wandb.finish()
@@ -273,8 +290,8 @@ def run_one(kind: str, metrics: int, variant: str, steps: int, root: Path, store
     close_seconds = time.perf_counter() - start
     delivered = _delivered(variant, root, output_dir, extra.names) if variant != "none" else 0
     return {"model": kind, "metrics": metrics, "variant": variant, "steps": steps,
-            "train_s": train_seconds, "cpu_s": cpu, "close_s": close_seconds, "produced": extra.produced,
-            "delivered": delivered, "spilled": _spilled_points(output_dir)}
+            "train_s": train_seconds, "cpu_s": cpu, "thread_cpu_s": thread_cpu, "close_s": close_seconds,
+            "produced": extra.produced, "delivered": delivered, "spilled": _spilled_points(output_dir)}
 
 
 # -- the parent: alternate, summarize ------------------------------------------------------
@@ -351,22 +368,26 @@ def summarize(results: list[dict], kind: str, metrics: int) -> list[str]:
         return []
     wall = {name: statistics.median(r["train_s"] for r in rows) for name, rows in by_variant.items()}
     cpu = {name: statistics.median(r["cpu_s"] for r in rows) for name, rows in by_variant.items()}
+    thread = {name: statistics.median(r.get("thread_cpu_s", float("nan")) for r in rows)
+              for name, rows in by_variant.items()}
     base, cpu_base = wall.get("none"), cpu.get("none")
     added, cpu_added = _added(wall, base), _added(cpu, cpu_base)
+    thread_added = _added(thread, thread.get("none"))
     steps = next(iter(by_variant.values()))[0]["steps"]
     runs = sorted({len(rows) for rows in by_variant.values()})
     per_step = f"; `none`: {1000 * base / steps:.1f} ms/step" if base else ""
     lines = [f"**{kind} BERT, {steps} steps, {metrics} extra metrics per step{per_step}; "
              f"{'/'.join(map(str, runs))} runs per variant**", "",
              "| variant | train() s, median (min-max) | added to train() | ours-added / stock-added | "
-             "target | CPU s, median | added CPU | ours / stock, CPU | delivered / produced points |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---|"]
+             "target | CPU s, median | added CPU | ours / stock, CPU | ours / stock, training thread CPU "
+             "| delivered / produced points |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for name in VARIANTS:
         rows = by_variant.get(name)
         if not rows:
             continue
         times = [r["train_s"] for r in rows]
-        ratio, cpu_ratio = _ratio(name, added), _ratio(name, cpu_added)
+        ratio, cpu_ratio, thread_ratio = (_ratio(name, values) for values in (added, cpu_added, thread_added))
         if base is None or name == "none":
             target = ""
         elif metrics <= 20:
@@ -380,9 +401,11 @@ def summarize(results: list[dict], kind: str, metrics: int) -> list[str]:
             f"| {name} | {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) "
             f"| {'' if none else f'{added[name]:+.1f} %'} | {'' if ratio is None else f'{ratio:.2f}'} "
             f"| {target} | {cpu[name]:.2f} | {'' if none else f'{cpu_added[name]:+.1f} %'} "
-            f"| {'' if cpu_ratio is None else f'{cpu_ratio:.2f}'} | {'' if none else _fmt_points(rows)} |")
+            f"| {'' if cpu_ratio is None else f'{cpu_ratio:.2f}'} "
+            f"| {'' if thread_ratio is None else f'{thread_ratio:.2f}'} "
+            f"| {'' if none else _fmt_points(rows)} |")
     closes = {name: statistics.median(r["close_s"] for r in rows) for name, rows in by_variant.items()
-              if name in ("MLflowCallback", "WandbCallback")}
+              if name in ("MLflowCallback", "WandbCallback", "WandbLogger")}
     if closes:
         lines += ["", "After train() (not in the figures above): " + ", ".join(
             f"{name} close {value:.3f} s" for name, value in closes.items()) + "."]

@@ -167,6 +167,8 @@ def tracker_sections(callbacks: dict[str, Any]) -> dict[str, dict[str, list[str]
     if wandb_logger is not None and wandb_logger.run_id:
         from hf_callbacks_plus.testing.wandb_reader import find_wandb_runs, read_wandb_run
 
+        wandb_logger.close()  # the run stays open after train() (for evaluate()): finish it to read it
+
         files = [f for f in find_wandb_runs(Path(wandb_logger.dir)) if wandb_logger.run_id in f.name]
         if files:
             run = read_wandb_run(files[-1], wait=10)

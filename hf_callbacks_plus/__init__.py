@@ -47,6 +47,7 @@ _EXPORTS = {
     "MLflowLogger": "hf_callbacks_plus.loggers.mlflow",
     "WandbLogger": "hf_callbacks_plus.loggers.wandb",
     "TensorBoardLogger": "hf_callbacks_plus.loggers.tensorboard",
+    "TrackioLogger": "hf_callbacks_plus.loggers.trackio",
     "replace_report_to_callbacks": "hf_callbacks_plus.loggers.swap",
     # transformers integration
     "TrainerPlus": "hf_callbacks_plus.integrations.transformers",

@@ -39,6 +39,7 @@ EXTRA_FOR = {
     "datasets": "transformers",
     "accelerate": "transformers",
     "wandb": "wandb",
+    "trackio": "trackio",
     "mlflow": "mlflow",
     "sqlalchemy": "mlflow-local",
     "alembic": "mlflow-local",

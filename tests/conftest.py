@@ -14,6 +14,8 @@ machine).
 """
 
 import os
+import sys
+import tempfile
 
 import pytest
 
@@ -22,6 +24,13 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+# trackio reads TRACKIO_DIR once, at import: one store per test process (each pytest-xdist worker
+# makes its own: test folder names, and so trackio projects, repeat across workers), never the
+# user's cache; a TRACKIO_DIR the user set is kept
+_TRACKIO_DIR = None
+if "TRACKIO_DIR" not in os.environ or os.environ.get("HF_CALLBACKS_PLUS_TESTS_TRACKIO_DIR"):
+    _TRACKIO_DIR = tempfile.mkdtemp(prefix="hf_callbacks_plus_trackio_")
+    os.environ["TRACKIO_DIR"] = os.environ["HF_CALLBACKS_PLUS_TESTS_TRACKIO_DIR"] = _TRACKIO_DIR
 
 try:
     from hypothesis import settings as _hypothesis_settings
@@ -111,3 +120,23 @@ def distributed_outcome(request, distributed_launch):
         return distributed_launch.outcome(spec_of_marker(marker))
     except RuntimeError as error:
         pytest.fail(str(error), pytrace=False)
+
+
+def pytest_unconfigure(config):
+    """Remove the trackio store this process made."""
+    if _TRACKIO_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _finish_wandb_runs_kept_open():
+    """After each test, finish the W&B runs a ``WandbLogger`` keeps open after ``train()`` (for
+    ``evaluate()``), as the exit hook of a real process would: otherwise the next ``wandb.init()`` of
+    this process (W&B's default ``reinit``) returns such a run instead of opening its own."""
+    yield
+    if "hf_callbacks_plus.loggers.wandb" in sys.modules:
+        from tests.loggers.wandb_helpers import close_finished_loggers
+
+        close_finished_loggers()

@@ -37,7 +37,7 @@ KEY_NAMES = ("sections", "stock")
 _CLAIMS = TrainBeginClaims()
 #: The ``report_to`` name of transformers' callback for each tracker (in ``swap.py``'s order).
 _STOCK_REPORT_TO = {"MLflowCallback": "mlflow", "WandbCallback": "wandb",
-                    "TensorBoardCallback": "tensorboard"}
+                    "TensorBoardCallback": "tensorboard", "TrackioCallback": "trackio"}
 #: Loggers of this process with an open run, held until it is closed (within reach of the exit hook).
 _OPEN_LOGGERS: dict[int, TrackerLogger] = {}
 
@@ -269,6 +269,8 @@ class TrackerLogger(SelfRestoringState):
     stock_summary_keys: frozenset = frozenset()
     #: Longest wait for the backlog after an exception in training (the exception waits for it).
     exception_timeout = 2.0
+    #: False: the run stays open after ``train()`` (a tracker whose reopened run is a second one).
+    close_at_train_end = True
 
     def __init__(self, log_config: bool = True, nonfinite: str = "keep", flush_timeout: float = 30.0,
                  grammar: Optional[KeyGrammar] = None, key_names: str = "sections") -> None:
@@ -447,10 +449,15 @@ class TrackerLogger(SelfRestoringState):
             self._sync(0.0)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
-        """Close the run FINISHED."""
+        """Close the run FINISHED (or, with ``close_at_train_end=False``, keep it open for evaluate())."""
         _CLAIMS.release(state, self.state_key, self)
-        if is_main_process(state):
+        if not is_main_process(state):
+            return
+        if self.close_at_train_end:
             self.close(FINISHED)
+        elif self._is_open:  # ended well: closed FINISHED at exit, by the next train() or by close()
+            self.training = False
+            self._sync(0.0)
 
     def on_exception(self, args: Any, state: Any, control: Any, exception: Any = None, **kwargs: Any):
         """Close the run FAILED (``TrainerPlus`` and ``LightweightTrainer`` fire this)."""

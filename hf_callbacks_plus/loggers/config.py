@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from .secrets import is_vocabulary_token, redact_config
 
-__all__ = ["collect_config", "flatten_config", "truncate"]
+__all__ = ["collect_config", "flatten_config", "truncate", "typed"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -17,6 +17,20 @@ logger = logging.getLogger("hf_callbacks_plus")
 def truncate(text: str, limit: Optional[int]) -> str:
     """Cut ``text`` to ``limit`` characters, marking the cut with ``...``."""
     return text if limit is None or len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+def typed(value: str) -> Any:
+    """Config values arrive as strings; give numbers and booleans back their type."""
+    if value in ("True", "False"):
+        return value == "True"
+    if value == "None":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            continue
+    return value
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str = ".") -> dict[str, Any]:

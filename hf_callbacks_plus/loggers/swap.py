@@ -1,4 +1,4 @@
-"""Swap the stock W&B / MLflow / TensorBoard callbacks that ``report_to`` added for our loggers."""
+"""Swap the stock W&B / MLflow / TensorBoard / trackio callbacks ``report_to`` added for our loggers."""
 
 from __future__ import annotations
 
@@ -28,17 +28,23 @@ def _build(kind: str, stock: Any) -> TrackerLogger:
         from .tensorboard import TensorBoardLogger
 
         return TensorBoardLogger(log_dir=getattr(stock, "logging_dir", None))
+    if kind == "trackio":
+        from .trackio import TrackioLogger
+
+        return TrackioLogger()
     from .wandb import WandbLogger
 
     return WandbLogger()
 
 
 def replace_report_to_callbacks(trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True,
-                                tensorboard: LoggerChoice = True) -> list[tuple[Any, TrackerLogger]]:
-    """Replace the stock MLflow/W&B/TensorBoard callbacks ``report_to`` added with our loggers, in place.
+                                tensorboard: LoggerChoice = True,
+                                trackio: LoggerChoice = True) -> list[tuple[Any, TrackerLogger]]:
+    """Replace the stock MLflow/W&B/TensorBoard/trackio callbacks of ``report_to`` with our loggers, in place.
 
     Each is swapped for `MLflowLogger` / `WandbLogger` / `TensorBoardLogger` (TensorBoard's keeps the
-    stock ``logging_dir``) at the same position, and the new logger is attached to the trainer.
+    stock ``logging_dir``) / `TrackioLogger` (its project and Space from ``TrainingArguments``, as the
+    stock one) at the same position, and the new logger is attached to the trainer.
 
     Args:
         trainer: A ``transformers.Trainer`` (or ``TrainerPlus``) after ``__init__``.
@@ -46,6 +52,7 @@ def replace_report_to_callbacks(trainer: Any, mlflow: LoggerChoice = True, wandb
             stock callback. Defaults to True.
         wandb: The same for W&B. Defaults to True.
         tensorboard: The same for TensorBoard. Defaults to True.
+        trackio: The same for trackio. Defaults to True.
 
     Returns:
         The ``(stock callback, our logger)`` pairs that were swapped.
@@ -56,7 +63,7 @@ def replace_report_to_callbacks(trainer: Any, mlflow: LoggerChoice = True, wandb
     handler = getattr(trainer, "callback_handler", None)
     if handler is None or not hasattr(handler, "callbacks"):
         raise TypeError(f"trainer must have a callback_handler (a Trainer), got {type(trainer).__name__}")
-    choices = {"mlflow": mlflow, "wandb": wandb, "tensorboard": tensorboard}
+    choices = {"mlflow": mlflow, "wandb": wandb, "tensorboard": tensorboard, "trackio": trackio}
     for name, choice in choices.items():
         if not isinstance(choice, (bool, TrackerLogger)):
             raise TypeError(f"{name} must be True, False or a TrackerLogger instance, got {choice!r}")

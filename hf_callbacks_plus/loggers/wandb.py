@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
 from .artifacts import save_model_to_temp, stage_folder
-from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
+from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, is_main_process, logger
+from .config import typed
 from .secrets import command_line_has_secret, mask_secrets
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
@@ -56,18 +57,31 @@ def choice(name: str, value: Any, env: str, default: str, choices: Sequence[str]
     return text
 
 
-def typed(value: str) -> Any:
-    """Config values arrive as strings; give numbers and booleans back their type."""
-    if value in ("True", "False"):
-        return value == "True"
-    if value == "None":
-        return None
-    for kind in (int, float):
+def settings_problems(wandb: Any, settings: Any = None) -> list[str]:
+    """What W&B's own settings refuse in the ``WANDB_*`` environment and in ``settings`` (a dict): one
+    line per problem, naming the variable, its value, why and what to set (W&B raises a raw pydantic
+    error at ``wandb.setup``/``wandb.init`` instead)."""
+    settings_class = wandb.Settings
+    read_env = getattr(settings_class(), "update_from_env_vars", None)  # wandb >= 0.19 (pydantic)
+    fields = getattr(settings_class, "model_fields", {})
+    problems = []
+    for name, value in sorted(os.environ.items()) if callable(read_env) else ():
+        if name.startswith("WANDB_"):
+            try:
+                read_env({name: value})
+            except Exception as error:
+                detail = error.errors()[0] if callable(getattr(error, "errors", None)) else {}
+                key = ".".join(map(str, detail.get("loc", ()))) or "?"
+                reason = detail.get("msg") or str(error).splitlines()[0]
+                boolean = getattr(fields.get(key), "annotation", None) is bool
+                problems.append(f"{name}={value!r} (W&B setting {key!r}: {reason}): set it to "
+                                f"{'true or false' if boolean else 'a value W&B accepts'}, or unset it")
+    if isinstance(settings, dict):
         try:
-            return kind(value)
-        except ValueError:
-            continue
-    return value
+            settings_class(**settings)
+        except Exception as error:
+            problems.append(f"settings={settings!r}: {' '.join(str(error).split())[:300]}")
+    return problems
 
 
 def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:
@@ -119,16 +133,19 @@ class WandbBackend(Backend):
         self._ready = threading.Event()
         self._error: Optional[BaseException] = None
         self._waiting: list[tuple[Callable[..., None], tuple]] = []
-        self._waiting_points = self._min_step = 0
-        self._held_keys: set[str] = set()
-        self.new_session()
+        self._waiting_points = self._attempt = 0
+        self._lock = threading.Lock()
+        self.new_run()
 
-    def new_session(self) -> None:
-        """Forget the rows of an earlier ``train()`` (called at train begin)."""
-        self._row_step = -1  # step of the last history row written in this session
+    def new_run(self, rewind_to: Optional[int] = None) -> None:
+        """Start the rows of a run: from scratch, or after row ``rewind_to`` of a resumed run (set at
+        train begin; ``start`` then rewinds the run to that row with ``wandb.init(resume_from=...)``)."""
+        #: W&B's step of the last history row (checkpointed: where a resumed run is rewound to).
+        self.row = -1 if rewind_to is None else rewind_to
+        self.rewind_to = rewind_to
+        self._row_training_step: Optional[int] = None  # the row's train/global_step
         self._row_keys: set[str] = set()
-        self._row_open = False  # the row at _row_step was written by the open run
-        self._history_keys: set[str] = set()  # keys with a history row in this session
+        self._offset = 0  # added to every row: a given run W&B holds rows of (online)
 
     def new_run_id(self) -> str:
         """A W&B run id made here (``wandb.init(id=...)``): the first checkpoint names the run."""
@@ -138,22 +155,28 @@ class WandbBackend(Backend):
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         """Start W&B's service (exit hook after ours); open the run on a thread, or adopt the user's run."""
         wandb = self._wandb
-        setup = getattr(wandb, "setup", None)
-        if callable(setup):
-            setup()
         self._ready.clear()
         self._error, self.run, self.lost = None, None, 0
-        current = getattr(wandb, "run", None)
+        try:
+            setup = getattr(wandb, "setup", None)
+            if callable(setup):
+                setup()
+            current = getattr(wandb, "run", None)
+        except Exception as error:  # a setting W&B refuses after our checks: never into training
+            self._failed(error)
+            return run_id
         if current is not None and (run_id is None or current.id == run_id):
             self.run, self._owns_run = current, False  # a run the user opened: log into it
             self._opened()
             return str(current.id)
         self._owns_run = True
-        threading.Thread(target=self._open, args=(run_id,), daemon=True,
+        with self._lock:
+            self._attempt += 1
+        threading.Thread(target=self._open, args=(run_id, self._attempt), daemon=True,
                          name="hf-callbacks-plus-WandbLogger-open").start()
         return run_id
 
-    def _open(self, run_id: Optional[str]) -> None:
+    def _open(self, run_id: Optional[str], attempt: int) -> None:
         wandb = self._wandb
         init = {**self.init, "name": mask_secrets(self.init.get("name") or self.run_name_from_args),
                 "group": mask_secrets(self.init.get("group")), "id": run_id,
@@ -164,24 +187,49 @@ class WandbBackend(Backend):
             init["settings"] = settings
         if version_tuple(wandb, 2) >= (0, 19):
             init["reinit"] = "create_new"
+        rewind, self.rewind_to, run = self.rewind_to, None, None
         try:
-            self.run = wandb.init(**{key: value for key, value in init.items() if value is not None})
-            self._opened()
+            if rewind is not None and run_id:  # the rows after the checkpoint's are the resumed run's
+                try:
+                    run = wandb.init(**self._given({**init, "resume": None,
+                                                    "resume_from": f"{run_id}?_step={rewind}"}))
+                except Exception as error:  # online: the run never reached W&B's server
+                    logger.warning("WandbLogger: could not rewind run %s to step %d (%s: %s); continuing "
+                                   "it without rewinding.", run_id, rewind, type(error).__name__,
+                                   str(error)[:300])
+                    rewind = None
+            if run is None:
+                run = wandb.init(**self._given(init))
         except Exception as error:  # never into the training loop: told, every record counted
-            self._error = error
-            logger.error("WandbLogger: could not open the run (%s: %s); nothing is logged to it in this "
-                         "training, and the records are counted and told at the end (%s).",
-                         type(error).__name__, str(error)[:500], _LOG_HISTORY)
-            self._ready.set()
+            if attempt == self._attempt:
+                self._failed(error)
+            return
+        with self._lock:
+            current = attempt == self._attempt
+            if current:
+                self.run = run
+        if current:
+            self._opened(rewound=rewind is not None)
+        else:  # closed while it opened (its records were counted as lost): nobody's run
+            run.finish(exit_code=1)
 
-    def _opened(self) -> None:
+    def _failed(self, error: BaseException) -> None:
+        self._error = error
+        logger.error("WandbLogger: could not open the run (%s: %s); nothing is logged to it in this "
+                     "training, and the records are counted and told at the end (%s).",
+                     type(error).__name__, str(error)[:500], _LOG_HISTORY)
+        self._ready.set()
+
+    @staticmethod
+    def _given(init: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in init.items() if value is not None}
+
+    def _opened(self, rewound: bool = False) -> None:
         run = self.run
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
-        self._min_step = int(getattr(run, "starting_step", 0) or 0)  # online resume: W&B's next step
-        held = run.summary.keys() if self._min_step else ()
-        self._held_keys = {key for key in held if not key.startswith("_")}
-        self._row_step, self._row_keys, self._row_open = max(self._row_step, self._min_step - 1), set(), False
+        if not rewound:  # a run W&B already holds rows of (online, given by id): log after them
+            self._offset = int(getattr(run, "starting_step", 0) or 0)
         if self.watch != "false" and self.model is not None:
             watch = getattr(run, "watch", None) or self._wandb.watch  # Run.watch since wandb 0.18
             watch(self.model, log=self.watch, log_freq=100)
@@ -215,34 +263,29 @@ class WandbBackend(Backend):
                 action(*args)
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
+        """Each record's curves go to a history row: the row of its training step while no key repeats
+        there, else the next row (``train/global_step``, every chart's x axis, still its step)."""
         for record in records:
-            self._do(self._log_record, record, points=len(record.metrics) + len(record.summary))
+            if record.metrics:
+                step = record.step
+                if step != self._row_training_step or not self._row_keys.isdisjoint(record.metrics):
+                    self.row = max(step, self.row + 1)
+                    self._row_training_step, self._row_keys = step, set()
+                self._row_keys.update(record.metrics)
+                self._do(self._log_row, {**record.metrics, STEP_KEY: step}, self.row,
+                         points=len(record.metrics))
+            if record.summary:
+                self._do(self._update_summary, record.summary, points=len(record.summary))
 
-    def _log_record(self, record: LogRecord) -> None:
-        step, run = record.step, self.run
-        metrics = {key: value for key, value in record.metrics.items()
-                   if step >= self._min_step or key not in self._held_keys}  # held by the resumed run
-        if self._row_open and step == self._row_step:  # more values for the current row
-            fresh = {key: value for key, value in metrics.items() if key not in self._row_keys}
-        elif step > self._row_step:  # a new row
-            self._row_step, self._row_keys, self._row_open = step, set(), True
-            fresh = metrics
-        else:  # the run is past this step: W&B would refuse it in the history
-            fresh = {}
-        if fresh:
-            run.log({**fresh, STEP_KEY: step}, step=step)
-            self._row_keys.update(fresh)
-            self._history_keys.update(fresh)
-        # a later value of a key with a history goes under its step (a later row would replace it)
-        late = {(f"{key}@{step}" if key in self._history_keys else key): value
-                for key, value in metrics.items() if key not in fresh}
-        if late or record.summary:
-            run.summary.update({**record.summary, **late})
-        for name in late:
-            key = name.rpartition("@")[0] or name
-            self._warn(("late", key), "WandbLogger: %r has a value at step %d already (or the run is past "
-                       "that step); W&B keeps one value per key and step, so this one is in the run summary "
-                       "as %r.", key, step, name)
+    def last_row(self) -> Optional[int]:
+        """W&B's step of the last history row of this run (None before any)."""
+        return None if self.row < 0 else self.row + self._offset
+
+    def _log_row(self, values: dict[str, Any], row: int) -> None:
+        self.run.log(values, step=row + self._offset)
+
+    def _update_summary(self, values: dict[str, Any]) -> None:
+        self.run.summary.update(values)
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         self._do(lambda: self.run.config.update({key: typed(value) for key, value in params.items()},
@@ -274,6 +317,11 @@ class WandbBackend(Backend):
         if self._ready.is_set():
             self._run_waiting()
 
+    @property
+    def failed(self) -> bool:
+        """True when the run could not open (every record is counted as lost)."""
+        return self._error is not None
+
     def wait_open(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for ``wandb.init``; True when the run is open."""
         return self._ready.wait(timeout) and self._error is None
@@ -282,6 +330,8 @@ class WandbBackend(Backend):
         """Write what waits and finish the run (exit code 0 or 1), within ``timeout`` + ``grace`` seconds."""
         end = time.monotonic() + timeout
         if not self._ready.wait(timeout):
+            with self._lock:
+                self._attempt += 1  # a run opening later is finished by its own thread
             self.lost += len(self._waiting)
             self._waiting, self._waiting_points = [], 0
             logger.error("WandbLogger: the run did not open within %.0f s (the close deadline); the records "
@@ -356,6 +406,7 @@ class WandbLogger(TrackerLogger):
     max_param_length = 10_000
     #: The exception waits for ``wandb.init`` (seconds on a busy machine) so the run gets its status.
     exception_timeout = 20.0
+    close_at_train_end = False
 
     def __init__(self, project: Optional[str] = None, entity: Optional[str] = None,
                  run_id: Optional[str] = None, name: Optional[str] = None,
@@ -389,17 +440,28 @@ class WandbLogger(TrackerLogger):
         #: Why the logger does nothing (``WANDB_DISABLED``, ``mode="disabled"``), or None.
         self.disabled_reason = wandb_disabled_reason(mode)
         self._wandb: Any = None
+        self._rewind_to: Optional[int] = None
+        self._fresh_rows = False
         if self.disabled_reason is not None:
             logger.warning("WandbLogger is disabled because %s: nothing will be logged to W&B. "
                            "Unset it to log.", self.disabled_reason)
             return
         self._wandb = require("wandb", "WandbLogger")
+        self.check_settings()
         self.backend: Optional[WandbBackend] = WandbBackend(self._wandb, self._init_kwargs(), settings,
                                                             self.watch, self.warn, max_memory_points)
 
     def _init_kwargs(self) -> dict[str, Any]:
         return {"project": self.project, "entity": self.entity, "name": self.name, "group": self.group,
                 "tags": self.tags, "mode": self.mode, "dir": self.dir, "resume": self.resume}
+
+    def check_settings(self) -> None:
+        """Raise ``ValueError`` naming every ``WANDB_*`` variable (and ``settings`` entry) W&B refuses, with
+        what to set (at construction and again at train begin: the environment may have changed)."""
+        problems = settings_problems(self._wandb, self.settings)
+        if problems:
+            raise ValueError("WandbLogger: W&B refuses its settings, so no run could open: "
+                             + "; ".join(problems) + ".")
 
     @property
     def disabled(self) -> bool:
@@ -426,8 +488,30 @@ class WandbLogger(TrackerLogger):
         run_name = getattr(args, "run_name", None)
         from_args = run_name and run_name != getattr(args, "output_dir", None)
         backend.run_name_from_args = run_name if from_args else None
-        backend.new_session()
+        if is_main_process(state):
+            self.check_settings()
+        self._rewind_to, self._fresh_rows = None, True
         super().on_train_begin(args, state, control, model=model, **kwargs)
+
+    def state_attributes(self) -> dict[str, Any]:
+        """The base's, and the W&B step of the last history row (where a resumed run is rewound to)."""
+        row = None if self.backend is None else self.backend.last_row()
+        return {**super().state_attributes(), "wandb_step": row}
+
+    def load_state_attributes(self, attributes: dict[str, Any]) -> None:
+        """The base's; a resumed run of the checkpoint is rewound to its last row (0.2.0: its last step)."""
+        super().load_state_attributes(attributes)
+        steps = attributes.get("last_steps") or {}
+        row = attributes.get("wandb_step", max(steps.values()) if steps else None)
+        if attributes.get("run_id") and attributes["run_id"] == self.run_id and row is not None:
+            self._rewind_to = int(row)
+
+    def _open_run(self, resume: bool, boundary: bool) -> None:
+        """The run a ``train()`` opens starts its rows from scratch, or after the checkpoint's last row."""
+        if self._fresh_rows:
+            self._fresh_rows = False
+            self.backend.new_run(self._rewind_to)
+        super()._open_run(resume, boundary)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """With ``log_model="checkpoint"``, upload the checkpoint folder as a model artifact."""
@@ -440,12 +524,16 @@ class WandbLogger(TrackerLogger):
             self._write_file(str(staged), f"checkpoint_global_step_{state.global_step}", "model")
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        """Upload the final model (``log_model="end"``), then finish the run (exit code 0)."""
+        """Upload the final model (``log_model="end"``); the run stays open, as with ``WandbCallback``, for
+        ``evaluate()``/``predict()`` after training, and is finished (exit code 0) at exit, by the next
+        ``train()`` or by `close` (reopened offline, it would be a second folder)."""
         if self.backend is None:
             return
         if self.log_model == "end" and self._is_open and model is not None:
             self._write_file(save_model_to_temp(model, "wandb_model_"), "final_model", "model")
         super().on_train_end(args, state, control, **kwargs)
+        if self._is_open and self.backend.failed:  # no run to keep open: tell what is not in W&B now
+            self.close(FINISHED)
 
     def _sync(self, timeout: float) -> bool:
         if timeout > 0:  # flush(): the records waiting for wandb.init go once it returns

@@ -192,6 +192,9 @@ class WandbRun:
         record_counts: How many records of each type the file holds.
         truncated: The file ends in the middle of a record (a run still being written or
             a process that died); everything before it was read.
+        branch_point: Where this run continues another (``wandb.init(resume_from=...)``, a rewind, or
+            ``fork_from``): ``{"run": id, "metric": "_step", "value": step}``; when synced, W&B drops
+            the run's rows after ``value`` and these rows follow. None otherwise.
     """
 
     path: Path
@@ -211,6 +214,7 @@ class WandbRun:
     start_time: Optional[float] = None
     record_counts: dict[str, int] = field(default_factory=dict)
     truncated: bool = False
+    branch_point: Optional[dict[str, Any]] = None
 
     @property
     def finished(self) -> bool:
@@ -379,6 +383,9 @@ class _Folder:
             run.tags = list(rec.tags)
         if rec.HasField("start_time") and run.start_time is None:
             run.start_time = rec.start_time.seconds + rec.start_time.nanos / 1e9
+        if rec.HasField("branch_point") and rec.branch_point.run:
+            point = rec.branch_point
+            run.branch_point = {"run": point.run, "metric": point.metric, "value": point.value}
         if rec.HasField("config"):
             self._on_config(rec.config)
         if rec.HasField("summary"):

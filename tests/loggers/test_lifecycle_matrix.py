@@ -3,9 +3,9 @@
 Each case ends with the right statuses (no successful run closed FAILED), every (key, step) exactly
 once and nothing erased. Backends: JSONL, MLflow on a sqlite store (and, for the crash and resume,
 on the session's real ``mlflow server``: the run found by its key over the REST API), TensorBoard
-(EventAccumulator), W&B offline (its run files). One documented exception: a W&B offline run
-resumed after a crash holds the steps between the checkpoint and the crash in both offline
-folders (W&B's run files are not read back; online, W&B's own starting step skips them).
+(EventAccumulator), trackio (its sqlite store), W&B offline (its run files, synced in order: a
+resumed run's folder rewinds the run to its checkpoint, so the steps between the checkpoint and a
+crash, in both folders, count once).
 """
 
 from __future__ import annotations
@@ -85,21 +85,30 @@ def _tensorboard_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
 def _wandb(tmp_path: Path, uri: str):
     from tests.loggers.wandb_helpers import fast_logger
 
-    return fast_logger(project="lifecycle", flush_timeout=5.0)
+    return fast_logger(project="lifecycle", flush_timeout=30.0)
 
 
 def _wandb_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
-    from tests.loggers.wandb_helpers import runs
+    from tests.loggers.wandb_helpers import points, runs, synced_history
 
-    points: Counter = Counter()
-    statuses = []
-    for run in runs(tmp_path / "wandb_root"):
-        statuses.append({0: "FINISHED", None: "RUNNING"}.get(run.exit_code, "FAILED"))
-        for row in run.history:
-            step = row.get("train/global_step", row["_step"])
-            keys = [key for key in row if not key.startswith("_") and key != "train/global_step"]
-            points.update((key, step) for key in keys)
-    return points, statuses
+    folders = runs(tmp_path / "wandb_root")
+    statuses = [{0: "FINISHED", None: "RUNNING"}.get(run.exit_code, "FAILED") for run in folders]
+    by_id: dict[str, list] = {}
+    for run in folders:
+        by_id.setdefault(run.run_id, []).append(run)
+    return Counter(point for same in by_id.values() for point in points(synced_history(same))), statuses
+
+
+def _trackio(tmp_path: Path, uri: str):
+    from hf_callbacks_plus.loggers.trackio import TrackioLogger
+
+    return TrackioLogger(project=_experiment(tmp_path))
+
+
+def _trackio_points(tmp_path: Path, uri: str) -> tuple[Counter, list[str]]:
+    from tests.loggers.trackio_helpers import points_and_statuses
+
+    return points_and_statuses(_experiment(tmp_path))
 
 
 BACKENDS = {
@@ -108,6 +117,7 @@ BACKENDS = {
     "mlflow_server": (_mlflow, _mlflow_points),
     "tensorboard": (_tensorboard, _tensorboard_points),
     "wandb_offline": (_wandb, _wandb_points),
+    "trackio": (_trackio, _trackio_points),
 }
 
 
@@ -129,6 +139,8 @@ def _backend(request, tmp_path, _template_db, monkeypatch):
 
     if request.param.startswith("mlflow"):
         pytest.importorskip("mlflow")
+    if request.param == "trackio":
+        pytest.importorskip("trackio")
     if request.param == "tensorboard":
         pytest.importorskip("tensorboard")
     shutil.copy(_template_db, tmp_path / "mlflow.db")
@@ -169,11 +181,9 @@ def next_second(name: str) -> None:
         time.sleep(1.0 - time.time() % 1.0 + 0.01)
 
 
-def duplicates(points: Counter, name: str = "", crashed_after: range = range(0)) -> dict:
-    """``(key, step)`` points logged more than once (for W&B offline, apart from the steps in
-    ``crashed_after``: between the checkpoint and a crash, in both offline folders)."""
-    return {point: count for point, count in points.items()
-            if count > 1 and not (name == "wandb_offline" and point[1] in crashed_after)}
+def duplicates(points: Counter) -> dict:
+    """``(key, step)`` points logged more than once."""
+    return {point: count for point, count in points.items() if count > 1}
 
 
 def train_steps(points: Counter) -> list[int]:
@@ -212,7 +222,7 @@ def test_resume_then_evaluate_or_predict(tmp_path, backend, after):
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     getattr(resumed, after)(*([resumed.eval_dataset] if after == "predict" else []))
     points, statuses = read()
-    assert not duplicates(points, name, range(5, 9)), duplicates(points)
+    assert not duplicates(points), duplicates(points)
     assert sorted(set(train_steps(points))) == list(range(1, 9)), "resumed steps erased or missing"
     assert "FAILED" not in statuses, statuses
 
@@ -232,7 +242,7 @@ def test_crash_then_resume(tmp_path, backend_or_server, caplog):
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
     assert any("still open in this process" in r.getMessage() for r in caplog.records)
     points, statuses = read()
-    assert not duplicates(points, name, range(5, 7)), duplicates(points)
+    assert not duplicates(points), duplicates(points)
     assert train_steps(points) == list(range(1, 9))
     if name.startswith("mlflow"):
         assert statuses == ["FINISHED"], statuses
@@ -242,7 +252,8 @@ def test_crash_then_resume(tmp_path, backend_or_server, caplog):
 
 STOCK = {"tensorboard": ("TensorBoardCallback", _tensorboard, _tensorboard_points),
          "mlflow": ("MLflowCallback", _mlflow, _mlflow_points),
-         "wandb": ("WandbCallback", _wandb, _wandb_points)}
+         "wandb": ("WandbCallback", _wandb, _wandb_points),
+         "trackio": ("TrackioCallback", _trackio, _trackio_points)}
 
 
 @pytest.mark.parametrize("stock", list(STOCK))
@@ -268,7 +279,7 @@ def test_stock_integration_beside_ours_warns(tmp_path, _template_db, monkeypatch
         offline_env(monkeypatch, tmp_path / "wandb_root")
     callback_name, make, _ = STOCK[stock]
     ours = make(tmp_path, uri)
-    args = {**ARGS, "save_strategy": "no", "report_to": [stock]}
+    args = {**ARGS, "save_strategy": "no", "report_to": [stock], "project": _experiment(tmp_path) + "-stock"}
     try:
         with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
             make_trainer(tmp_path, callbacks=[ours], **args).train()
@@ -320,7 +331,7 @@ def test_resume_into_another_output_dir(tmp_path, backend, caplog):
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         resumed.train(resume_from_checkpoint=str(moved / "checkpoint-4"))
     points, statuses = read()
-    assert not duplicates(points, name, range(5, 7)), duplicates(points)
+    assert not duplicates(points), duplicates(points)
     assert train_steps(points) == list(range(1, 9))
     assert statuses and statuses[0 if name.startswith("mlflow") else -1] == "FINISHED", statuses
     if name in ("jsonl", "tensorboard"):

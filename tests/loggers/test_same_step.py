@@ -57,14 +57,16 @@ def test_jsonl_writes_every_record(tmp_path):
 
 
 @pytest.mark.wandb
-def test_wandb_later_value_goes_to_the_summary_under_its_step_with_one_warning(tmp_path, monkeypatch, caplog):
-    """W&B keeps one value per key and step: the later value goes to the run summary as
-    ``eval/loss@<step>``, where a later row cannot overwrite it (it used to go to ``eval/loss`` in the
-    summary, which the next row of ``eval/loss`` replaced: the value was gone)."""
+def test_wandb_keeps_both_values_at_one_step_in_rows_of_that_step_without_a_warning(tmp_path, monkeypatch,
+                                                                                   caplog):
+    """W&B keeps one value per key and history row: a second value of a key at one training step goes
+    to the next row, whose ``train/global_step`` (every chart's x axis) is still that step, as the
+    stock ``WandbCallback``'s rows are (it went to the run summary as ``eval/loss@4``, with a warning
+    per key: 37 lines for an evaluation of 37 metrics)."""
     pytest.importorskip("wandb")
     from transformers import TrainerCallback
 
-    from tests.loggers.wandb_helpers import fast_logger, offline_env, runs
+    from tests.loggers.wandb_helpers import fast_logger, global_steps, offline_env, runs
 
     root = offline_env(monkeypatch, tmp_path / "wb")
     logger = fast_logger(project="same-step")
@@ -80,10 +82,12 @@ def test_wandb_later_value_goes_to_the_summary_under_its_step_with_one_warning(t
                            eval_strategy="steps", eval_steps=4, max_steps=8)
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
         trainer.train()
-    (run,) = runs(root)
-    assert run.steps("eval/loss") == [4, 8]  # the history keeps the first value at step 4
-    last = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry][-1]
-    assert run.summary["eval/loss"] == pytest.approx(last)  # the later row's value
-    assert run.summary["eval/loss@4"] == pytest.approx(seen["other"])  # still there
-    warnings = [r.getMessage() for r in caplog.records if "'eval/loss' has a value at step" in r.getMessage()]
-    assert len(warnings) == 1 and "eval/loss@4" in warnings[0], warnings
+        (run,) = runs(root)
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("hf_callbacks_plus")]
+    assert not ours, ours
+    values = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert global_steps(run, "eval/loss") == [4, 4, 8]
+    assert [value for _, value in run.series("eval/loss")] == pytest.approx(values)
+    assert seen["other"] == pytest.approx(values[1])
+    assert [row["_step"] for row in run.history] == [4, 5, 8]  # W&B's own step only increases
+    assert global_steps(run, "train/loss") == [4, 8]

@@ -47,3 +47,23 @@ def test_wandb_config_has_model_num_parameters(tmp_path, monkeypatch):
     make_trainer(tmp_path / "out", callbacks=[logger], max_steps=2, logging_steps=1).train()
     (run,) = runs(root)
     assert run.config["model/num_parameters"] == 2  # TinyRegressionModel: a and b
+
+
+@pytest.mark.trackio
+def test_trackio_config_holds_the_training_arguments_like_the_stock_callback(tmp_path):
+    """Ours and the stock ``TrackioCallback`` side by side: the same training arguments in the run
+    config (ours flattened and typed), and ours the parameter count (the stock one counts only a
+    ``PreTrainedModel``'s)."""
+    pytest.importorskip("trackio")
+    from hf_callbacks_plus.loggers.trackio import TrackioLogger
+    from tests.loggers.trackio_helpers import project_name, trackio_runs
+
+    project = project_name(tmp_path)
+    make_trainer(tmp_path / "stock", max_steps=2, logging_steps=1, report_to="trackio",
+                 project=project + "-stock").train()
+    logger = TrackioLogger(project=project)
+    make_trainer(tmp_path / "ours", callbacks=[logger], max_steps=2, logging_steps=1).train()
+    ((stock,), (ours,)) = trackio_runs(project + "-stock"), trackio_runs(project)
+    for key in ("learning_rate", "max_steps", "seed", "per_device_train_batch_size", "logging_steps"):
+        assert ours.config[key] == stock.config[key], key
+    assert ours.config["model/num_parameters"] == 2

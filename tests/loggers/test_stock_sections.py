@@ -4,11 +4,11 @@ A run logs the training loop's metrics, evaluations, a train subset with gap met
 stopping diagnostics, the run totals and ``trainer.predict()`` metrics. Wired the three
 documented ways (``TrainerPlus``, the mixin on a ``Trainer`` subclass, a stock ``Trainer`` with
 ``run_before_integrations``), with ``report_to=["tensorboard", "wandb", "mlflow"]`` swapped for
-our loggers by ``replace_report_to_callbacks``: TensorBoard event files, the W&B offline run and
-the MLflow sqlite store hold each metric in its section.
+our loggers by ``replace_report_to_callbacks``: TensorBoard event files, the W&B offline run, the
+MLflow sqlite store and the trackio store hold each metric in its section.
 
 The stock integrations, read back the same way, show why the swap exists: every key that does
-not start with ``eval_``/``test_`` lands under ``train/`` (TensorBoard, W&B) or in the ``train``
+not start with ``eval_``/``test_`` lands under ``train/`` (TensorBoard, W&B, trackio) or in the ``train``
 title (ClearML offline); MLflow keeps the raw keys. (Comet offline writes the same ``train/...``
 names, checked by hand: with no network it retries its server for 30 s and more per run, too
 slow for the suite; see docs/integrations.md.)
@@ -27,7 +27,7 @@ from hf_callbacks_plus.loggers.swap import replace_report_to_callbacks
 from tests.integrations.tensorboard_events import read_scalars
 from tests.tiny_models import RegressionDataset, TinyRegressionModel, regression_metrics, training_args
 
-pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb]
+pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb, pytest.mark.trackio]
 
 #: What the training loop measures on its batches: the only names allowed under ``train/``.
 TRAIN_LOOP = {"loss", "grad_norm", "learning_rate", "epoch", "global_step"}
@@ -51,7 +51,7 @@ def build(wiring: str, output_dir: Path, report_to: list[str]):
 
     ours = [TrainSubsetEvaluation(size=16, gap_metrics=True), EarlyStopping("eval_loss", patience=50)]
     args = training_args(output_dir, max_steps=6, logging_steps=1, eval_strategy="steps", eval_steps=3,
-                         report_to=report_to)
+                         report_to=report_to, project=trackio_project(output_dir))
     common = {"model": TinyRegressionModel(), "args": args, "train_dataset": RegressionDataset(64, seed=1),
               "eval_dataset": RegressionDataset(16, seed=2), "compute_metrics": regression_metrics}
     if wiring == "trainer_plus":
@@ -62,6 +62,19 @@ def build(wiring: str, output_dir: Path, report_to: list[str]):
 
         return MyTrainer(**common, callbacks=ours)
     return run_before_integrations(Trainer(**common), *ours)
+
+
+def trackio_project(output_dir: Path) -> str:
+    """The trackio project of a test (``TrainingArguments.project``; the store is the process's)."""
+    return f"sections-{output_dir.parent.name}"
+
+
+def trackio_names(project: str) -> set[str]:
+    from tests.loggers.trackio_helpers import records, trackio_runs
+
+    (run,) = trackio_runs(project)
+    return {key for row in records(project, run) for key, value in row.items()
+            if key not in ("step", "timestamp") and not isinstance(value, str)}
 
 
 def check_sections(names: set[str], where: str) -> None:
@@ -95,24 +108,24 @@ def test_swapped_integrations_put_every_metric_in_its_section(wiring, tmp_path, 
     from tests.loggers.wandb_helpers import FAST_SETTINGS, runs
 
     out = tmp_path / "out"
-    trainer = build(wiring, out, ["tensorboard", "wandb", "mlflow"])
+    trainer = build(wiring, out, ["tensorboard", "wandb", "mlflow", "trackio"])
     swapped = replace_report_to_callbacks(
         trainer, wandb=WandbLogger(dir=str(trackers_env), settings=wandb.Settings(**FAST_SETTINGS)))
     loggers = [new for _, new in swapped]
     assert {type(stock).__name__ for stock, _ in swapped} == {"TensorBoardCallback", "WandbCallback",
-                                                               "MLflowCallback"}
+                                                               "MLflowCallback", "TrackioCallback"}
     trainer.train()
     trainer.predict(RegressionDataset(16, seed=3))
-    for logger in loggers:  # predict() reopened the runs after training
+    for logger in loggers:  # as at exit: predict() logged into (W&B) or reopened (the others) the runs
         assert logger.close()
 
     tensorboard = next(logger for logger in loggers if isinstance(logger, TensorBoardLogger))
     assert Path(tensorboard.backend.directory).parent == out / "runs"
     check_sections(set(read_scalars(out)), "TensorBoard")
 
-    # predict() after train() reopens the run: offline, a second folder with the same run id
+    # the run stays open after train(): predict() logs into it (one folder, not a second one)
     wandb_runs = runs(trackers_env)
-    assert len({run.run_id for run in wandb_runs}) == 1
+    assert len(wandb_runs) == 1
     history = {key for run in wandb_runs for row in run.history for key in row if not key.startswith("_")}
     summary = {key for run in wandb_runs for key, value in run.summary.items()
                if not key.startswith("_") and not isinstance(value, (str, dict))}
@@ -122,6 +135,7 @@ def test_swapped_integrations_put_every_metric_in_its_section(wiring, tmp_path, 
     mlflow_logger = next(logger for logger in loggers if type(logger).__name__ == "MLflowLogger")
     metrics = MlflowClient(sqlite_uri).get_run(mlflow_logger.run_id).data.metrics
     check_sections(set(metrics), "MLflow")
+    check_sections(trackio_names(trackio_project(out)), "trackio")
 
 
 def test_swap_keeps_the_stock_tensorboard_logging_dir(tmp_path, monkeypatch):
@@ -162,7 +176,7 @@ def test_what_the_stock_integrations_write(tmp_path, trackers_env, sqlite_uri, m
     # threads instead; what it writes to disk is the same.
     monkeypatch.setattr(clearml.Task, "_report_subprocess_enabled", False)
     out = tmp_path / "out"
-    trainer = build("trainer_plus", out, ["tensorboard", "wandb", "mlflow", "clearml"])
+    trainer = build("trainer_plus", out, ["tensorboard", "wandb", "mlflow", "clearml", "trackio"])
     trainer.train()
     trainer.predict(RegressionDataset(16, seed=3))
     by_name = {type(callback).__name__: callback for callback in trainer.callback_handler.callbacks}
@@ -177,6 +191,8 @@ def test_what_the_stock_integrations_write(tmp_path, trackers_env, sqlite_uri, m
     (run,) = runs(wandb_run_dir)
     assert wrong - {"train/train_loss"} <= {key for row in run.history for key in row}
     assert "train_loss" in run.summary  # WandbCallback puts the run totals in the summary, raw
+    trackio = trackio_names(trackio_project(out))  # TrackioCallback: rewrite_logs too, no run totals
+    assert wrong - {"train/train_loss"} <= trackio and not {"train_loss", "train/train_loss"} & trackio
     clearml = _clearml_metrics(tmp_path / "clearml")
     assert {"train/train_subset_loss", "train/gap_loss", "eval/loss"} <= clearml
     assert not {name for name in clearml if name.startswith("test/")}  # ClearMLCallback has no on_predict

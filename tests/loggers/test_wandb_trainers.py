@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.loggers.wandb_helpers import fast_logger, offline_env, runs, steps_per_key
+from tests.loggers.wandb_helpers import fast_logger, offline_env, runs, steps_per_key, synced_history
 
 pytest.importorskip("wandb")
 
@@ -48,11 +48,13 @@ def test_lightweight_trainer_failure_then_resume(tmp_path: Path, monkeypatch: py
     first, resumed = runs(root)
     assert resumed.run_id == crashed.run_id == resumed_logger.run_id
     assert resumed.exit_code == 0
-    # every step after the checkpoint (4); step 6 is in the failed run's folder too (W&B's run files
-    # are not read back), nothing before the checkpoint twice
+    # every step after the checkpoint (4); step 6 is in the failed run's folder too, and the resumed
+    # folder rewinds the run to the checkpoint's row: synced in order, every step once
     assert resumed.steps("train/loss") == [6, 8, 10] and resumed.steps("eval/score") == [8, 10]
-    per_key = steps_per_key([first, resumed])
-    assert per_key["train/loss"] == [2, 4, 6, 6, 8, 10]
+    assert resumed.branch_point == {"run": crashed.run_id, "metric": "_step", "value": 4}
+    assert steps_per_key([first, resumed])["train/loss"] == [2, 4, 6, 6, 8, 10]
+    synced = synced_history([first, resumed])
+    assert [row["train/global_step"] for row in synced if "train/loss" in row] == [2, 4, 6, 8, 10]
     assert "train_summary/runtime" in resumed.summary
 
 

@@ -44,8 +44,21 @@ def fast_logger(**kwargs: Any):
     return WandbLogger(**kwargs)
 
 
+def close_finished_loggers() -> None:
+    """Close every W&B run a ``WandbLogger`` keeps open after its ``train()`` ended (for ``evaluate()``
+    afterwards), as the exit hook would at the end of the process."""
+    from hf_callbacks_plus.loggers.base import _OPEN_LOGGERS
+    from hf_callbacks_plus.loggers.wandb import WandbLogger
+
+    for logger in list(_OPEN_LOGGERS.values()):
+        if isinstance(logger, WandbLogger) and not logger.training:
+            logger.close()
+
+
 def runs(root: Path) -> list[WandbRun]:
-    """Every run under ``root``, oldest first, waited for until complete."""
+    """Every run under ``root``, oldest first, waited for until complete (closing the runs kept open
+    after training first)."""
+    close_finished_loggers()
     return [read_wandb_run(path, wait=20) for path in find_wandb_runs(root)]
 
 
@@ -58,3 +71,30 @@ def steps_per_key(all_runs: list[WandbRun]) -> dict[str, list[int]]:
                 if not key.startswith("_") and key != "train/global_step":
                     out.setdefault(key, []).append(row["_step"])
     return out
+
+
+def synced_history(all_runs: list[WandbRun]) -> list[dict[str, Any]]:
+    """The history W&B's server holds after ``wandb sync`` of ``all_runs`` in this order (one run id):
+    a run with a branch point (``resume_from``, a rewind) first drops the rows after its step; a row
+    at a step the run is already past is ignored (W&B warns); every other row is appended."""
+    history: list[dict[str, Any]] = []
+    for run in all_runs:
+        if run.branch_point is not None:
+            history = [row for row in history if row["_step"] <= run.branch_point["value"]]
+        for row in run.history:
+            if not history or row["_step"] > history[-1]["_step"]:
+                history.append(row)
+            elif row["_step"] == history[-1]["_step"]:
+                history[-1] = {**history[-1], **row}
+    return history
+
+
+def points(history: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """``(key, train/global_step)`` of every value in ``history``, in order (W&B's keys left out)."""
+    return [(key, row["train/global_step"]) for row in history for key in row
+            if not key.startswith("_") and key != "train/global_step"]
+
+
+def global_steps(run: WandbRun, key: str) -> list[int]:
+    """The training step (``train/global_step``, every chart's x axis) of each row holding ``key``."""
+    return [row["train/global_step"] for row in run.history if key in row]
