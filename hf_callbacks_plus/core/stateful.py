@@ -128,6 +128,7 @@ class SelfRestoringState(TrainerCallback, ExportableState):
             return
         folder = checkpoint_folder(args.output_dir, state.global_step)
         self.write_state_into_checkpoint(folder)
+        self.keep_trainer_state_current(args, state)
 
     def write_state_into_checkpoint(self, folder: str) -> bool:
         """Replace this instance's entry in ``<folder>/trainer_state.json`` by its current state.
@@ -141,7 +142,13 @@ class SelfRestoringState(TrainerCallback, ExportableState):
             return False
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-        saved = data.get("stateful_callbacks") or {}
+        data["stateful_callbacks"] = self._with_current_entry(data.get("stateful_callbacks") or {})
+        write_json_atomically(path, data)
+        return True
+
+    def _with_current_entry(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """``saved`` (a ``stateful_callbacks`` dict) with this instance's entry replaced by its
+        current state (appended when the class has other instances)."""
         name, current = type(self).__name__, self.state()
         entries = saved.get(name)
         if isinstance(entries, list):
@@ -156,9 +163,16 @@ class SelfRestoringState(TrainerCallback, ExportableState):
             saved[name] = [entries, current]
         else:
             saved[name] = current
-        data["stateful_callbacks"] = saved
-        write_json_atomically(path, data)
-        return True
+        return saved
+
+    def keep_trainer_state_current(self, args: Any, state: Any) -> None:
+        """On transformers < 4.45, put this instance's current state into the trainer's
+        ``state.stateful_callbacks``, which it computed at train begin and writes into every
+        checkpoint: the next checkpoint then holds this state even when the process dies between
+        the trainer's save and our ``on_save`` (transformers >= 4.45 asks at each save itself)."""
+        saved = getattr(state, "stateful_callbacks", None)
+        if isinstance(saved, dict) and not trainer_saves_callback_states_per_checkpoint(args):
+            self._with_current_entry(saved)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Restore from the checkpoint being resumed, if any (``state.global_step > 0``)."""

@@ -414,6 +414,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         self.last_step = max(self.last_step or 0, step)
         if self._writer:
             self._commit(self.entries)
+        self.keep_trainer_state_current(args, state)
 
     def _prepare(self, start: Start) -> tuple[list[int], Optional[str]]:
         """Make the disk match the ranking the run starts from (on the processes that write; no
@@ -626,7 +627,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         if pending is not None and pending not in self._unranked:
             self._unranked.append(pending)
 
-    def _rank_pending(self, state: Any) -> None:
+    def _rank_pending(self, args: Any, state: Any) -> None:
         """Values logged after the save of their step (an evaluation by epoch after a save by steps
         at the epoch's last step) rank that save, while its checkpoint-N still exists."""
         if self._pending is None or self._pending != getattr(state, "global_step", None):
@@ -635,6 +636,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         if candidate is not None:
             self._pending = None
             self._rank(candidate, checkpoint_folder(self.output_dir, candidate.step))
+            self.keep_trainer_state_current(args, state)
 
     # -- events --------------------------------------------------------------------------
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -650,7 +652,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         """Check the first evaluation holds the metrics; rank a save waiting for them."""
         self._state = state
         self._check_record(metrics, from_evaluate=True)
-        self._rank_pending(state)
+        self._rank_pending(args, state)
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Check the first training record holds a training-loop metric; add the ranking to the
@@ -669,7 +671,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         the ranking); then rank a save waiting for the values just logged."""
         self.on_pre_log(args, state, control, logs=logs, **kwargs)
         if isinstance(logs, dict) and not KeyGrammar.is_summary_record(logs):
-            self._rank_pending(state)
+            self._rank_pending(args, state)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Rank the checkpoint just saved; keep it (a copy) if it is in a top k; delete the evicted."""
@@ -683,11 +685,12 @@ class KeepBestCheckpoints(SelfRestoringState):
             self.last_step = step
         if candidate is not None:
             self._rank(candidate, checkpoint_folder(self.output_dir, step))
-            return
-        if self.specs:
-            self._pending = step
-        if self._writer:
-            self._commit(self.entries)
+        else:
+            if self.specs:
+                self._pending = step
+            if self._writer:
+                self._commit(self.entries)
+        self.keep_trainer_state_current(args, state)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Settle the last save; warn about unranked or unkept saves; print the kept checkpoints."""
