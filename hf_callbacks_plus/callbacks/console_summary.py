@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..core.callback import TrainerCallback
-from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, grammar_for
+from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, evaluation_prefix, grammar_for, is_training_record
 from ..metrics.monitor import gap_is_meaningful, infer_mode
 from ..runtime.console import tell
 
@@ -187,9 +187,9 @@ class ConsoleSummary(TrainerCallback):
         record with ``training=True``): the records a quieted printer skips."""
         if not isinstance(logs, Mapping):
             return False
-        if _evaluation_prefix(logs) is not None:
+        if evaluation_prefix(logs) is not None:
             return True
-        return self.training and _is_training_record(logs)
+        return self.training and is_training_record(logs)
 
     # -- events ----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -199,9 +199,9 @@ class ConsoleSummary(TrainerCallback):
         for record in getattr(state, "log_history", None) or ():
             if not isinstance(record, Mapping):
                 continue
-            if _is_training_record(record):
+            if is_training_record(record):
                 self._throughput = _throughput(record) or self._throughput
-            elif _evaluation_prefix(record) is not None:
+            elif evaluation_prefix(record) is not None:
                 self.evaluation_line(record, None, args, remember=True)
         self._last = None
         self._quiet_printers()
@@ -210,13 +210,13 @@ class ConsoleSummary(TrainerCallback):
         """Print the record's line."""
         if not isinstance(logs, Mapping):
             return
-        if _is_training_record(logs):
+        if is_training_record(logs):
             self._throughput = _throughput(logs) or self._throughput
-        prefix = _evaluation_prefix(logs)
+        prefix = evaluation_prefix(logs)
         if prefix is not None:
             line = self.evaluation_line(logs, state, args, prefix, remember=True)
             text = self.format_evaluation(line, state)
-        elif self.training and _is_training_record(logs):
+        elif self.training and is_training_record(logs):
             text = self.format_training(logs, state)
         else:
             return
@@ -267,7 +267,7 @@ class ConsoleSummary(TrainerCallback):
         """
         if self._last is not None and self._last[0] is logs:
             return self._last[1]
-        prefix = prefix or _evaluation_prefix(logs) or "eval"
+        prefix = prefix or evaluation_prefix(logs) or "eval"
         step = int(getattr(state, "global_step", 0) or logs.get("step") or 0)
         line = EvaluationLine(step=step, throughput=dict(self._throughput))
         keys = []
@@ -412,19 +412,6 @@ def _quieted(on_log: Callable[..., Any], summary: ConsoleSummary) -> Callable[..
         return on_log(args, state, control, logs=logs, **kwargs)
 
     return quieted_on_log
-
-
-def _evaluation_prefix(logs: Mapping[str, Any]) -> Optional[str]:
-    """The ``metric_key_prefix`` of an evaluation record (``<prefix>_runtime``), or None."""
-    for key in logs:
-        if isinstance(key, str) and key.endswith("_runtime") and key != "train_runtime" and len(key) > 8:
-            return key[: -len("_runtime")]
-    return None
-
-
-def _is_training_record(logs: Mapping[str, Any]) -> bool:
-    """A record of the training loop: the running ``loss``, no evaluation and no end-of-training totals."""
-    return "loss" in logs and "train_runtime" not in logs and _evaluation_prefix(logs) is None
 
 
 def _throughput(logs: Mapping[str, Any]) -> dict[str, float]:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from ..callbacks.console_summary import ConsoleSummary
-from ..metrics.keys import TIMING_NAMES
+from ..metrics.keys import TIMING_NAMES, evaluation_prefix
 
 __all__ = ["column_name", "evaluation_prefix", "fit_notebook_table"]
 
@@ -64,12 +63,6 @@ def _weak(trainer: Any) -> Callable[[], Any]:
 def _summary_of(trainer: Any) -> Optional[ConsoleSummary]:
     callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", ())
     return next((callback for callback in callbacks if isinstance(callback, ConsoleSummary)), None)
-
-
-def evaluation_prefix(metrics: Mapping[str, Any]) -> Optional[str]:
-    """The ``metric_key_prefix`` of an evaluation record (from its ``<prefix>_runtime``), or None."""
-    runtimes = (key for key in metrics if isinstance(key, str) and key.endswith("_runtime"))
-    return next((key[: -len("_runtime")] for key in runtimes), None)
 
 
 def column_name(key: str) -> str:

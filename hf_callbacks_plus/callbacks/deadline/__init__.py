@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from ...core.checkpoint_folders import checkpoint_folder
 from ...core.claims import TrainBeginClaims
 from ...core.stateful import SelfRestoringState
+from ...metrics.keys import KeyGrammar
 from ...runtime.console import tell
 from ...runtime.distributed import cpu_group, distributed_world_size, sum_over_ranks
 from . import window as logging_window
@@ -432,10 +433,8 @@ class Deadline(SelfRestoringState):
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Add ``deadline/reason`` to the end-of-training record."""
-        if not (self.report and self._training and isinstance(logs, dict) and "train_runtime" in logs):
-            return
-        ending = self._ending_now(state)
-        logs[REASON_KEY] = ending.label
+        if self.report and self._training and isinstance(logs, dict) and KeyGrammar.is_summary_record(logs):
+            logs[REASON_KEY] = self._ending_now(state).label
 
     on_log = on_pre_log  # a stock Trainer without our handler: the loggers after this callback see it
 
