@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..core.callback import TrainerCallback
+from ..core.callback import TrainerCallback, weak_reference
 from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, evaluation_prefix, grammar_for, is_training_record
 from ..metrics.monitor import gap_is_meaningful, infer_mode
 from ..runtime.console import tell
@@ -159,10 +159,7 @@ class ConsoleSummary(TrainerCallback):
     # -- wiring ----------------------------------------------------------------------------
     def bind(self, trainer: Any) -> ConsoleSummary:
         """Take the trainer's key grammar and quiet its printer (called by every runner)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         self.grammar = grammar_for(trainer)
         self._quiet_printers()
         return self

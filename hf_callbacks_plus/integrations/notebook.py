@@ -16,10 +16,10 @@ train-subset values and gaps, the best so far, throughput).
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Any, Callable, Optional
 
 from ..callbacks.console_summary import ConsoleSummary
+from ..core.callback import weak_reference
 from ..metrics.keys import TIMING_NAMES, evaluation_prefix
 
 __all__ = ["column_name", "evaluation_prefix", "fit_notebook_table"]
@@ -49,15 +49,9 @@ def fit_notebook_table(trainer: Any) -> None:
     """
     for callback in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
         if _is_notebook_callback(callback) and not vars(callback).get(_FITTED):
-            callback.on_evaluate = _fitted_on_evaluate(callback, callback.on_evaluate, _weak(trainer))
+            callback.on_evaluate = _fitted_on_evaluate(callback, callback.on_evaluate,
+                                                       weak_reference(trainer))
             setattr(callback, _FITTED, True)
-
-
-def _weak(trainer: Any) -> Callable[[], Any]:
-    try:
-        return weakref.ref(trainer)
-    except TypeError:  # an object that refuses weak references
-        return lambda: trainer
 
 
 def _summary_of(trainer: Any) -> Optional[ConsoleSummary]:

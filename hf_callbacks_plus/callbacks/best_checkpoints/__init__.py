@@ -25,11 +25,11 @@ import logging
 import math
 import os
 import shutil
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Optional, Union
 
+from ...core.callback import weak_reference
 from ...core.checkpoint_files import kept_entries
 from ...core.checkpoint_folders import checkpoint_folder
 from ...core.claims import TrainBeginClaims
@@ -216,10 +216,7 @@ class KeepBestCheckpoints(SelfRestoringState):
 
     def bind(self, trainer: Any) -> KeepBestCheckpoints:
         """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         self.grammar = grammar_for(trainer)
         for monitor in self._monitors:
             monitor.grammar = self.grammar

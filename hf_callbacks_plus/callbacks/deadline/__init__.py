@@ -23,6 +23,7 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Union
 
+from ...core.callback import weak_reference
 from ...core.checkpoint_folders import checkpoint_folder
 from ...core.claims import TrainBeginClaims
 from ...core.stateful import SelfRestoringState
@@ -213,10 +214,7 @@ class Deadline(SelfRestoringState):
         """Keep the trainer (weakly): its logging window travels through a stop's checkpoint; and
         make its ``train()`` put the previous signal handlers back however it ends (a stock Trainer
         that raises fires no end event)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         restore_handlers_after_train(trainer, self)
         return self
 
@@ -626,7 +624,7 @@ def restore_handlers_after_train(trainer: Any, deadline: Deadline) -> None:
     current = getattr(trainer, "train", None)
     if not callable(current) or getattr(vars(trainer).get("train"), _RESTORES, False):
         return
-    owner, holder = weakref.ref(trainer), weakref.ref(deadline)
+    owner, holder = weak_reference(trainer), weakref.ref(deadline)
     function = current.__func__ if getattr(current, "__self__", None) is trainer else None
 
     def train(*args: Any, **kwargs: Any) -> Any:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-import weakref
 from typing import Any, Optional
 
+from ...core.callback import weak_reference
 from ...core.claims import TrainBeginClaims
 from ...core.stateful import SelfRestoringState
 from ...metrics.keys import KeyGrammar, grammar_for
@@ -186,10 +186,7 @@ class EarlyStopping(SelfRestoringState):
 
     def bind(self, trainer: Any) -> EarlyStopping:
         """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:  # an object that refuses weak references
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         self.grammar = grammar_for(trainer)
         if self._monitor is not None:
             self._monitor.grammar = self.grammar
