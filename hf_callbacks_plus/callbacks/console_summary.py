@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,7 @@ from typing import Any, Callable, Optional
 from ..core.callback import TrainerCallback, weak_reference
 from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, evaluation_prefix, grammar_for, is_training_record
 from ..metrics.monitor import gap_is_meaningful, infer_mode
+from ..metrics.numbers import to_float
 from ..runtime.console import tell
 
 __all__ = ["ConsoleSummary", "EvaluationLine"]
@@ -271,7 +271,7 @@ class ConsoleSummary(TrainerCallback):
         monitor = self.monitored(args)
         lead = self._key_in(monitor, logs, prefix) if monitor else None
         for key in (lead, f"{prefix}_loss", *(self._key_in(name, logs, prefix) for name in self.metrics)):
-            if key is not None and key not in keys and _number(logs.get(key)) is not None:
+            if key is not None and key not in keys and to_float(logs.get(key)) is not None:
                 keys.append(key)
         for key in keys:
             line.metrics.append(self._shown(key, logs))
@@ -296,8 +296,8 @@ class ConsoleSummary(TrainerCallback):
         shown = Shown(key, parsed.name, float(logs[key]))
         if parsed.section == TRAIN_SUBSET_PREFIX or parsed.is_running:
             return shown
-        shown.subset = _number(logs.get(f"{TRAIN_SUBSET_PREFIX}_{parsed.name}"))
-        gap = _number(logs.get(f"gap_{parsed.name}"))
+        shown.subset = to_float(logs.get(f"{TRAIN_SUBSET_PREFIX}_{parsed.name}"))
+        gap = to_float(logs.get(f"gap_{parsed.name}"))
         if gap is None and shown.subset is not None and gap_is_meaningful(parsed.name):
             gap = shown.subset - shown.value
         shown.gap = gap
@@ -371,13 +371,13 @@ class ConsoleSummary(TrainerCallback):
         step = int(getattr(state, "global_step", 0) or logs.get("step") or 0)
         parts = [_head(step, state)]
         for key, label in (("loss", "loss"), ("learning_rate", "lr"), ("grad_norm", "grad_norm")):
-            value = _number(logs.get(key))
+            value = to_float(logs.get(key))
             if value is not None:
                 parts.append(f"{label} {value:.3g}" if key == "learning_rate" else f"{label} {_fmt(value)}")
         names = [self.grammar.parse(self.grammar.canonical(name)).name
                  for name in (self.monitored(), *self.metrics) if name]
         for name in dict.fromkeys(names):
-            value = _number(logs.get(name)) if name != "loss" else None
+            value = to_float(logs.get(name)) if name != "loss" else None
             if value is not None:
                 parts.append(f"{name} {_fmt(value)}")
         figures = _throughput(logs)
@@ -414,7 +414,7 @@ def _quieted(on_log: Callable[..., Any], summary: ConsoleSummary) -> Callable[..
 def _throughput(logs: Mapping[str, Any]) -> dict[str, float]:
     figures = {}
     for name, label in THROUGHPUT_SHOWN:
-        value = _number(logs.get(f"throughput/{name}"))
+        value = to_float(logs.get(f"throughput/{name}"))
         if value is not None:
             figures[label] = value
     return figures
@@ -433,14 +433,8 @@ def _format_throughput(figures: Mapping[str, float]) -> str:
 def _head(step: int, state: Any) -> str:
     total = int(getattr(state, "max_steps", 0) or 0)
     head = f"step {step}/{total}" if total > 0 else f"step {step}"
-    epoch = _number(getattr(state, "epoch", None))
+    epoch = to_float(getattr(state, "epoch", None))
     return head + (f" (epoch {epoch:.2f})" if epoch is not None else "")
-
-
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def _title(name: str) -> str:
