@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..core.callback import TrainerCallback
-from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, grammar_for
+from ..core.callback import TrainerCallback, weak_reference
+from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, evaluation_prefix, grammar_for, is_training_record
 from ..metrics.monitor import gap_is_meaningful, infer_mode
+from ..metrics.numbers import to_float
 from ..runtime.console import tell
 
 __all__ = ["ConsoleSummary", "EvaluationLine"]
@@ -159,10 +159,7 @@ class ConsoleSummary(TrainerCallback):
     # -- wiring ----------------------------------------------------------------------------
     def bind(self, trainer: Any) -> ConsoleSummary:
         """Take the trainer's key grammar and quiet its printer (called by every runner)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         self.grammar = grammar_for(trainer)
         self._quiet_printers()
         return self
@@ -187,9 +184,9 @@ class ConsoleSummary(TrainerCallback):
         record with ``training=True``): the records a quieted printer skips."""
         if not isinstance(logs, Mapping):
             return False
-        if _evaluation_prefix(logs) is not None:
+        if evaluation_prefix(logs) is not None:
             return True
-        return self.training and _is_training_record(logs)
+        return self.training and is_training_record(logs)
 
     # -- events ----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -199,9 +196,9 @@ class ConsoleSummary(TrainerCallback):
         for record in getattr(state, "log_history", None) or ():
             if not isinstance(record, Mapping):
                 continue
-            if _is_training_record(record):
+            if is_training_record(record):
                 self._throughput = _throughput(record) or self._throughput
-            elif _evaluation_prefix(record) is not None:
+            elif evaluation_prefix(record) is not None:
                 self.evaluation_line(record, None, args, remember=True)
         self._last = None
         self._quiet_printers()
@@ -210,13 +207,13 @@ class ConsoleSummary(TrainerCallback):
         """Print the record's line."""
         if not isinstance(logs, Mapping):
             return
-        if _is_training_record(logs):
+        if is_training_record(logs):
             self._throughput = _throughput(logs) or self._throughput
-        prefix = _evaluation_prefix(logs)
+        prefix = evaluation_prefix(logs)
         if prefix is not None:
             line = self.evaluation_line(logs, state, args, prefix, remember=True)
             text = self.format_evaluation(line, state)
-        elif self.training and _is_training_record(logs):
+        elif self.training and is_training_record(logs):
             text = self.format_training(logs, state)
         else:
             return
@@ -267,14 +264,14 @@ class ConsoleSummary(TrainerCallback):
         """
         if self._last is not None and self._last[0] is logs:
             return self._last[1]
-        prefix = prefix or _evaluation_prefix(logs) or "eval"
+        prefix = prefix or evaluation_prefix(logs) or "eval"
         step = int(getattr(state, "global_step", 0) or logs.get("step") or 0)
         line = EvaluationLine(step=step, throughput=dict(self._throughput))
         keys = []
         monitor = self.monitored(args)
         lead = self._key_in(monitor, logs, prefix) if monitor else None
         for key in (lead, f"{prefix}_loss", *(self._key_in(name, logs, prefix) for name in self.metrics)):
-            if key is not None and key not in keys and _number(logs.get(key)) is not None:
+            if key is not None and key not in keys and to_float(logs.get(key)) is not None:
                 keys.append(key)
         for key in keys:
             line.metrics.append(self._shown(key, logs))
@@ -299,8 +296,8 @@ class ConsoleSummary(TrainerCallback):
         shown = Shown(key, parsed.name, float(logs[key]))
         if parsed.section == TRAIN_SUBSET_PREFIX or parsed.is_running:
             return shown
-        shown.subset = _number(logs.get(f"{TRAIN_SUBSET_PREFIX}_{parsed.name}"))
-        gap = _number(logs.get(f"gap_{parsed.name}"))
+        shown.subset = to_float(logs.get(f"{TRAIN_SUBSET_PREFIX}_{parsed.name}"))
+        gap = to_float(logs.get(f"gap_{parsed.name}"))
         if gap is None and shown.subset is not None and gap_is_meaningful(parsed.name):
             gap = shown.subset - shown.value
         shown.gap = gap
@@ -374,13 +371,13 @@ class ConsoleSummary(TrainerCallback):
         step = int(getattr(state, "global_step", 0) or logs.get("step") or 0)
         parts = [_head(step, state)]
         for key, label in (("loss", "loss"), ("learning_rate", "lr"), ("grad_norm", "grad_norm")):
-            value = _number(logs.get(key))
+            value = to_float(logs.get(key))
             if value is not None:
                 parts.append(f"{label} {value:.3g}" if key == "learning_rate" else f"{label} {_fmt(value)}")
         names = [self.grammar.parse(self.grammar.canonical(name)).name
                  for name in (self.monitored(), *self.metrics) if name]
         for name in dict.fromkeys(names):
-            value = _number(logs.get(name)) if name != "loss" else None
+            value = to_float(logs.get(name)) if name != "loss" else None
             if value is not None:
                 parts.append(f"{name} {_fmt(value)}")
         figures = _throughput(logs)
@@ -414,23 +411,10 @@ def _quieted(on_log: Callable[..., Any], summary: ConsoleSummary) -> Callable[..
     return quieted_on_log
 
 
-def _evaluation_prefix(logs: Mapping[str, Any]) -> Optional[str]:
-    """The ``metric_key_prefix`` of an evaluation record (``<prefix>_runtime``), or None."""
-    for key in logs:
-        if isinstance(key, str) and key.endswith("_runtime") and key != "train_runtime" and len(key) > 8:
-            return key[: -len("_runtime")]
-    return None
-
-
-def _is_training_record(logs: Mapping[str, Any]) -> bool:
-    """A record of the training loop: the running ``loss``, no evaluation and no end-of-training totals."""
-    return "loss" in logs and "train_runtime" not in logs and _evaluation_prefix(logs) is None
-
-
 def _throughput(logs: Mapping[str, Any]) -> dict[str, float]:
     figures = {}
     for name, label in THROUGHPUT_SHOWN:
-        value = _number(logs.get(f"throughput/{name}"))
+        value = to_float(logs.get(f"throughput/{name}"))
         if value is not None:
             figures[label] = value
     return figures
@@ -449,14 +433,8 @@ def _format_throughput(figures: Mapping[str, float]) -> str:
 def _head(step: int, state: Any) -> str:
     total = int(getattr(state, "max_steps", 0) or 0)
     head = f"step {step}/{total}" if total > 0 else f"step {step}"
-    epoch = _number(getattr(state, "epoch", None))
+    epoch = to_float(getattr(state, "epoch", None))
     return head + (f" (epoch {epoch:.2f})" if epoch is not None else "")
-
-
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    return None
 
 
 def _title(name: str) -> str:

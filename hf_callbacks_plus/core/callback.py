@@ -7,12 +7,13 @@ callback author reads.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 from .._compat import TrainerCallbackBase
 from .state import TrainerControl, TrainerState
 
-__all__ = ["EVENTS", "TrainerCallback", "bind_trainer"]
+__all__ = ["EVENTS", "TrainerCallback", "bind_trainer", "weak_reference"]
 
 #: Every event a transformers.Trainer fires, in declaration order.
 EVENTS = (
@@ -122,6 +123,15 @@ def bind_trainer(callback: Any, trainer: Any) -> None:
     bind = getattr(callback, "bind", None)
     if callable(bind) and _takes_one_argument(bind):
         bind(trainer)
+
+
+def weak_reference(target: Any) -> Callable[[], Any]:
+    """A weak reference to ``target`` (the trainer a callback keeps); a plain closure for an object
+    that refuses weak references."""
+    try:
+        return weakref.ref(target)
+    except TypeError:
+        return lambda: target
 
 
 def _takes_one_argument(function: Any) -> bool:

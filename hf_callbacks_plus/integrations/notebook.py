@@ -16,12 +16,11 @@ train-subset values and gaps, the best so far, throughput).
 from __future__ import annotations
 
 import re
-import weakref
-from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from ..callbacks.console_summary import ConsoleSummary
-from ..metrics.keys import TIMING_NAMES
+from ..core.callback import weak_reference
+from ..metrics.keys import TIMING_NAMES, evaluation_prefix
 
 __all__ = ["column_name", "evaluation_prefix", "fit_notebook_table"]
 
@@ -50,26 +49,14 @@ def fit_notebook_table(trainer: Any) -> None:
     """
     for callback in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
         if _is_notebook_callback(callback) and not vars(callback).get(_FITTED):
-            callback.on_evaluate = _fitted_on_evaluate(callback, callback.on_evaluate, _weak(trainer))
+            callback.on_evaluate = _fitted_on_evaluate(callback, callback.on_evaluate,
+                                                       weak_reference(trainer))
             setattr(callback, _FITTED, True)
-
-
-def _weak(trainer: Any) -> Callable[[], Any]:
-    try:
-        return weakref.ref(trainer)
-    except TypeError:  # an object that refuses weak references
-        return lambda: trainer
 
 
 def _summary_of(trainer: Any) -> Optional[ConsoleSummary]:
     callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", ())
     return next((callback for callback in callbacks if isinstance(callback, ConsoleSummary)), None)
-
-
-def evaluation_prefix(metrics: Mapping[str, Any]) -> Optional[str]:
-    """The ``metric_key_prefix`` of an evaluation record (from its ``<prefix>_runtime``), or None."""
-    runtimes = (key for key in metrics if isinstance(key, str) and key.endswith("_runtime"))
-    return next((key[: -len("_runtime")] for key in runtimes), None)
 
 
 def column_name(key: str) -> str:

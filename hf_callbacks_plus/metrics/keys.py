@@ -64,8 +64,10 @@ __all__ = [
     "MetricKey",
     "add_prefix",
     "did_you_mean",
+    "evaluation_prefix",
     "flatten_metrics",
     "grammar_for",
+    "is_training_record",
 ]
 
 logger = logging.getLogger("hf_callbacks_plus")
@@ -431,11 +433,12 @@ class KeyGrammar:
     def is_summary_record(logs: Mapping[str, Any]) -> bool:
         """True for the end-of-training record of ``Trainer.train``.
 
-        It carries ``train_runtime`` and no other ``train_*`` key than the run totals
-        (an ``evaluate(..., metric_key_prefix="train")`` record carries its metrics too).
+        It carries ``train_runtime``, no running ``loss`` (a training record under
+        ``include_num_input_tokens_seen`` carries both) and no other ``train_*`` key than the run
+        totals (an ``evaluate(..., metric_key_prefix="train")`` record carries its metrics too).
         ``total_flos`` cannot tell: transformers' ``PrinterCallback`` removes it from the record.
         """
-        if "train_runtime" not in logs:
+        if "train_runtime" not in logs or "loss" in logs:
             return False
         return all(key in SUMMARY_KEYS for key in logs if isinstance(key, str) and key.startswith("train_"))
 
@@ -559,6 +562,27 @@ class KeyGrammar:
         suggestions = did_you_mean(monitor, names + [self.render(k) for k in names])
         hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
         return f"Metric {monitor!r} was not found. Available keys: {keys}.{hint}"
+
+
+def _evaluation_key(key: Any) -> bool:
+    return isinstance(key, str) and (key.startswith("eval_") or (
+        key.endswith("_runtime") and len(key) > len("_runtime") and key != "train_runtime"))
+
+
+def is_training_record(logs: Mapping[str, Any]) -> bool:
+    """True for a record of the training loop: the running ``loss``, no evaluation's key (under
+    ``include_num_input_tokens_seen`` it carries ``train_runtime`` too)."""
+    return "loss" in logs and not any(_evaluation_key(key) for key in logs)
+
+
+def evaluation_prefix(logs: Mapping[str, Any]) -> Optional[str]:
+    """The ``metric_key_prefix`` of an evaluation record (from its ``<prefix>_runtime``), or None for
+    a training record and the end-of-training record."""
+    if is_training_record(logs) or KeyGrammar.is_summary_record(logs):
+        return None
+    runtimes = (key for key in logs if isinstance(key, str) and key.endswith("_runtime")
+                and len(key) > len("_runtime"))
+    return next((key[: -len("_runtime")] for key in runtimes), None)
 
 
 def grammar_for(trainer: Any) -> KeyGrammar:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Callable, TypeVar
 
-__all__ = ["all_gather_objects", "broadcast_from_rank0", "cpu_group", "distributed_rank",
+__all__ = ["all_gather_objects", "cpu_group", "distributed_rank",
            "distributed_world_size", "from_rank0", "sum_over_ranks"]
 
 T = TypeVar("T")
@@ -84,20 +84,6 @@ def _tensor(dist: Any, values: Sequence[float], group: Any = None) -> Any:
     return torch.tensor(list(values), dtype=torch.float64, device=device)
 
 
-def broadcast_from_rank0(values: Sequence[float]) -> list[float]:
-    """Return rank 0's ``values`` on every rank (unchanged when not distributed).
-
-    Every rank must call this at the same point with a sequence of the same length (a
-    collective).
-    """
-    dist = _dist()
-    if dist is None or dist.get_world_size() <= 1:
-        return list(values)
-    tensor = _tensor(dist, values)
-    dist.broadcast(tensor, src=0)
-    return [float(v) for v in tensor.cpu().tolist()]
-
-
 def from_rank0(compute: Callable[[], T]) -> T:
     """Run ``compute()`` on rank 0 only and return its result on every rank (a collective: every
     rank calls it at the same point). Not distributed: ``compute()``.
@@ -127,7 +113,7 @@ def from_rank0(compute: Callable[[], T]) -> T:
 def sum_over_ranks(values: Sequence[float], group: Any = None) -> list[float]:
     """Return the element-wise sum of every rank's ``values`` (unchanged when not distributed).
 
-    A collective, like `broadcast_from_rank0`: one ``all_reduce`` of one small tensor, on
+    A collective (every rank calls it at the same point): one ``all_reduce`` of one small tensor, on
     ``group`` (e.g. `cpu_group`) or the default group.
     """
     dist = _dist()

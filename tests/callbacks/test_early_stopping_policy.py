@@ -103,12 +103,6 @@ def test_the_callback_decides_through_the_policy_and_changes_nothing():
         EarlyStopping().decide(1.0, 1, 0.1)
 
 
-def test_decision_survives_the_broadcast_encoding():
-    for decision in (Decision(True, 0, 0.5, 4, 0.4, R.NOT_STOPPED), Decision(False, 3, None, None, None,
-                                                                               R.BASELINE_NOT_REACHED)):
-        assert Decision.from_floats(decision.to_floats()) == decision
-
-
 def test_saved_arguments_are_the_constructor_signature():
     names = [name for name in inspect.signature(EarlyStopping.__init__).parameters if name != "self"]
     assert list(ARGUMENTS) == names

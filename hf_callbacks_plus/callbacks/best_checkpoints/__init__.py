@@ -25,11 +25,11 @@ import logging
 import math
 import os
 import shutil
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Optional, Union
 
+from ...core.callback import weak_reference
 from ...core.checkpoint_files import kept_entries
 from ...core.checkpoint_folders import checkpoint_folder
 from ...core.claims import TrainBeginClaims
@@ -46,7 +46,6 @@ from .files import (
     copy_entries,
     copy_folder,
     finish_folder,
-    kept_folder,
     move_folder,
     remove_folder,
     update_folder,
@@ -216,10 +215,7 @@ class KeepBestCheckpoints(SelfRestoringState):
 
     def bind(self, trainer: Any) -> KeepBestCheckpoints:
         """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         self.grammar = grammar_for(trainer)
         for monitor in self._monitors:
             monitor.grammar = self.grammar
@@ -289,7 +285,7 @@ class KeepBestCheckpoints(SelfRestoringState):
 
     def folder(self, step: int) -> Optional[str]:
         """The kept folder of ``step`` (None before train begin)."""
-        return None if self.directory is None else kept_folder(self.directory, step)
+        return None if self.directory is None else checkpoint_folder(self.directory, step)
 
     @property
     def best_checkpoint(self) -> Optional[str]:
@@ -428,9 +424,9 @@ class KeepBestCheckpoints(SelfRestoringState):
                 if aside.manifest is not None:
                     write_manifest(aside.path, aside.manifest)
                 for step in aside.copy:
-                    copy_folder(self.folder(step), kept_folder(aside.path, step))
+                    copy_folder(self.folder(step), checkpoint_folder(aside.path, step))
                 for step in aside.move:
-                    move_folder(self.folder(step), kept_folder(aside.path, step))
+                    move_folder(self.folder(step), checkpoint_folder(aside.path, step))
             except OSError as error:
                 return [], (f"{_OWNER}: could not set the kept checkpoints of another run aside into "
                             f"{aside.path} ({type(error).__name__}: {error}); nothing was deleted. Free the "

@@ -40,12 +40,12 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from ...core.checkpoint_files import Entry, list_files
-from ...core.checkpoint_folders import PREFIX_CHECKPOINT_DIR
+from ...core.checkpoint_folders import checkpoint_folder
 from ...core.state import TRAINER_STATE_NAME
 from ...runtime.file_copies import Copied, copy_file
 
 __all__ = ["MANIFEST_NAME", "Copied", "abandon_folder", "begin_folder", "building_folder", "copy_entries",
-           "copy_folder", "finish_folder", "history_matches", "kept_folder", "leftovers", "move_folder",
+           "copy_folder", "finish_folder", "history_matches", "leftovers", "move_folder",
            "read_manifest", "remove_folder", "update_folder", "write_manifest"]
 
 logger = logging.getLogger("hf_callbacks_plus")
@@ -53,11 +53,6 @@ logger = logging.getLogger("hf_callbacks_plus")
 #: The manifest's file name, in the kept folder.
 MANIFEST_NAME = "manifest.json"
 _BUILDING, _DELETING, _PARTIAL = ".building-", ".deleting-", ".partial-"
-def kept_folder(directory: str, step: int) -> str:
-    """``<directory>/checkpoint-<step>``."""
-    return os.path.join(directory, f"{PREFIX_CHECKPOINT_DIR}-{step}")
-
-
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
@@ -242,7 +237,7 @@ def remove_folder(directory: str, step: int) -> None:
     Raises:
         ValueError: The path would leave ``directory`` (a symbolic link): nothing is deleted.
     """
-    path = kept_folder(directory, step)
+    path = checkpoint_folder(directory, step)
     if not os.path.lexists(path):
         return
     if os.path.islink(path) or os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory):

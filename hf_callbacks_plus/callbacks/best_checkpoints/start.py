@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ...core.checkpoint_folders import checkpoint_folder, checkpoint_steps
-from .files import history_matches, kept_folder, leftovers, read_manifest
+from .files import history_matches, leftovers, read_manifest
 from .ranking import Kept
 
 __all__ = ["SetAside", "Start", "plan_start"]
@@ -137,7 +137,7 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
         start.candidate = candidate
     needed = {entry.step for entry in entries} | ({step} if start.candidate is not None else set())
     in_place = {n for n in folders if n in needed and n <= step
-                and history_matches(kept_folder(directory, n), n, history)}
+                and history_matches(checkpoint_folder(directory, n), n, history)}
     if continues:
         start.cleanup = leftovers(directory)
         start.remove = sorted(n for n in folders if n not in in_place)
@@ -207,7 +207,7 @@ def _source(output_dir: str, directory: str, step: int, history: Sequence[Any]) 
     parent, name = os.path.split(directory)
     aside = sorted(os.path.join(parent, other) for other in os.listdir(parent)
                    if other.startswith(f"{name}.")) if os.path.isdir(parent) else []
-    for folder in [checkpoint_folder(output_dir, step), *(kept_folder(path, step) for path in aside)]:
+    for folder in [checkpoint_folder(output_dir, step), *(checkpoint_folder(path, step) for path in aside)]:
         if history_matches(folder, step, history):
             return folder
     return None

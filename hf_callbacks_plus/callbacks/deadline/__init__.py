@@ -23,9 +23,11 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Union
 
+from ...core.callback import weak_reference
 from ...core.checkpoint_folders import checkpoint_folder
 from ...core.claims import TrainBeginClaims
 from ...core.stateful import SelfRestoringState
+from ...metrics.keys import KeyGrammar
 from ...runtime.console import tell
 from ...runtime.distributed import cpu_group, distributed_world_size, sum_over_ranks
 from . import window as logging_window
@@ -212,10 +214,7 @@ class Deadline(SelfRestoringState):
         """Keep the trainer (weakly): its logging window travels through a stop's checkpoint; and
         make its ``train()`` put the previous signal handlers back however it ends (a stock Trainer
         that raises fires no end event)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         restore_handlers_after_train(trainer, self)
         return self
 
@@ -432,10 +431,8 @@ class Deadline(SelfRestoringState):
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Add ``deadline/reason`` to the end-of-training record."""
-        if not (self.report and self._training and isinstance(logs, dict) and "train_runtime" in logs):
-            return
-        ending = self._ending_now(state)
-        logs[REASON_KEY] = ending.label
+        if self.report and self._training and isinstance(logs, dict) and KeyGrammar.is_summary_record(logs):
+            logs[REASON_KEY] = self._ending_now(state).label
 
     on_log = on_pre_log  # a stock Trainer without our handler: the loggers after this callback see it
 
@@ -627,7 +624,7 @@ def restore_handlers_after_train(trainer: Any, deadline: Deadline) -> None:
     current = getattr(trainer, "train", None)
     if not callable(current) or getattr(vars(trainer).get("train"), _RESTORES, False):
         return
-    owner, holder = weakref.ref(trainer), weakref.ref(deadline)
+    owner, holder = weak_reference(trainer), weakref.ref(deadline)
     function = current.__func__ if getattr(current, "__self__", None) is trainer else None
 
     def train(*args: Any, **kwargs: Any) -> Any:

@@ -23,19 +23,12 @@ import logging
 import math
 from typing import Any, Optional
 
+from ...metrics.numbers import to_float
 from ...runtime.distributed import distributed_rank, distributed_world_size, sum_over_ranks
 
 __all__ = ["capture", "restore"]
 
 logger = logging.getLogger("hf_callbacks_plus")
-
-
-def _number(value: Any) -> Optional[float]:
-    item = getattr(value, "item", None)
-    try:
-        return float(item() if callable(item) else value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _running_metrics(trainer: Any) -> dict[str, list[float]]:
@@ -62,7 +55,7 @@ def capture(trainer: Any, step: int, logs_now: bool, group: Any = None) -> Optio
     since = int(trainer._globalstep_last_logged)
     if logs_now or since >= step:
         return None
-    value = _number(trainer._tr_loss)
+    value = to_float(trainer._tr_loss)
     world, rank = distributed_world_size(), distributed_rank()
     slots = [0.0] * world
     slots[rank] = value if value is not None else math.nan

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import inspect
 import logging
-import weakref
 from typing import Any, Optional
 
+from ...core.callback import weak_reference
 from ...core.claims import TrainBeginClaims
 from ...core.stateful import SelfRestoringState
 from ...metrics.keys import KeyGrammar, grammar_for
 from ...metrics.monitor import Monitor, check_mode
 from ...metrics.numbers import to_float
 from ...runtime.console import tell
-from ...runtime.distributed import broadcast_from_rank0, distributed_world_size
+from ...runtime.distributed import distributed_world_size, from_rank0
 from .best_weights import BestWeights, step_checkpoint
 from .policy import (
     Decision,
@@ -186,10 +186,7 @@ class EarlyStopping(SelfRestoringState):
 
     def bind(self, trainer: Any) -> EarlyStopping:
         """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        try:
-            self._trainer = weakref.ref(trainer)
-        except TypeError:  # an object that refuses weak references
-            self._trainer = lambda: trainer
+        self._trainer = weak_reference(trainer)
         self.grammar = grammar_for(trainer)
         if self._monitor is not None:
             self._monitor.grammar = self.grammar
@@ -334,8 +331,8 @@ class EarlyStopping(SelfRestoringState):
                                   f"{raw!r} ({type(raw).__name__}).")
             return
         decision = self.decide(value, step, float(getattr(state, "epoch", 0) or 0.0))
-        if self.sync_decision and distributed_world_size() > 1:  # rank 0's decision on every rank
-            decision = Decision.from_floats(broadcast_from_rank0(decision.to_floats()))
+        if self.sync_decision:  # rank 0's decision on every rank
+            decision = from_rank0(lambda: decision)
         self.wait, self.best_value, self.best_step, self.best_epoch = (
             decision.wait, decision.best_value, decision.best_step, decision.best_epoch)
         if decision.improved and self.restore_best:

@@ -40,6 +40,7 @@ import os
 import re
 from typing import Any, Optional
 
+from ...core.checkpoint_folders import checkpoint_folder
 from ...runtime.distributed import distributed_rank, distributed_world_size, sum_over_ranks
 from ...runtime.engines import copy_local, layout, load_local, local_tensors, sharding_engine, zero_optimizer
 
@@ -201,7 +202,7 @@ def step_checkpoint(step: int, output_dir: Optional[str], *known: Optional[str])
     ``output_dir``; None when there is none."""
     candidates = [*known]
     if output_dir:
-        candidates.append(os.path.join(output_dir, f"checkpoint-{step}"))
+        candidates.append(checkpoint_folder(output_dir, step))
     for candidate in candidates:
         if (
             candidate
@@ -282,7 +283,7 @@ class BestWeights:
                 return path
         if self.snapshot is None or self.snapshot_step != best_step:
             return path
-        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        folder = checkpoint_folder(args.output_dir, state.global_step)
         if not os.path.isdir(folder):
             return path
         from safetensors.torch import save_file
@@ -324,7 +325,7 @@ class BestWeights:
         if state.global_step == best_step and model is not None:
             self.take_snapshot(model, best_step, optimizer)
             return True
-        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        folder = checkpoint_folder(args.output_dir, state.global_step)
         name = self.rank_file_name(distributed_rank()) if self.per_rank else self.file_name
         path = os.path.join(folder, name)
         if not os.path.isfile(path):

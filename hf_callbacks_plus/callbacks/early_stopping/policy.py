@@ -10,7 +10,7 @@ stores what it returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional
@@ -32,7 +32,7 @@ class StopReason(str, Enum):
 
     @property
     def code(self) -> int:
-        """A small integer, used to broadcast the reason between ranks."""
+        """The reason's position in the enum (a small integer)."""
         return list(StopReason).index(self)
 
 
@@ -51,24 +51,6 @@ class Decision:
     def should_stop(self) -> bool:
         """True when training must stop."""
         return self.reason is not StopReason.NOT_STOPPED
-
-    def to_floats(self) -> list[float]:
-        """The decision as floats (None as NaN / -1), to broadcast between ranks."""
-        nan = float("nan")
-        return [
-            float(self.improved), float(self.wait), nan if self.best_value is None else self.best_value,
-            -1.0 if self.best_step is None else float(self.best_step),
-            nan if self.best_epoch is None else self.best_epoch, float(self.reason.code),
-        ]
-
-    @classmethod
-    def from_floats(cls, values: Sequence[float]) -> Decision:
-        """Rebuild a decision from `to_floats`."""
-        return cls(
-            bool(values[0]), int(values[1]), None if math.isnan(values[2]) else values[2],
-            None if values[3] < 0 else int(values[3]), None if math.isnan(values[4]) else values[4],
-            list(StopReason)[int(values[5])],
-        )
 
 
 def _shown(value: Any) -> str:

@@ -50,6 +50,7 @@ import time
 from typing import Any, Optional, Union
 
 from ...core.callback import TrainerCallback
+from ...metrics.keys import evaluation_prefix, is_training_record
 from ...runtime.distributed import distributed_world_size, sum_over_ranks
 from ...runtime.engines import sharding_engine
 from .batch_counts import COUNTS, BatchCounts
@@ -345,7 +346,7 @@ class ThroughputMonitor(TrainerCallback):
     # -- the record --------------------------------------------------------------------------------
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         """Add the window's figures to a training record (before any ``on_log``)."""
-        if _is_training_record(logs):
+        if isinstance(logs, dict) and is_training_record(logs):
             logs.update(self._close_window(state))
             self._handled = logs
 
@@ -354,10 +355,10 @@ class ThroughputMonitor(TrainerCallback):
         without ``on_pre_log`` (a stock Trainer), first add the figures to the training record and
         to ``state.log_history``."""
         handled, self._handled = self._handled, None
-        training = _is_training_record(logs)
-        if training and logs is not handled:
-            self._add_in_on_log(args, state, logs)
-        self._piece("logging" if training or not _is_evaluation_record(logs) else "evaluation")
+        record = logs if isinstance(logs, dict) else {}
+        if is_training_record(record) and logs is not handled:
+            self._add_in_on_log(args, state, record)
+        self._piece("evaluation" if evaluation_prefix(record) is not None else "logging")
 
     def _add_in_on_log(self, args: Any, state: Any, logs: dict) -> None:
         figures = self._close_window(state)
@@ -501,19 +502,3 @@ def _positive(value: Any) -> bool:
 
 def _listed(names: Optional[tuple[str, ...]]) -> str:
     return ", ".join(names) if names else "no arguments"
-
-
-def _is_training_record(logs: Any) -> bool:
-    """A record of the training loop: it has the running ``loss`` (the end-of-training summary has
-    ``train_loss``; with ``include_num_input_tokens_seen`` every training record also carries
-    ``train_runtime``) and no evaluation key."""
-    return (isinstance(logs, dict) and "loss" in logs
-            and not any(isinstance(key, str) and key.startswith("eval_") for key in logs))
-
-
-def _is_evaluation_record(logs: Any) -> bool:
-    """A record of an evaluation: ``evaluate()`` and ``predict()`` (any ``metric_key_prefix``)
-    and the train-subset evaluation report ``<prefix>_runtime`` (the end-of-training summary's
-    ``train_runtime`` is no evaluation)."""
-    return isinstance(logs, dict) and any(isinstance(key, str) and key.endswith("_runtime")
-                                          and key != "train_runtime" for key in logs)
