@@ -13,6 +13,18 @@ import torch
 
 from hf_callbacks_plus.core.callback import TrainerCallback
 
+#: The schedule of every Deadline test's training (the tests import it): a log every 3 steps, an
+#: evaluation every 4, a save every 8, 16 steps.
+ARGS = {
+    "max_steps": 16,
+    "logging_steps": 3,
+    "eval_strategy": "steps",
+    "eval_steps": 4,
+    "save_strategy": "steps",
+    "save_steps": 8,
+}
+#: What a 2-rank (gloo) run adds to it.
+DISTRIBUTED = {"ddp_backend": "gloo", "per_device_train_batch_size": 4}
 #: Where a signal can land: inside a step, during an evaluation, during a save.
 MOMENTS = ("step", "evaluation", "save")
 #: Keys that measure the run (time), not the model: never equal between two runs.

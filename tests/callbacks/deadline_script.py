@@ -30,15 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from transformers import TrainerCallback  # noqa: E402
 
-ARGS = {
-    "max_steps": 16,
-    "logging_steps": 3,
-    "eval_strategy": "steps",
-    "eval_steps": 4,
-    "save_strategy": "steps",
-    "save_steps": 8,
-}
-DISTRIBUTED = {"ddp_backend": "gloo", "per_device_train_batch_size": 4}
+from tests.callbacks.deadline_helpers import ARGS, DISTRIBUTED  # noqa: E402
+
 GATE_TIMEOUT_SECONDS = 300
 
 

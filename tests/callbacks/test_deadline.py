@@ -32,6 +32,7 @@ from hf_callbacks_plus import (  # noqa: E402
 from hf_callbacks_plus.callbacks.deadline.ending import read_status  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from tests.callbacks.deadline_helpers import (  # noqa: E402
+    ARGS,
     MOMENTS,
     SignalAt,
     SimulatedClock,
@@ -46,14 +47,6 @@ from tests.tiny_models import make_trainer  # noqa: E402
 
 pytestmark = [pytest.mark.transformers]
 
-ARGS = {
-    "max_steps": 16,
-    "logging_steps": 3,
-    "eval_strategy": "steps",
-    "eval_steps": 4,
-    "save_strategy": "steps",
-    "save_steps": 8,
-}
 WIRINGS = ("stock", "run_before_integrations", "TrainerPlus")
 
 

@@ -12,18 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.callbacks.deadline_helpers import ARGS as SCHEDULE
+from tests.callbacks.deadline_helpers import DISTRIBUTED
+
 pytestmark = [pytest.mark.transformers]
 
-ARGS = {
-    "max_steps": 16,
-    "logging_steps": 3,
-    "eval_strategy": "steps",
-    "eval_steps": 4,
-    "save_strategy": "steps",
-    "save_steps": 8,
-    "ddp_backend": "gloo",
-    "per_device_train_batch_size": 4,
-}
+ARGS = {**SCHEDULE, **DISTRIBUTED}
 
 
 def one_rank_then_both(out: Path) -> None:

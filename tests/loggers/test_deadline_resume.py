@@ -14,20 +14,13 @@ pytest.importorskip("transformers")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from hf_callbacks_plus import Deadline, MLflowLogger, TrainerPlus  # noqa: E402
+from tests.callbacks.deadline_helpers import ARGS as SCHEDULE  # noqa: E402
 from tests.callbacks.deadline_helpers import TIMING, SignalAt  # noqa: E402
 from tests.tiny_models import make_trainer  # noqa: E402
 
 pytestmark = [pytest.mark.mlflow, pytest.mark.transformers]
 
-ARGS = {
-    "max_steps": 16,
-    "logging_steps": 3,
-    "eval_strategy": "steps",
-    "eval_steps": 4,
-    "save_strategy": "steps",
-    "save_steps": 8,
-    "disable_tqdm": True,
-}
+ARGS = {**SCHEDULE, "disable_tqdm": True}
 
 
 def histories(client: MlflowClient, experiment: str):
