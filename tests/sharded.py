@@ -70,6 +70,30 @@ TRAINERS = ("trainer", "trainer_plus", "sft_lora")
 #: log_history keys that differ between any two runs
 TIMING = ("runtime", "per_second", "preparation_time")
 SEQUENCE_LENGTH = 16
+#: What each engine writes in ``checkpoint-4`` of the stock Trainer (2 ranks; the Trainer is given
+#: a tokenizer), in parts: tests/test_sharded_engines.py checks the files against it and
+#: tests/core/test_checkpoint_files.py classifies them.
+COMMON = {"trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"}
+METADATA = {"config.json", "generation_config.json", "training_args.bin", "tokenizer.json",
+            "tokenizer_config.json"}
+ZERO = {"latest", "zero_to_fp32.py", "zero_to_torch.py",
+        "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+ZERO3_MODEL = {"global_step4/zero_pp_rank_0_mp_rank_00_model_states.pt",
+               "global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"}
+DCP = {"pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp",
+       "pytorch_model_fsdp_0/__1_0.distcp"}
+DCP_OPTIMIZER = {"optimizer_0/.metadata", "optimizer_0/__0_0.distcp", "optimizer_0/__1_0.distcp"}
+LAYOUT = {
+    "ddp": COMMON | METADATA | {"model.safetensors", "optimizer.pt"},
+    "zero1": COMMON | METADATA | ZERO | {"model.safetensors", "global_step4/mp_rank_00_model_states.pt"},
+    "zero3": COMMON | METADATA | ZERO | ZERO3_MODEL,
+    "fsdp2": COMMON | DCP | DCP_OPTIMIZER,
+    "fsdp2_full": COMMON | METADATA | {"model.safetensors", "pytorch_model_fsdp.bin", "optimizer.bin"},
+}
+LAYOUT["zero2"] = LAYOUT["zero1"]
+LAYOUT["fsdp1_sharded"] = LAYOUT["fsdp2"]
+LAYOUT["fsdp1_full"] = LAYOUT["fsdp2_full"]
 
 
 def check_engine(engine: str) -> None:

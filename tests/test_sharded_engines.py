@@ -24,37 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.sharded import DEEPSPEED_STAGES, FSDP_ENGINES, TRAINERS, engine_scenarios, saved_weights
+from tests.sharded import DEEPSPEED_STAGES, FSDP_ENGINES, LAYOUT, TRAINERS, engine_scenarios, saved_weights
 
 pytestmark = [pytest.mark.transformers, pytest.mark.slow]
 pytest.importorskip("deepspeed")
 pytest.importorskip("trl")
 
 STEPS, SAVE_STEPS = 4, 4
-#: What each engine writes in ``checkpoint-4`` of the stock Trainer (2 ranks; the Trainer is given
-#: a tokenizer). ``WEIGHTS``: the files that hold the model's weights (several when the engine
-#: writes them twice); the rest is what only a resume needs (optimizer, scheduler, RNG, engine
-#: state) or metadata.
-COMMON = {"trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"}
-METADATA = {"config.json", "generation_config.json", "training_args.bin", "tokenizer.json",
-            "tokenizer_config.json"}
-ZERO = {"latest", "zero_to_fp32.py", "zero_to_torch.py",
-        "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-        "global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
-DCP_SHARDED = {"pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp",
-               "pytorch_model_fsdp_0/__1_0.distcp", "optimizer_0/.metadata", "optimizer_0/__0_0.distcp",
-               "optimizer_0/__1_0.distcp"}
-LAYOUT = {
-    "ddp": COMMON | METADATA | {"model.safetensors", "optimizer.pt"},
-    "zero1": COMMON | METADATA | ZERO | {"model.safetensors", "global_step4/mp_rank_00_model_states.pt"},
-    "zero3": COMMON | METADATA | ZERO | {"global_step4/zero_pp_rank_0_mp_rank_00_model_states.pt",
-                                         "global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"},
-    "fsdp2": COMMON | DCP_SHARDED,
-    "fsdp2_full": COMMON | METADATA | {"model.safetensors", "pytorch_model_fsdp.bin", "optimizer.bin"},
-}
-LAYOUT["zero2"] = LAYOUT["zero1"]
-LAYOUT["fsdp1_sharded"] = LAYOUT["fsdp2"]
-LAYOUT["fsdp1_full"] = LAYOUT["fsdp2_full"]
 WEIGHTS = {
     "ddp": {"model.safetensors"},
     # ZeRO-1/2: the fp32 module state again in mp_rank_00_model_states.pt (the optimizer shards hold

@@ -25,6 +25,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping  # noqa: E402
 from tests.callbacks.early_stopping_helpers import scripted_trainer  # noqa: E402
+from tests.callbacks.sharded_callbacks import StopAt  # noqa: E402
 
 pytestmark = pytest.mark.transformers
 
@@ -52,16 +53,6 @@ class RecordWeights(TrainerCallback):
     def on_evaluate(self, args, state, control, model=None, **kwargs):
         self.weights[state.global_step] = (model.a.item(), model.b.item())
 
-
-class StopAt(TrainerCallback):
-    """Ends the first run at ``step`` (after its checkpoint), standing in for a crash."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
 
 
 def run(tmp_path: Path, *, metric: Optional[str], load_best: bool, limit: Optional[int], min_delta: float,

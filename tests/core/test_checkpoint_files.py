@@ -10,26 +10,17 @@ import json
 import pytest
 
 from hf_callbacks_plus.core.checkpoint_files import Kind, classify, kept_entries, owner, resume_problem
+from tests.sharded import COMMON, DCP, METADATA, ZERO, ZERO3_MODEL
+from tests.sharded import LAYOUT as SHARDED_LAYOUT
 
 #: The layouts of tests/test_sharded_engines.py (checkpoint-4 of the stock Trainer, 2 ranks).
-COMMON = {"trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"}
-METADATA = {"config.json", "generation_config.json", "training_args.bin", "tokenizer.json",
-            "tokenizer_config.json"}
-ZERO = {"latest", "zero_to_fp32.py", "zero_to_torch.py",
-        "global_step4/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-        "global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt"}
-DCP = {"pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp",
-       "pytorch_model_fsdp_0/__1_0.distcp"}
-DCP_OPTIMIZER = {"optimizer_0/.metadata", "optimizer_0/__0_0.distcp", "optimizer_0/__1_0.distcp"}
-ZERO3_MODEL = {"global_step4/zero_pp_rank_0_mp_rank_00_model_states.pt",
-               "global_step4/zero_pp_rank_1_mp_rank_00_model_states.pt"}
 LAYOUT = {
-    "ddp": COMMON | METADATA | {"model.safetensors", "optimizer.pt"},
-    "zero1": COMMON | METADATA | ZERO | {"model.safetensors", "global_step4/mp_rank_00_model_states.pt"},
-    "zero3": COMMON | METADATA | ZERO | ZERO3_MODEL,
-    "zero3, 16-bit gathered": COMMON | METADATA | ZERO | ZERO3_MODEL | {"model.safetensors"},
-    "fsdp sharded": COMMON | DCP | DCP_OPTIMIZER,
-    "fsdp full": COMMON | METADATA | {"model.safetensors", "pytorch_model_fsdp.bin", "optimizer.bin"},
+    "ddp": SHARDED_LAYOUT["ddp"],
+    "zero1": SHARDED_LAYOUT["zero1"],
+    "zero3": SHARDED_LAYOUT["zero3"],
+    "zero3, 16-bit gathered": SHARDED_LAYOUT["zero3"] | {"model.safetensors"},
+    "fsdp sharded": SHARDED_LAYOUT["fsdp2"],
+    "fsdp full": SHARDED_LAYOUT["fsdp2_full"],
     "zero3 lora": COMMON | ZERO | ZERO3_MODEL | {"adapter_model.safetensors", "adapter_config.json",
                                                  "README.md", "tokenizer.json", "tokenizer_config.json",
                                                  "training_args.bin"},
