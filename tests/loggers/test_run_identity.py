@@ -37,12 +37,17 @@ def saved_state(checkpoint: Path, name: str) -> dict[str, Any]:
     return entries[-1]["attributes"]
 
 
-def crash_at(step: int):
+def crash_at(step: int, delivered_by=None):
     class FakeCrash(TrainerCallback):
-        """Raises in the training loop at ``step`` (the stock Trainer has no exception event)."""
+        """Raises in the training loop at ``step`` (the stock Trainer has no exception event); with
+        ``delivered_by`` (a logger), once the store has what it logged (its run is open): a gate, so a
+        loaded machine cannot leave the run unopened at the crash, its sender thread still creating
+        it in this process while the resumed logger looks for it (a crashed process has no thread)."""
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == step:
+                if delivered_by is not None:
+                    assert delivered_by.flush(timeout=120), "the store did not take the records in 120 s"
                 raise RuntimeError("injected crash")
 
     return FakeCrash()
@@ -275,7 +280,7 @@ def test_the_same_store_spelled_differently_on_resume_continues_the_one_run(tmp_
     args = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
     first = MLflowLogger(tracking_uri="sqlite:///mlflow.db", experiment_name="spelling")
     with pytest.raises(RuntimeError, match="injected crash"):
-        make_trainer(tmp_path / "out", callbacks=[first, crash_at(6)], **args).train()
+        make_trainer(tmp_path / "out", callbacks=[first, crash_at(6, delivered_by=first)], **args).train()
     first.close_after_exception()
     resumed = MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="spelling")
     make_trainer(tmp_path / "out", callbacks=[resumed], **args).train(
