@@ -318,13 +318,16 @@ class MLflowBackend(Backend):
     """
 
     name = "MLflowLogger"
-    #: One ``log_batch`` per second at most, unless a full batch waits (a sqlite store commits per call).
+    #: One ``log_batch`` per second at most, unless a full call waits (a sqlite store commits per call).
     send_interval = 1.0
 
     def __init__(self, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str] = None, tags: Optional[dict[str, str]] = None,
                  warn: Optional[WarnOnce] = None) -> None:
-        self.tracking_uri, self.experiment_name, self.run_name = tracking_uri, experiment_name, run_name
+        # a local store's path made absolute now: MLflow caches a store per URI string, so a relative
+        # one would keep the file of the working directory it was first opened from
+        self.tracking_uri = absolute_store_uri(tracking_uri)
+        self.experiment_name, self.run_name = experiment_name, run_name
         self.tags, self._warn = dict(tags or {}), warn or WarnOnce()
         limits = mlflow_limits()
         self.max_tag_length: int = limits["MAX_TAG_VAL_LENGTH"]
@@ -404,8 +407,9 @@ class MLflowBackend(Backend):
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            create_local_store(self.tracking_uri or self._mlflow_default_uri())
-            client = MlflowClient(tracking_uri=self.tracking_uri)
+            uri = self.tracking_uri or absolute_store_uri(self._mlflow_default_uri())
+            create_local_store(uri)
+            client = MlflowClient(tracking_uri=uri)
             service = getattr(client, "_tracking_client", None)
             if service is not None and callable(getattr(service, "_log_url", None)):
                 # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
@@ -528,7 +532,11 @@ class MLflowBackend(Backend):
         return steps
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
-        """One ``log_batch`` call (``MlflowClient`` splits it into requests within MLflow's limits)."""
+        """One ``log_batch`` call (``MlflowClient`` splits it into requests within MLflow's limits).
+
+        The metrics go grouped by key: each request then holds few keys, and the store updates a
+        key's latest value once per request (most of a sqlite store's work at 500 keys a record).
+        """
         from mlflow.entities import Metric, RunTag
 
         metrics, tags = [], []
@@ -541,6 +549,7 @@ class MLflowBackend(Backend):
                 else:
                     metrics.append(Metric(key, value, record.time, record.step))
         if metrics or tags:
+            metrics.sort(key=lambda metric: metric.key)  # stable: each key's points in step order
             self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:

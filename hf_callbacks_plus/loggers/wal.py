@@ -20,10 +20,12 @@ __all__ = ["Sender", "StoreUnreachable", "WriteAheadLog", "find_logs", "read_tar
 
 #: Entries of a batch (log entries only: any other entry is sent alone).
 BATCH_ENTRIES = 64
-#: A call holds up to this many of the store's batches (``MlflowClient.log_batch`` splits it).
-CALL_BATCHES = 2
-#: A backlog this large (about a full call: 2000 points) is sent at once, without waiting for the pace.
-FULL_BATCH_BYTES = 64_000
+#: A call holds up to this many of the store's batches (``MlflowClient.log_batch`` splits it): with
+#: its points grouped by key, the store updates each key's latest value once per batch, so larger
+#: calls cost it less (8 batches: a third less CPU than 2 at 500 metrics a step; 16: no better).
+CALL_BATCHES = 8
+#: A backlog this large (about a full call: 8000 points) is sent at once, without waiting for the pace.
+FULL_BATCH_BYTES = 256_000
 #: A call to the store silent for this long is told as an outage (mlflow retries inside a call).
 SILENT_CALL_SECONDS = 30.0
 #: Refused records told one by one per error type, before one error saying so.

@@ -190,3 +190,21 @@ def test_the_log_records_a_uri_that_reaches_the_same_store_from_any_folder(tmp_p
     monkeypatch.chdir(tmp_path)
     target = MLflowBackend(uri, "e").target("key")
     assert target["tracking_uri"] == recorded.format(cwd=tmp_path) and target["run_key"] == "key"
+
+
+def test_a_relative_sqlite_uri_is_the_store_of_the_working_directory_when_the_logger_is_made(
+        tmp_path, _template_db, monkeypatch):
+    """Two trainings in one process (a notebook), each in its own folder with the docs' relative
+    ``sqlite:///mlflow.db``: each run is in its own folder's store. MLflow caches a store per URI
+    string, so the second run went to the first folder's database."""
+    runs = {}
+    for name in ("first", "second"):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(_template_db, folder / "mlflow.db")
+        monkeypatch.chdir(folder)
+        logger = MLflowLogger(tracking_uri="sqlite:///mlflow.db", log_params=False)
+        train_in_loop(folder / "out", [logger], 2)
+        runs[name] = logger.run_id
+    for name, run_id in runs.items():
+        assert loss_steps(MlflowClient(f"sqlite:///{tmp_path / name / 'mlflow.db'}"), run_id) == [1, 2], name

@@ -23,7 +23,7 @@ from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers import wal as wal_module  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowBackend, MLflowLogger  # noqa: E402
-from hf_callbacks_plus.loggers.wal import WriteAheadLog, replay  # noqa: E402
+from hf_callbacks_plus.loggers.wal import CALL_BATCHES, WriteAheadLog, replay  # noqa: E402
 from tests.loggers.faults import FaultInjectingBackend, train_in_loop  # noqa: E402
 
 pytestmark = pytest.mark.mlflow
@@ -238,7 +238,8 @@ def test_a_log_deleted_by_its_holder_is_never_written_by_the_one_that_waited(tmp
 
 def test_small_records_go_about_once_a_second_a_full_batch_at_once(tmp_path, sqlite_uri):
     """One ``log_batch`` a second for small records (a sqlite store commits per call); a full call
-    (two of MLflow's batches of 1000 points) is sent at once, whatever the interval."""
+    (``CALL_BATCHES`` of MLflow's batches of 1000 points) is sent at once, whatever the interval."""
+
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
     counting = logger.backend = FaultInjectingBackend(logger.backend)
     train(tmp_path / "small", [AtStep(1, lambda: None), logger], 60)
@@ -257,9 +258,10 @@ def test_small_records_go_about_once_a_second_a_full_batch_at_once(tmp_path, sql
         sent_during_training.append(counting.calls.get("log", 0))
 
     start = time.monotonic()
-    train(tmp_path / "heavy", [AtStep(8, full_batches_went), heavy], 10, metrics=600)
+    steps = 2 * CALL_BATCHES + 6  # records of 1000 points: two full calls by step 2 * CALL_BATCHES
+    train(tmp_path / "heavy", [AtStep(steps - 2, full_batches_went), heavy], steps, metrics=1000)
     assert sent_during_training[0] >= 2 and time.monotonic() - start < 30
-    assert loss_steps(MlflowClient(sqlite_uri), heavy.run_id) == list(range(1, 11))
+    assert loss_steps(MlflowClient(sqlite_uri), heavy.run_id) == list(range(1, steps + 1))
 
 
 def test_a_record_the_store_refuses_is_dropped_alone_with_one_warning(tmp_path, sqlite_uri, caplog):
