@@ -122,6 +122,29 @@ def distributed_outcome(request, distributed_launch):
         pytest.fail(str(error), pytrace=False)
 
 
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a real tmpfs of a given size (``tmpfs("1m")``) under the test's folder; writes beyond it
+    fail with ENOSPC. Needs root (CI runs as root); the test is skipped where it cannot mount."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str):
+        disk = tmp_path / f"disk-{len(mounted)}"
+        disk.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"a tmpfs cannot be mounted here (root only): {done.stderr.strip()}")
+        mounted.append(disk)
+        return disk
+
+    yield mount
+    for disk in mounted:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def pytest_unconfigure(config):
     """Remove the trackio store this process made."""
     if _TRACKIO_DIR is not None:

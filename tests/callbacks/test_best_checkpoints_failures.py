@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -119,36 +118,23 @@ def test_without_a_fault_step_8_replaces_step_4(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("point", sorted(POINTS))
-def test_a_full_disk_at_any_point_of_a_keep_deletes_nothing(tmp_path, caplog, monkeypatch, point):
+@pytest.mark.parametrize(("error", "message"), [
+    pytest.param(errno.ENOSPC, "No space left on device", id="full disk"),
+    pytest.param(errno.EDQUOT, "Disk quota exceeded", id="quota", marks=pytest.mark.second_tier),
+])
+def test_a_full_disk_or_quota_at_any_point_of_a_keep_deletes_nothing(tmp_path, caplog, monkeypatch, point,
+                                                                    error, message):
     function, nth = POINTS[point]
-    FaultInjectingDisk(monkeypatch, function, errno.ENOSPC, nth)
+    FaultInjectingDisk(monkeypatch, function, error, nth)
     keeper, weights, hashes = run_with(tmp_path, caplog)
-    assert_previous_best_kept(tmp_path, caplog, keeper, weights, hashes, "No space left on device")
-
-
-@pytest.mark.second_tier
-@pytest.mark.parametrize("point", sorted(POINTS))
-def test_a_quota_at_any_point_of_a_keep_deletes_nothing(tmp_path, caplog, monkeypatch, point):
-    function, nth = POINTS[point]
-    FaultInjectingDisk(monkeypatch, function, errno.EDQUOT, nth)
-    keeper, weights, hashes = run_with(tmp_path, caplog)
-    assert_previous_best_kept(tmp_path, caplog, keeper, weights, hashes, "Disk quota exceeded")
+    assert_previous_best_kept(tmp_path, caplog, keeper, weights, hashes, message)
 
 
 # -- a real full file system ------------------------------------------------------------------
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A real 16 MiB tmpfs (needs root; skipped elsewhere)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
-                             capture_output=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
+def small_tmpfs(tmpfs):
+    """A real 16 MiB file system."""
+    return tmpfs("16m")
 
 
 class FillsTheDisk(TrainerCallback):
