@@ -95,7 +95,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from .loggers.wal import find_logs, read_target, replay
 
     def for_target(target: dict) -> MLflowBackend:
-        return MLflowBackend.for_target(target, args.tracking_uri)
+        return MLflowBackend.for_target(target, args.tracking_uri, helper=False)
 
     root = Path(args.path)
     paths = find_logs(root) if root.is_dir() else [root]

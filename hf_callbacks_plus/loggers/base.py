@@ -96,6 +96,9 @@ class Backend:
     def sync(self) -> None:
         """Write what the library buffers to disk (a checkpoint is saved). Defaults to nothing."""
 
+    def close(self) -> None:
+        """Release what the client holds between sessions (MLflow's helper process). Defaults to nothing."""
+
     def location(self) -> str:
         """Where the run is written, for messages. Defaults to the name."""
         return self.name

@@ -7,11 +7,10 @@ import json
 import os
 import re
 import shutil
-import socket
 import sqlite3
-import ssl
 import sys
 from contextlib import closing
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
@@ -19,8 +18,10 @@ from urllib.parse import urlparse
 from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
 from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
+from .mlflow_errors import explain_mlflow_error, is_transient_mlflow_error
+from .mlflow_helper import HelperEnded, StoreHelper, writes_in_process
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
-from .wal import Sender, StoreUnreachable, WriteAheadLog
+from .wal import Sender, WriteAheadLog
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
            "create_local_store", "explain_mlflow_error", "is_transient_mlflow_error", "mlflow_limits",
@@ -32,13 +33,6 @@ KNOWN_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "htt
                           "databricks-uc", "uc")
 #: Tag holding the client-made run key: a resume finds the run by it.
 RUN_KEY_TAG = "hf_callbacks_plus.run_key"
-#: MLflow error codes of a store that may answer later (the request itself was fine).
-_TRANSIENT_ERROR_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "INTERNAL_ERROR",
-                                    "DEADLINE_EXCEEDED"})
-#: What an MLflow error message shows of an HTTP 5xx/429 answer or of retries given up.
-_TRANSIENT_MESSAGE = re.compile(
-    r"max retries exceeded|too many \d{3} error responses|error code (5\d\d|429)\b|"
-    r"\b(5\d\d|429) (server error|too many requests)|database is locked", re.IGNORECASE)
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
 
 
@@ -53,79 +47,6 @@ def mlflow_limits() -> dict[str, int]:
 
 class UnusableRunError(ValueError):
     """The run to reattach to does not exist or is deleted: a misconfiguration, never retried."""
-
-
-def _network_error_types() -> tuple[type, ...]:
-    import requests  # both installed with mlflow
-    import urllib3
-
-    errors = urllib3.exceptions
-    return (requests.exceptions.ConnectionError, requests.exceptions.Timeout, errors.MaxRetryError,
-            errors.NewConnectionError, errors.ProtocolError, errors.TimeoutError)
-
-
-def is_transient_mlflow_error(error: BaseException) -> bool:
-    """Tell whether an error of an MLflow call may clear by itself (worth retrying): a connection or
-    timeout error, an MLflow error of a transient code or an HTTP 5xx/429, a locked sqlite database, or
-    an error caused by one of these. Anything else (a refused value, a missing run, a bug) is permanent."""
-    seen = 0
-    while error is not None and seen < 5:  # the error and what caused it (``raise ... from``)
-        if isinstance(error, (ConnectionError, TimeoutError)) or isinstance(error, _network_error_types()):
-            return True
-        code = getattr(error, "error_code", None)
-        if isinstance(code, str) and (code in _TRANSIENT_ERROR_CODES
-                                      or _TRANSIENT_MESSAGE.search(str(error))):
-            return True
-        if (isinstance(error, sqlite3.OperationalError) or type(error).__name__ == "OperationalError") and (
-                "database is locked" in str(error)):
-            return True
-        error, seen = error.__cause__, seen + 1
-    return False
-
-
-def explain_mlflow_error(error: BaseException, uri: Optional[str] = None) -> tuple[str, Optional[str]]:
-    """Why an MLflow call failed, whole, and its kind: ``"refused"``, ``"dns"`` or ``"tls"`` (the server
-    cannot be reached, and waiting does not change that), ``"auth"`` (it refused the credentials),
-    ``"timeout"``, or None (anything else: the error's own message, cut only past 1000 characters)."""
-    chain: list[BaseException] = []
-    while error is not None and len(chain) < 10 and error not in chain:
-        chain.append(error)
-        reason = getattr(error, "reason", None)  # urllib3's MaxRetryError
-        reason = reason if isinstance(reason, BaseException) else None
-        error = error.__cause__ or error.__context__ or reason
-    text = " ".join(str(each) for each in chain)
-    parsed = urlparse(uri or "")
-    try:
-        port = parsed.port or {"http": 80, "https": 443}.get(parsed.scheme)
-    except ValueError:
-        port = None
-    place = f"{parsed.hostname}:{port}" if parsed.hostname else "the server"
-    code = getattr(chain[0], "error_code", None)
-    if any(isinstance(each, ConnectionRefusedError) for each in chain) or "Connection refused" in text:
-        return (f"connection refused at {place}: nothing listens there (is the server running, and is the "
-                "port right?)"), "refused"
-    if any(isinstance(each, socket.gaierror) for each in chain) or "Failed to resolve" in text:
-        return (f"the host name {parsed.hostname or ''!r} does not resolve (is it spelled right, and is this "
-                "machine on its network?)"), "dns"
-    tls = [each for each in chain if isinstance(each, ssl.SSLError)]
-    if tls or "SSLError" in text:
-        return (f"the TLS handshake with {place} failed ({tls[-1] if tls else text[-300:]}): an http:// "
-                "server addressed as https://, or its certificate (MLFLOW_TRACKING_SERVER_CERT_PATH, "
-                "MLFLOW_TRACKING_INSECURE_TLS)"), "tls"
-    if code == "UNAUTHENTICATED" or "error code 401" in text:
-        return (f"{place} refused the credentials (HTTP 401): set MLFLOW_TRACKING_USERNAME and "
-                "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"), "auth"
-    if code == "PERMISSION_DENIED" or "error code 403" in text:
-        return (f"{place} refused access (HTTP 403): the credentials lack a permission on the experiment or "
-                "the run"), "auth"
-    if any("timeout" in type(each).__name__.lower() for each in chain) or "timed out" in text:
-        return (f"no answer from {place} within the request timeout (MLFLOW_HTTP_REQUEST_TIMEOUT, "
-                "MLFLOW_HTTP_REQUEST_MAX_RETRIES)"), "timeout"
-    message = f"{type(chain[0]).__name__}: {chain[0]}"
-    message = str(chain[0]) if isinstance(chain[0], StoreUnreachable) else message
-    if len(message) > 1000:
-        message = f"{message[:1000].rsplit(' ', 1)[0]} ... ({len(message) - 1000} more characters)"
-    return message, None
 
 
 def _plugin_schemes() -> set[str]:
@@ -315,6 +236,9 @@ class MLflowBackend(Backend):
         run_name: Name of a new run. Defaults to None (MLflow's generated name).
         tags: Tags of the run. Defaults to None.
         warn: Warns once per key. Defaults to a new `WarnOnce`.
+        helper: Write a store MLflow writes in this process (sqlite, another database, a file store) from
+            a helper process when a call holds at least one full batch (`mlflow_helper`): a training keeps
+            the GIL. Defaults to True (``replay``, which does nothing else, passes False).
     """
 
     name = "MLflowLogger"
@@ -323,7 +247,7 @@ class MLflowBackend(Backend):
 
     def __init__(self, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str] = None, tags: Optional[dict[str, str]] = None,
-                 warn: Optional[WarnOnce] = None) -> None:
+                 warn: Optional[WarnOnce] = None, helper: bool = True) -> None:
         # a local store's path made absolute now: MLflow caches a store per URI string, so a relative
         # one would keep the file of the working directory it was first opened from
         self.tracking_uri = absolute_store_uri(tracking_uri)
@@ -339,11 +263,16 @@ class MLflowBackend(Backend):
         self.log_path: Optional[Path] = None
         self._client = self._monitor = None
         self._tried = False
+        #: Writes large calls from a helper process (None: every call is made from this process).
+        self.helper: Optional[StoreHelper] = None
+        if helper and writes_in_process(self.tracking_uri or self._mlflow_default_uri()):
+            self.helper = StoreHelper(absolute_store_uri(self.tracking_uri or self._mlflow_default_uri()))
 
     @classmethod
-    def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None) -> MLflowBackend:
+    def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None,
+                   helper: bool = True) -> MLflowBackend:
         """The backend a write-ahead log's target names, or ``tracking_uri`` (a masked URI's real value is
-        one given earlier in this process, or ``MLFLOW_TRACKING_URI``).
+        one given earlier in this process, or ``MLFLOW_TRACKING_URI``); ``helper`` as in the constructor.
 
         Raises:
             ValueError: Another logger's log, or a masked URI whose real value is unknown.
@@ -353,7 +282,7 @@ class MLflowBackend(Backend):
                              "keeps a write-ahead log (W&B's own run files are uploaded with `wandb sync`).")
         require("mlflow", "replay")
         uri = tracking_uri or unmask_url(target.get("tracking_uri"), "MLFLOW_TRACKING_URI")
-        return cls(validate_tracking_uri(uri), target.get("experiment_name"))
+        return cls(validate_tracking_uri(uri), target.get("experiment_name"), helper=helper)
 
     def target(self, run_key: str) -> dict[str, Any]:
         """What a write-ahead log records of its target: the tracking URI as a replay from any folder
@@ -537,20 +466,34 @@ class MLflowBackend(Backend):
         The metrics go grouped by key: each request then holds few keys, and the store updates a
         key's latest value once per request (most of a sqlite store's work at 500 keys a record).
         """
-        from mlflow.entities import Metric, RunTag
-
         metrics, tags = [], []
         for record in records:
             for key, value in record.metrics.items():
-                metrics.append(Metric(key, value, record.time, record.step))
+                metrics.append((key, value, record.time, record.step))
             for key, value in record.summary.items():
                 if isinstance(value, str):
-                    tags.append(RunTag(key, value[: self.max_tag_length]))
+                    tags.append((key, value[: self.max_tag_length]))
                 else:
-                    metrics.append(Metric(key, value, record.time, record.step))
-        if metrics or tags:
-            metrics.sort(key=lambda metric: metric.key)  # stable: each key's points in step order
-            self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
+                    metrics.append((key, value, record.time, record.step))
+        if not (metrics or tags):
+            return
+        metrics.sort(key=itemgetter(0))  # stable: each key's points in step order
+        if self.helper is not None and len(metrics) + len(tags) >= self.max_metrics_per_batch:
+            try:
+                return self.helper.log_batch(run_id, metrics, tags)
+            except HelperEnded as error:  # from this process from now on (a point sent twice is kept once)
+                self.helper = None
+                self._warn(("helper",), "MLflowLogger: %s; the store is written from the training process "
+                           "from now on (nothing is lost).", error)
+        from mlflow.entities import Metric, RunTag
+
+        metrics, tags = [Metric(*m) for m in metrics], [RunTag(*t) for t in tags]  # the tuples are freed
+        self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
+
+    def close(self) -> None:
+        """End the helper process, if one runs (a later call starts another)."""
+        if self.helper is not None:
+            self.helper.close()
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         from mlflow.entities import Param
@@ -791,6 +734,7 @@ class MLflowLogger(TrackerLogger):
                          "logged record is also in the trainer's state.log_history, trainer_state.json).",
                          self.logger_name, lost, wal.path, self._lost_error)
         wal.close(delete=delivered)
+        self.backend.close()
         self._wal = self._sender = None
         return delivered and lost == 0 and not sender.dropped
 

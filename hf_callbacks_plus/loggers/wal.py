@@ -42,6 +42,8 @@ TARGET_LINE, SENT_LINE = b'{"kind": "target"', b'{"kind": "sent"'
 class StoreUnreachable(ConnectionError):
     """The store cannot be reached; the message says why (a replay raises it)."""
 
+    message_is_cause = True
+
 
 def replay_hint(path: Union[str, Path]) -> str:
     """The sentence telling how to send a write-ahead log by hand."""
@@ -680,9 +682,9 @@ def replay(path: Union[str, Path], for_target: Callable[[dict], Backend],
     """
     wal = WriteAheadLog(path)
     wal.open(None, wait=0.0)
-    done = False
+    done, backend = False, None
     try:
-        sender = Sender(wal, for_target(wal.target))
+        sender = Sender(wal, backend := for_target(wal.target))
         if announce is not None:
             announce(sender)
         paced = stop if not pace else (lambda: time.sleep(pace) or (stop is not None and stop()))
@@ -690,4 +692,6 @@ def replay(path: Union[str, Path], for_target: Callable[[dict], Backend],
         done = sender.acked >= wal.size
     finally:
         wal.close(delete=done)
+        if backend is not None:
+            backend.close()
     return sender

@@ -12,6 +12,7 @@ nothing more. Real MLflow sqlite store;
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 
 import pytest
@@ -22,6 +23,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
+from hf_callbacks_plus.loggers.mlflow_helper import StoreHelper  # noqa: E402
 from hf_callbacks_plus.loggers.wal import CALL_BATCHES  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
 from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
@@ -37,7 +39,9 @@ NOT_OURS = ("*/mlflow/*", "*/sqlalchemy/*", "*/importlib/*", "<frozen *>", "*/lo
 
 
 def held_by_the_logger() -> int:
-    """Bytes alive, allocated with ``hf_callbacks_plus/loggers`` in the stack, not by the store's code."""
+    """Bytes alive, allocated with ``hf_callbacks_plus/loggers`` in the stack, not by the store's code
+    (after a full collection: garbage and CPython's free lists of tuples are held by nothing)."""
+    gc.collect()
     filters = [tracemalloc.Filter(True, "*hf_callbacks_plus/loggers/*", all_frames=True)]
     filters += [tracemalloc.Filter(False, pattern) for pattern in NOT_OURS]
     snapshot = tracemalloc.take_snapshot().filter_traces(filters)
@@ -72,18 +76,20 @@ def train(out, callbacks, steps):
 
 @pytest.fixture
 def in_a_call(monkeypatch):
-    """What the logger holds in the first ``MlflowClient.log_batch`` call while tracing (its batch is
-    alive then); tracing stops there."""
+    """What the logger holds in the first ``log_batch`` call while tracing, in this process or to the
+    helper process (its batch is alive then); tracing stops there."""
     seen = []
-    original = MlflowClient.log_batch
 
-    def measured(self, *args, **kwargs):
-        if tracemalloc.is_tracing():
-            seen.append(held_by_the_logger())
-            tracemalloc.stop()
-        return original(self, *args, **kwargs)
+    def measured(original):
+        def call(self, *args, **kwargs):
+            if tracemalloc.is_tracing():
+                seen.append(held_by_the_logger())
+                tracemalloc.stop()
+            return original(self, *args, **kwargs)
+        return call
 
-    monkeypatch.setattr(MlflowClient, "log_batch", measured)
+    monkeypatch.setattr(MlflowClient, "log_batch", measured(MlflowClient.log_batch))
+    monkeypatch.setattr(StoreHelper, "log_batch", measured(StoreHelper.log_batch))
     yield seen
     tracemalloc.stop()
 

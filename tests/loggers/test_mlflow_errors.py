@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from hf_callbacks_plus.loggers.base import LogRecord  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import (  # noqa: E402
+    MLflowBackend,
     MLflowLogger,
     UnusableRunError,
     is_transient_mlflow_error,
@@ -201,18 +202,22 @@ def test_limits_are_mlflows_own():
     assert logger.backend.max_metrics_per_batch == validation.MAX_METRICS_PER_BATCH
 
 
-def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri):
-    """1500 metrics and 150 text values in one record: one ``log_batch`` call of ours, which
-    MlflowClient splits into requests within MLflow's limits (the backend no longer cuts them)."""
-    backend = MLflowLogger(tracking_uri=sqlite_uri).backend
+@pytest.mark.parametrize("helper", [True, False], ids=["helper process", "this process"])
+def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri, helper):
+    """1500 metrics and 150 text values in one record: one ``log_batch`` call of ours (to the helper
+    process or from this one), which MlflowClient splits into requests within MLflow's limits (the
+    backend no longer cuts them)."""
+    backend = MLflowBackend(sqlite_uri, None, helper=helper)
     run_id = backend.start(None, "ab" * 16, False)
     calls = []
-    original = backend.client.log_batch
-    backend.client.log_batch = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+    owner = backend.helper if helper else backend.client
+    original = owner.log_batch
+    owner.log_batch = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
     metrics = {f"m/{i}": float(i) for i in range(1500)}
     texts = {f"t/{i}": f"value {i}" for i in range(150)}
     backend.log([LogRecord(3, 1_700_000_000_000, metrics, texts)], run_id)
     backend.finish("FINISHED", run_id)
+    backend.close()
     run = MlflowClient(sqlite_uri).get_run(run_id)
     assert len(calls) == 1
     assert run.data.metrics == metrics
