@@ -9,6 +9,7 @@ import re
 import shutil
 import sqlite3
 import sys
+import time
 from contextlib import closing
 from operator import itemgetter
 from pathlib import Path
@@ -237,8 +238,9 @@ class MLflowBackend(Backend):
         tags: Tags of the run. Defaults to None.
         warn: Warns once per key. Defaults to a new `WarnOnce`.
         helper: Write a store MLflow writes in this process (sqlite, another database, a file store) from
-            a helper process when a call holds at least one full batch (`mlflow_helper`): a training keeps
-            the GIL. Defaults to True (``replay``, which does nothing else, passes False).
+            a helper process when a call holds at least one full batch, once such calls have taken a
+            second here (`mlflow_helper`): a training keeps the GIL. Defaults to True (``replay``, which
+            does nothing else, passes False).
     """
 
     name = "MLflowLogger"
@@ -263,10 +265,10 @@ class MLflowBackend(Backend):
         self.log_path: Optional[Path] = None
         self._client = self._monitor = None
         self._tried = False
+        uri = self.tracking_uri or self._mlflow_default_uri()
         #: Writes large calls from a helper process (None: every call is made from this process).
-        self.helper: Optional[StoreHelper] = None
-        if helper and writes_in_process(self.tracking_uri or self._mlflow_default_uri()):
-            self.helper = StoreHelper(absolute_store_uri(self.tracking_uri or self._mlflow_default_uri()))
+        self.helper: Optional[StoreHelper] = (StoreHelper(absolute_store_uri(uri), self.max_metrics_per_batch)
+                                              if helper and writes_in_process(uri) else None)
 
     @classmethod
     def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None,
@@ -478,7 +480,8 @@ class MLflowBackend(Backend):
         if not (metrics or tags):
             return
         metrics.sort(key=itemgetter(0))  # stable: each key's points in step order
-        if self.helper is not None and len(metrics) + len(tags) >= self.max_metrics_per_batch:
+        points, started = len(metrics) + len(tags), time.monotonic()
+        if self.helper is not None and self.helper.takes(points):
             try:
                 return self.helper.log_batch(run_id, metrics, tags)
             except HelperEnded as error:  # from this process from now on (a point sent twice is kept once)
@@ -489,6 +492,8 @@ class MLflowBackend(Backend):
 
         metrics, tags = [Metric(*m) for m in metrics], [RunTag(*t) for t in tags]  # the tuples are freed
         self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
+        if self.helper is not None:
+            self.helper.spent(points, time.monotonic() - started)
 
     def close(self) -> None:
         """End the helper process, if one runs (a later call starts another)."""

@@ -6,7 +6,8 @@ thread that work kept the training thread waiting for the GIL between its tensor
 metrics a step ``train()`` of the 100 ms model took 55 % longer while the training thread's own CPU grew
 3 % (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to one helper Python process that
 holds its own ``MlflowClient``; the sender waits on the pipe without the GIL. Small calls stay in this
-process: the helper's import of mlflow costs about 2.5 s of CPU.
+process, and so do the large ones until they have taken a second: the helper's import of mlflow costs
+about 2.5 s of CPU, which a run that logs little never pays.
 
 The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
 code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes: at
@@ -31,6 +32,9 @@ __all__ = ["HelperEnded", "StoreHelper", "writes_in_process"]
 
 #: Schemes of the stores MLflow writes in the calling process (SQLAlchemy dialects, a file store).
 IN_PROCESS_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql")
+#: The helper starts once this process has spent this long in the calls it would take: a run that
+#: logs little never pays its start (mlflow's import: about 2.5 s of CPU).
+START_AFTER_SECONDS = 1.0
 #: Tracking URIs of one word that name a remote store (Databricks' profiles and Unity Catalog).
 REMOTE_NAMES = ("databricks", "databricks-uc", "uc")
 #: How long `StoreHelper.close` waits for an idle helper to end.
@@ -70,12 +74,25 @@ class StoreHelper:
 
     Args:
         tracking_uri: The store (its real URI: it goes through the pipe, never on a command line).
+        min_points: The smallest call it takes. Defaults to 1000 (MLflow's batch).
     """
 
-    def __init__(self, tracking_uri: str) -> None:
-        self.tracking_uri = tracking_uri
+    def __init__(self, tracking_uri: str, min_points: int = 1000) -> None:
+        self.tracking_uri, self.min_points = tracking_uri, min_points
+        #: Seconds this process spent in calls of ``min_points`` or more (`spent`).
+        self.seconds_here = 0.0
         self._process: Optional[subprocess.Popen] = None
         self._calling = False
+
+    def takes(self, points: int) -> bool:
+        """Whether a call of ``points`` goes to the helper: ``min_points`` or more, once this process has
+        spent `START_AFTER_SECONDS` in such calls."""
+        return points >= self.min_points and self.seconds_here >= START_AFTER_SECONDS
+
+    def spent(self, points: int, seconds: float) -> None:
+        """Count a call of ``points`` made from this process in ``seconds``."""
+        if points >= self.min_points:
+            self.seconds_here += seconds
 
     @property
     def pid(self) -> Optional[int]:

@@ -22,6 +22,7 @@ import urllib3  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from hf_callbacks_plus.loggers import mlflow_helper  # noqa: E402
 from hf_callbacks_plus.loggers.base import LogRecord  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import (  # noqa: E402
     MLflowBackend,
@@ -203,10 +204,11 @@ def test_limits_are_mlflows_own():
 
 
 @pytest.mark.parametrize("helper", [True, False], ids=["helper process", "this process"])
-def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri, helper):
+def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri, helper, monkeypatch):
     """1500 metrics and 150 text values in one record: one ``log_batch`` call of ours (to the helper
     process or from this one), which MlflowClient splits into requests within MLflow's limits (the
     backend no longer cuts them)."""
+    monkeypatch.setattr(mlflow_helper, "START_AFTER_SECONDS", 0.0)  # the helper takes the first call
     backend = MLflowBackend(sqlite_uri, None, helper=helper)
     run_id = backend.start(None, "ab" * 16, False)
     calls = []

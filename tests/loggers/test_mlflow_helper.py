@@ -50,15 +50,15 @@ def ended(pid: int, wait: float = 0.0) -> bool:
 
 
 class Extras(TrainerCallback):
-    """Listed first: ``METRICS`` keys in every training record; at the end of step ``at``, once the
+    """Listed first: ``metrics`` keys in every training record; at the end of step ``at``, once the
     store acknowledged everything logged so far (calls of thousands of points), ``then(logger)``."""
 
-    def __init__(self, logger: MLflowLogger, at: int = -1, then=None) -> None:
-        self.logger, self.at, self.then = logger, at, then
+    def __init__(self, logger: MLflowLogger, at: int = -1, then=None, metrics: int = METRICS) -> None:
+        self.logger, self.at, self.then, self.metrics = logger, at, then, metrics
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if "loss" in logs:
-            logs.update({f"extra_{k}": float(state.global_step * 1000 + k) for k in range(METRICS)})
+            logs.update({f"extra_{k}": float(state.global_step * 1000 + k) for k in range(self.metrics)})
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.at:
@@ -72,12 +72,18 @@ def points(client: MlflowClient, run_id: str) -> Counter:
                    for m in client.get_metric_history(run_id, key))
 
 
-def assert_every_point_once(client: MlflowClient, run_id: str) -> None:
+def assert_every_point_once(client: MlflowClient, run_id: str, metrics: int = METRICS) -> None:
     counts = points(client, run_id)
     extras = {key: step for key, step in counts if key.startswith("train/extra_")}
-    assert len(extras) == METRICS and max(counts.values()) == 1, counts.most_common(3)
-    assert sum(1 for key, _ in counts if key.startswith("train/extra_")) == METRICS * STEPS
+    assert len(extras) == metrics and max(counts.values()) == 1, counts.most_common(3)
+    assert sum(1 for key, _ in counts if key.startswith("train/extra_")) == metrics * STEPS
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+@pytest.fixture(autouse=True)
+def helper_at_once(monkeypatch):
+    """The helper takes every call of a full batch from the first (its start rule has its own tests)."""
+    monkeypatch.setattr(mlflow_helper, "START_AFTER_SECONDS", 0.0)
 
 
 @pytest.fixture
@@ -135,6 +141,31 @@ def test_a_training_writes_its_large_calls_from_one_helper_that_ends_with_the_ru
     assert ended(pids[0], wait=10) and logger.backend.helper.pid is None
     assert all(size < 1000 for size in calls_from_this_process)
     assert sum(calls_from_this_process) < METRICS * STEPS // 2, calls_from_this_process
+    assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id)
+
+
+def test_a_run_that_logs_little_never_starts_a_helper(tmp_path, sqlite_uri, monkeypatch):
+    """The helper's start (mlflow's import, about 2.5 s of CPU) is paid only once this process has
+    spent `START_AFTER_SECONDS` in the calls it would take: never, at 20 metrics over 40 steps."""
+    monkeypatch.setattr(mlflow_helper, "START_AFTER_SECONDS", 1.0)
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    pids = []
+    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid), metrics=20)
+    train_in_loop(tmp_path, [look, logger], STEPS)
+    assert pids == [None] and logger.backend.helper.seconds_here < 1.0
+    assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id, metrics=20)
+
+
+def test_the_helper_starts_once_the_large_calls_have_taken_their_time_here(tmp_path, sqlite_uri, monkeypatch,
+                                                                           calls_from_this_process):
+    monkeypatch.setattr(mlflow_helper, "START_AFTER_SECONDS", 0.02)
+    logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
+    pids = []
+    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid))
+    train_in_loop(tmp_path, [look, logger], STEPS)
+    assert pids[0] is not None and logger.backend.helper.seconds_here >= 0.02
+    assert any(size >= 1000 for size in calls_from_this_process)  # the first large calls: here
+    assert sum(calls_from_this_process) < METRICS * STEPS, calls_from_this_process
     assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id)
 
 
