@@ -481,10 +481,12 @@ class MLflowBackend(Backend):
             return
         metrics.sort(key=itemgetter(0))  # stable: each key's points in step order
         points, started = len(metrics) + len(tags), time.monotonic()
-        if self.helper is not None and self.helper.takes(points):
+        if self.helper is not None:
             try:
-                return self.helper.log_batch(run_id, metrics, tags)
+                if self.helper.takes(points):
+                    return self.helper.log_batch(run_id, metrics, tags)
             except HelperEnded as error:  # from this process from now on (a point sent twice is kept once)
+                self.helper.close()
                 self.helper = None
                 self._warn(("helper",), "MLflowLogger: %s; the store is written from the training process "
                            "from now on (nothing is lost).", error)

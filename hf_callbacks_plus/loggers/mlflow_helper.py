@@ -16,14 +16,17 @@ code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends w
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 from urllib.parse import urlparse
 
 from .mlflow_errors import StoreCallFailed, explain_mlflow_error, is_transient_mlflow_error
@@ -70,7 +73,7 @@ def _read(stream: BinaryIO) -> Any:
 
 
 class StoreHelper:
-    """``log_batch`` calls to a local store, made by a helper process (started at the first call).
+    """``log_batch`` calls to a local store, made by a helper process.
 
     Args:
         tracking_uri: The store (its real URI: it goes through the pipe, never on a command line).
@@ -82,12 +85,17 @@ class StoreHelper:
         #: Seconds this process spent in calls of ``min_points`` or more (`spent`).
         self.seconds_here = 0.0
         self._process: Optional[subprocess.Popen] = None
-        self._calling = False
+        self._up = self._calling = False
 
     def takes(self, points: int) -> bool:
         """Whether a call of ``points`` goes to the helper: ``min_points`` or more, once this process has
-        spent `START_AFTER_SECONDS` in such calls."""
-        return points >= self.min_points and self.seconds_here >= START_AFTER_SECONDS
+        spent `START_AFTER_SECONDS` in such calls (the helper is started then) and the helper is up. Never
+        waits: until the helper has imported mlflow, calls stay here.
+
+        Raises:
+            HelperEnded: The helper could not start, or ended while starting.
+        """
+        return points >= self.min_points and self.seconds_here >= START_AFTER_SECONDS and self.start(0.0)
 
     def spent(self, points: int, seconds: float) -> None:
         """Count a call of ``points`` made from this process in ``seconds``."""
@@ -96,25 +104,56 @@ class StoreHelper:
 
     @property
     def pid(self) -> Optional[int]:
-        """The helper's process id (None before the first call and after `close`)."""
+        """The helper's process id (None before it is started and after `close`)."""
         return None if self._process is None else self._process.pid
 
     def log_batch(self, run_id: str, metrics: list[tuple[str, float, int, int]],
                   tags: list[tuple[str, str]]) -> None:
-        """``MlflowClient.log_batch`` in the helper; metrics as ``(key, value, timestamp, step)``. One
-        thread calls it (the sender's).
+        """``MlflowClient.log_batch`` in the helper (started and waited for when it is not up); metrics as
+        ``(key, value, timestamp, step)``. One thread calls it (the sender's).
 
         Raises:
             StoreCallFailed: The call failed in the helper (classified there).
             HelperEnded: The helper could not start, or has ended.
         """
-        process, self._calling = self._process, True
+        self._calling = True
         try:
-            if process is None:
-                process = self._process = self._start()
-            _write(process.stdin, (run_id, metrics, tags))
-            answer = _read(process.stdout)
+            self.start()
+            with self._ended_as_error():
+                _write(self._process.stdin, (run_id, metrics, tags))
+                answer = _read(self._process.stdout)
+        finally:
+            self._calling = False
+        if answer is not None:
+            raise StoreCallFailed(*answer)
+
+    def start(self, timeout: Optional[float] = None) -> bool:
+        """Start the helper if none runs; whether it is up (it has imported mlflow) within ``timeout``
+        seconds (None: wait until it is).
+
+        Raises:
+            HelperEnded: The helper could not start, or ended while starting.
+        """
+        with self._ended_as_error():
+            if self._process is None:
+                root = str(Path(__file__).resolve().parents[2])  # this package, as this process imported it
+                path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    env={**os.environ, "PYTHONPATH": path}, start_new_session=True)
+                _write(self._process.stdin, self.tracking_uri)
+            answers = self._process.stdout
+            if not self._up and (timeout is None or os.name != "posix"
+                                 or select.select([answers], [], [], timeout)[0]):
+                self._up = _read(answers) == "up"
+        return self._up
+
+    @contextmanager
+    def _ended_as_error(self) -> Iterator[None]:
+        try:
+            yield
         except (OSError, EOFError) as error:
+            process = self._process
             if process is None:
                 raise HelperEnded(f"the helper process did not start ({error})") from error
             try:
@@ -122,28 +161,18 @@ class StoreHelper:
             except subprocess.TimeoutExpired:
                 code = None
             raise HelperEnded(f"the helper process writing the store ended (exit code {code})") from error
-        finally:
-            self._calling = False
-        if answer is not None:
-            raise StoreCallFailed(*answer)
-
-    def _start(self) -> subprocess.Popen:
-        root = str(Path(__file__).resolve().parents[2])  # this package, as this process imported it
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path},
-                                   start_new_session=True)
-        _write(process.stdin, self.tracking_uri)
-        return process
 
     def close(self) -> None:
-        """End the helper; a call still in flight (an abandoned sender's) is not waited for: the helper
-        ends after it. A later call starts a new helper."""
-        process, self._process = self._process, None
+        """End the helper: one still starting is stopped; a call still in flight (an abandoned sender's) is
+        not waited for, the helper ends after it. A later call starts a new helper."""
+        process, self._process, up = self._process, None, self._up
+        self._up = False
         if process is None:
             return
         try:
             process.stdin.close()
+            if not up:
+                process.kill()  # still importing mlflow: it has taken no call
             if not self._calling:
                 process.wait(CLOSE_SECONDS)
                 process.stdout.close()
@@ -162,6 +191,8 @@ def main() -> None:
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines the training printed already
+    _write(answers, "up")
     client = None
     while True:
         try:

@@ -212,7 +212,7 @@ def test_one_record_beyond_mlflows_batch_limits_is_logged_whole(sqlite_uri, help
     backend = MLflowBackend(sqlite_uri, None, helper=helper)
     run_id = backend.start(None, "ab" * 16, False)
     calls = []
-    owner = backend.helper if helper else backend.client
+    owner = backend.helper if helper and backend.helper.start() else backend.client  # up: it takes the call
     original = owner.log_batch
     owner.log_batch = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
     metrics = {f"m/{i}": float(i) for i in range(1500)}

@@ -50,19 +50,25 @@ def ended(pid: int, wait: float = 0.0) -> bool:
 
 
 class Extras(TrainerCallback):
-    """Listed first: ``metrics`` keys in every training record; at the end of step ``at``, once the
-    store acknowledged everything logged so far (calls of thousands of points), ``then(logger)``."""
+    """Listed first: ``metrics`` keys in every training record. At the end of step ``up_at``, once the
+    store acknowledged everything logged so far (calls of thousands of points: the helper is started),
+    waits until the helper is up, so later large calls go to it; at the end of step ``at``, the same
+    flush, then ``then(logger)``."""
 
-    def __init__(self, logger: MLflowLogger, at: int = -1, then=None, metrics: int = METRICS) -> None:
-        self.logger, self.at, self.then, self.metrics = logger, at, then, metrics
+    def __init__(self, logger: MLflowLogger, at: int = -1, then=None, metrics: int = METRICS,
+                 up_at: int = 5) -> None:
+        self.logger, self.at, self.then, self.metrics, self.up_at = logger, at, then, metrics, up_at
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if "loss" in logs:
             logs.update({f"extra_{k}": float(state.global_step * 1000 + k) for k in range(self.metrics)})
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.at:
+        if state.global_step in (self.at, self.up_at):
             assert self.logger.flush(120)
+        if state.global_step == self.up_at:
+            assert self.logger.backend.helper.start()
+        if state.global_step == self.at:
             self.then(self.logger)
 
 
@@ -87,17 +93,19 @@ def helper_at_once(monkeypatch):
 
 
 @pytest.fixture
-def calls_from_this_process(monkeypatch):
-    """The number of points of every ``MlflowClient.log_batch`` call made in this process."""
-    sizes = []
-    original = MlflowClient.log_batch
+def calls(monkeypatch):
+    """Every ``log_batch`` call in order: ``("here", points)`` from this process, ``("helper", points)``."""
+    made = []
 
-    def counted(self, run_id, metrics=(), *args, **kwargs):
-        sizes.append(len(metrics))
-        return original(self, run_id, metrics, *args, **kwargs)
+    def counted(where, original):
+        def call(self, run_id, metrics=(), *args, **kwargs):
+            made.append((where, len(metrics)))
+            return original(self, run_id, metrics, *args, **kwargs)
+        return call
 
-    monkeypatch.setattr(MlflowClient, "log_batch", counted)
-    return sizes
+    monkeypatch.setattr(MlflowClient, "log_batch", counted("here", MlflowClient.log_batch))
+    monkeypatch.setattr(StoreHelper, "log_batch", counted("helper", StoreHelper.log_batch))
+    return made
 
 
 def test_the_helper_writes_what_this_process_writes(sqlite_uri):
@@ -112,6 +120,8 @@ def test_the_helper_writes_what_this_process_writes(sqlite_uri):
     for helper, run_key in ((True, "ab" * 16), (False, "cd" * 16)):
         backend = MLflowBackend(sqlite_uri, None, helper=helper)
         run_id = backend.start(None, run_key, False)
+        if helper:
+            assert backend.helper.start()  # up: the record goes to it
         backend.log(records, run_id)
         pid = backend.helper.pid if helper else None
         backend.finish("FINISHED", run_id)
@@ -130,17 +140,18 @@ def test_the_helper_writes_what_this_process_writes(sqlite_uri):
 
 
 def test_a_training_writes_its_large_calls_from_one_helper_that_ends_with_the_run(tmp_path, sqlite_uri,
-                                                                                   calls_from_this_process):
-    """At 500 metrics a step every call of a full batch or more goes to the helper (this process makes
-    only the smaller ones); the helper is one process for the run and is gone once ``train()`` returns."""
+                                                                                   calls):
+    """At 500 metrics a step, once the helper is up every call of a full batch or more goes to it (this
+    process makes only the smaller ones); it is one process for the run, gone once ``train()`` returns."""
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
     pids = []
     look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid))
     train_in_loop(tmp_path, [look, logger], STEPS)
     assert pids[0] is not None and pids[0] != os.getpid()
     assert ended(pids[0], wait=10) and logger.backend.helper.pid is None
-    assert all(size < 1000 for size in calls_from_this_process)
-    assert sum(calls_from_this_process) < METRICS * STEPS // 2, calls_from_this_process
+    first = next(index for index, (where, _) in enumerate(calls) if where == "helper")
+    assert all(size >= 1000 for where, size in calls if where == "helper")
+    assert all(size < 1000 for where, size in calls[first:] if where == "here"), calls
     assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id)
 
 
@@ -150,22 +161,24 @@ def test_a_run_that_logs_little_never_starts_a_helper(tmp_path, sqlite_uri, monk
     monkeypatch.setattr(mlflow_helper, "START_AFTER_SECONDS", 1.0)
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
     pids = []
-    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid), metrics=20)
+    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid), metrics=20, up_at=-1)
     train_in_loop(tmp_path, [look, logger], STEPS)
     assert pids == [None] and logger.backend.helper.seconds_here < 1.0
     assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id, metrics=20)
 
 
-def test_the_helper_starts_once_the_large_calls_have_taken_their_time_here(tmp_path, sqlite_uri, monkeypatch,
-                                                                           calls_from_this_process):
+def test_the_helper_starts_in_the_background_once_the_large_calls_took_their_time(tmp_path, sqlite_uri,
+                                                                                  monkeypatch, calls):
+    """Past `START_AFTER_SECONDS` the helper is started and the calls stay here until it is up (never
+    waiting for it); one still starting at the close is stopped."""
     monkeypatch.setattr(mlflow_helper, "START_AFTER_SECONDS", 0.02)
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
     pids = []
-    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid))
+    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid), up_at=-1)
     train_in_loop(tmp_path, [look, logger], STEPS)
     assert pids[0] is not None and logger.backend.helper.seconds_here >= 0.02
-    assert any(size >= 1000 for size in calls_from_this_process)  # the first large calls: here
-    assert sum(calls_from_this_process) < METRICS * STEPS, calls_from_this_process
+    assert ended(pids[0], wait=10)
+    assert calls[0][0] == "here" and calls[0][1] >= 1000  # the first large call: here, while it starts
     assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id)
 
 
@@ -185,6 +198,7 @@ def test_a_helper_that_fails_is_told_once_and_loses_nothing(tmp_path, sqlite_uri
     if fault == "killed between calls":
         extras.at, extras.then = 20, kill_helper
     elif fault == "cannot start":  # fault injection: no Python where sys.executable says
+        extras.up_at = -1
         monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
     else:
         real_read = mlflow_helper._read
@@ -278,9 +292,7 @@ def test_replay_sends_from_its_own_process(tmp_path, sqlite_uri, monkeypatch):
     """``replay`` does nothing else while it sends: no helper, every point once."""
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False, flush_timeout=0.5)
     logger.backend = FaultInjectingBackend(logger.backend, failing=("log", "finish"))
-    train_in_loop(tmp_path, [Extras(logger), logger], STEPS)
-    started = []
-    monkeypatch.setattr(StoreHelper, "_start", lambda self: started.append(1) or pytest.fail("a helper"))
+    train_in_loop(tmp_path, [Extras(logger, up_at=-1), logger], STEPS)
+    monkeypatch.setattr(StoreHelper, "start", lambda self, timeout=None: pytest.fail("a helper started"))
     assert cli(["replay", str(tmp_path / ".mlflow_wal")]) == 0
-    assert started == []
     assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id)
