@@ -7,7 +7,8 @@ metrics a step ``train()`` of the 100 ms model took 55 % longer while the traini
 3 % (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to one helper Python process that
 holds its own ``MlflowClient``; the sender waits on the pipe without the GIL. Small calls stay in this
 process, and so do the large ones until they have taken a second: the helper's import of mlflow costs
-about 2.5 s of CPU, which a run that logs little never pays.
+about 2.5 s of CPU, which a run that logs little never pays. The helper then starts in the background
+and takes calls once it says it is up: no call waits for its start.
 
 The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
 code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes: at
