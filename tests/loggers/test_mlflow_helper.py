@@ -155,16 +155,32 @@ def test_a_training_writes_its_large_calls_from_one_helper_that_ends_with_the_ru
     assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id)
 
 
-def test_a_run_that_logs_little_never_starts_a_helper(tmp_path, sqlite_uri, monkeypatch):
+def test_a_run_that_logs_little_never_starts_a_helper(tmp_path, sqlite_uri, monkeypatch, calls):
     """The helper's start (mlflow's import, about 2.5 s of CPU) is paid only once this process has
-    spent `START_AFTER_SECONDS` in the calls it would take: never, at 20 metrics over 40 steps."""
+    spent `START_AFTER_SECONDS` in the calls it would take: never, for 2,000 points over 40 steps,
+    although some of their calls are large."""
     monkeypatch.setattr(mlflow_helper, "START_AFTER_SECONDS", 1.0)
     logger = MLflowLogger(tracking_uri=sqlite_uri, log_params=False)
     pids = []
-    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid), metrics=20, up_at=-1)
+    look = Extras(logger, at=30, then=lambda it: pids.append(it.backend.helper.pid), metrics=50, up_at=-1)
     train_in_loop(tmp_path, [look, logger], STEPS)
+    assert any(size >= 1000 for _, size in calls) and {where for where, _ in calls} == {"here"}
     assert pids == [None] and logger.backend.helper.seconds_here < 1.0
-    assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id, metrics=20)
+    assert_every_point_once(MlflowClient(sqlite_uri), logger.run_id, metrics=50)
+
+
+def test_a_call_never_waits_for_the_helper_to_start(sqlite_uri):
+    """Due, the helper is started and the call stays here while it imports mlflow; once up it takes
+    the large calls; one still starting at the close is stopped."""
+    helper = StoreHelper(sqlite_uri)
+    assert not helper.takes(1000) and helper.pid is not None  # started, not up: the call stays here
+    assert helper.start() and helper.takes(1000) and not helper.takes(999)
+    helper.close()
+    starting = StoreHelper(sqlite_uri)
+    assert not starting.takes(1000)
+    pid = starting.pid
+    starting.close()
+    assert ended(pid, wait=10) and starting.pid is None
 
 
 def test_the_helper_starts_in_the_background_once_the_large_calls_took_their_time(tmp_path, sqlite_uri,
