@@ -108,9 +108,15 @@ def calls(monkeypatch):
     return made
 
 
-def test_the_helper_writes_what_this_process_writes(sqlite_uri):
+@pytest.mark.parametrize("store", ["sqlite", "file store"])
+def test_the_helper_writes_what_this_process_writes(sqlite_uri, tmp_path, monkeypatch, store):
     """Side by side: the same records, large enough for the helper, written through it and from this
-    process, read back equal (NaN, infinities, a unicode key, text values as tags)."""
+    process, read back equal (NaN, infinities, a unicode key, text values as tags), in each kind of
+    store MLflow writes in the calling process that runs here."""
+    uri = sqlite_uri
+    if store == "file store":
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the helper inherits it
+        uri = (tmp_path / "mlruns").as_uri()
     numbers = [0.5, math.nan, math.inf, -math.inf, 3.0, -1e-300]
     records = [LogRecord(step, 1_700_000_000_000 + step,
                          {**{f"train/m{k}": numbers[(k + step) % len(numbers)] for k in range(600)},
@@ -118,7 +124,7 @@ def test_the_helper_writes_what_this_process_writes(sqlite_uri):
                          {"train/total_flos": 7.0 * step, "note": f"text {step}"}) for step in (1, 2)]
     read = {}
     for helper, run_key in ((True, "ab" * 16), (False, "cd" * 16)):
-        backend = MLflowBackend(sqlite_uri, None, helper=helper)
+        backend = MLflowBackend(uri, None, helper=helper)
         run_id = backend.start(None, run_key, False)
         if helper:
             assert backend.helper.start()  # up: the record goes to it
@@ -126,7 +132,7 @@ def test_the_helper_writes_what_this_process_writes(sqlite_uri):
         pid = backend.helper.pid if helper else None
         backend.finish("FINISHED", run_id)
         backend.close()
-        client = MlflowClient(sqlite_uri)
+        client = MlflowClient(uri)
         run = client.get_run(run_id)
         history = {key: client.get_metric_history(run_id, key) for key in run.data.metrics}
         read[helper] = ({key: [(m.step, m.timestamp, repr(m.value)) for m in points]
