@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 __all__ = [
+    "clean_parameter_name",
     "copy_local",
     "copy_optimizer_state",
     "generation_model",
@@ -422,7 +423,8 @@ def load_optimizer_state(optimizer: Any, copies: list[dict[str, Any]]) -> None:
                     state[key] = value.clone() if hasattr(value, "clone") else value
 
 
-def _clean_name(name: str) -> str:
+def clean_parameter_name(name: str) -> str:
+    """A parameter's name without the wrappers FSDP, activation checkpointing and ``torch.compile`` add."""
     for wrapper in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
         name = name.replace(wrapper, "")
     return name
@@ -441,14 +443,15 @@ def local_segments(model: Any, optimizer: Any = None) -> dict[str, list[tuple[st
     No collective. Under DDP or a single process every rank holds whole parameters (see
     `holds_a_share`).
     """
-    names = {id(parameter): _clean_name(name) for name, parameter in model.named_parameters()}
+    names = {id(parameter): clean_parameter_name(name) for name, parameter in model.named_parameters()}
     segments: dict[str, list[tuple[str, int, int]]] = {}
     zero = zero_optimizer(optimizer)
     if zero is not None:
         if hasattr(zero, _ZERO3_MASTERS):
             import torch.distributed as dist
 
-            rank = dist.get_rank(group=getattr(zero, "dp_process_group", None)) if dist.is_initialized() else 0
+            group_of = getattr(zero, "dp_process_group", None)
+            rank = dist.get_rank(group=group_of) if dist.is_initialized() else 0
             for index, group in enumerate(zero.fp16_groups):
                 found, offset = [], 0
                 for parameter in group:
@@ -469,7 +472,7 @@ def local_segments(model: Any, optimizer: Any = None) -> dict[str, list[tuple[st
         return segments
     if sharding_engine(model) == "fsdp1":
         fsdp1 = _fsdp1_class()
-        prefixes = {id(module): _clean_name(name) for name, module in model.named_modules()}
+        prefixes = {id(module): clean_parameter_name(name) for name, module in model.named_modules()}
         index = 0
         for module in fsdp1.fsdp_modules(model):
             handle = getattr(module, "_handle", None)
@@ -481,14 +484,14 @@ def local_segments(model: Any, optimizer: Any = None) -> dict[str, list[tuple[st
                 found = []
                 for fqn, info in zip(flat._fqns, flat._shard_param_infos):
                     if info.in_shard:
-                        name = _clean_name(f"{prefix}.{fqn}" if prefix else fqn)
+                        name = clean_parameter_name(f"{prefix}.{fqn}" if prefix else fqn)
                         found.append((name, int(info.offset_in_shard), int(info.numel_in_shard)))
                 segments[f"{FSDP1_SHARD_KEY}{index}"] = found
             index += 1
         return segments
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
-            segments[name] = [(_clean_name(name), 0, _local(parameter).numel())]
+            segments[name] = [(clean_parameter_name(name), 0, _local(parameter).numel())]
     return segments
 
 

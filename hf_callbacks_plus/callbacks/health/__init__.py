@@ -8,5 +8,6 @@ gradients and update are seen, per runner and engine), ``guard.py`` (`SpikeGuard
 """
 
 from .guard import SpikeGuard
+from .monitor import TrainingHealth
 
-__all__ = ["SpikeGuard"]
+__all__ = ["SpikeGuard", "TrainingHealth"]

@@ -23,7 +23,6 @@ from ...runtime.engines import (
     load_local,
     load_optimizer_state,
     local_gradients,
-    zero_optimizer,
 )
 from ..deadline import window as logging_window
 from .hooks import DeepSpeedStep, running_loss, skip_update, unskip

@@ -1,5 +1,6 @@
 """The spike rule of `SpikeGuard`, kept on the device: the last ``window`` values of each watched
-signal (the step's loss, its gradient norm), their median and median absolute deviation (MAD),
+signal (the step's loss, its gradient norm), their median and median absolute deviation (MAD;
+the lower middle value of an even count, as ``torch.nanmedian``),
 and a step is a spike when a value is not finite or lies more than ``threshold`` robust standard
 deviations (1.4826 MAD, at least 0.1 % of the median) above the median. Judging starts once the
 window holds ``warmup`` values; every finite value enters the window (a lasting change of level
