@@ -86,7 +86,8 @@ class LightningSpike(TrainerCallback):
 class ComposerStyleNorms(TrainerCallback):
     """Per-parameter gradient norms read to the host each batch, as Composer's OptimizerMonitor does."""
 
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None,
+                              **kwargs: Any) -> None:
         total, layers = 0.0, {}
         for name, parameter in model.named_parameters():
             if parameter.grad is not None and parameter.requires_grad:
@@ -100,8 +101,9 @@ def model(hidden: int, layers: int) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024)
+    config = LlamaConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=1024)
     return LlamaForCausalLM(config)
 
 
@@ -124,12 +126,16 @@ def run(variant: str, options: argparse.Namespace, logging_steps: int) -> list[f
     clock = StepClock()
     callbacks = callbacks_for(variant)
     with tempfile.TemporaryDirectory() as folder:
-        args = TrainingArguments(output_dir=folder, max_steps=options.steps, per_device_train_batch_size=options.batch,
-                                 logging_steps=logging_steps, save_strategy="no", report_to="none", use_cpu=True,
-                                 disable_tqdm=True, dataloader_num_workers=0, seed=0)
-        trainer = TrainerPlus(model=model(options.hidden, options.layers), args=args,
+        args = TrainingArguments(output_dir=folder, max_steps=options.steps,
+                                 per_device_train_batch_size=options.batch, logging_steps=logging_steps,
+                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                                 dataloader_num_workers=0, seed=0)
+        trainer = TrainerPlus(model=model(options.hidden, options.layers), args=args,  # no printer: quiet
                               train_dataset=rows(options.batch * options.steps, options.seq),
                               callbacks=[*callbacks, clock])
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
         for callback in callbacks:
             if isinstance(callback, LightningSpike):
                 callback.trainer = trainer
@@ -179,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         print(f"lightning not importable from {options.peers}: lightning-spike left out")
         variants = [v for v in variants if v != "lightning-spike"]
-    print(f"TrainerPlus, Llama hidden {options.hidden} x {options.layers} layers, {options.batch} x {options.seq} "
+    print(f"TrainerPlus, Llama hidden {options.hidden} x {options.layers} layers, "
+          f"{options.batch} x {options.seq} "
           f"tokens, {options.steps} steps (first {options.warmup} left out), {options.repeats} rounds; torch "
           f"{torch.__version__}, 1 thread")
     for logging_steps in [int(x) for x in options.logging_steps.split(",")]:

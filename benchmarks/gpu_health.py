@@ -66,7 +66,8 @@ class Oom(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.at:
-            torch.empty(torch.cuda.get_device_properties(0).total_memory * 2, dtype=torch.uint8, device="cuda")
+            torch.empty(torch.cuda.get_device_properties(0).total_memory * 2, dtype=torch.uint8,
+                        device="cuda")
 
 
 def train(options: argparse.Namespace, callbacks: list[Any], folder: str) -> Any:
@@ -78,9 +79,10 @@ def train(options: argparse.Namespace, callbacks: list[Any], folder: str) -> Any
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     ids = torch.randint(0, 32000, (options.batch * options.steps, options.seq))
     rows = [{"input_ids": row, "labels": row} for row in ids]
-    args = TrainingArguments(output_dir=folder, max_steps=options.steps, per_device_train_batch_size=options.batch,
-                             logging_steps=options.logging_steps, save_strategy="no", report_to="none", bf16=True,
-                             disable_tqdm=True)
+    args = TrainingArguments(output_dir=folder, max_steps=options.steps,
+                             per_device_train_batch_size=options.batch,
+                             logging_steps=options.logging_steps, save_strategy="no", report_to="none",
+                             bf16=True, disable_tqdm=True)
     trainer = TrainerPlus(model=model, args=args, train_dataset=rows, callbacks=callbacks)
     trainer.train()
     return trainer

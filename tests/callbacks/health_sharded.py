@@ -70,7 +70,8 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def same_moments(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return len(a) == len(b) and all(
-        set(x) == set(y) and all(torch.equal(x[k], y[k]) if hasattr(x[k], "shape") else x[k] == y[k] for k in x)
+        set(x) == set(y) and all(torch.equal(x[k], y[k]) if hasattr(x[k],
+                                                                    "shape") else x[k] == y[k] for k in x)
         for x, y in zip(a, b))
 
 
@@ -81,9 +82,11 @@ def train(engine: str, folder: Path, trainer_kind: str, callbacks: list, bypass:
         options["deepspeed"] = {"zero_allow_untested_optimizer": True}
     trainer = sharded.make_trainer(engine, folder, trainer=trainer_kind, callbacks=callbacks, **options)
     BypassAdamW.trainer = trainer if bypass else None
-    trainer.optimizer_cls_and_kwargs = (BypassAdamW if bypass else torch.optim.AdamW, {"lr": trainer.args.learning_rate,
+    trainer.optimizer_cls_and_kwargs = (BypassAdamW if bypass else torch.optim.AdamW,
+                                        {"lr": trainer.args.learning_rate,
                                                           "weight_decay": trainer.args.weight_decay,
-                                                          "betas": (trainer.args.adam_beta1, trainer.args.adam_beta2),
+                                                          "betas": (trainer.args.adam_beta1,
+                                                                    trainer.args.adam_beta2),
                                                           "eps": trainer.args.adam_epsilon})
     for callback in callbacks:
         if isinstance(callback, Record):
@@ -104,7 +107,8 @@ def guard_under_engine(out: Path, engine: str, trainer_kind: str = "trainer") ->
         reference = Record((STEPS,))
         train(engine, out / "reference", trainer_kind, [reference], bypass=True)
         guard, record = SpikeGuard("skip", **GUARD), Record((STEPS,))
-        skipped = train(engine, out / "skip", trainer_kind, [guard, record], save_strategy="steps", save_steps=SAVE)
+        skipped = train(engine, out / "skip", trainer_kind, [guard, record], save_strategy="steps",
+                        save_steps=SAVE)
         outcome["skip"] = {"spikes": guard.spike_steps, "skipped": guard.skipped_steps,
                            "same_weights": same(record.weights[STEPS], reference.weights[STEPS]),
                            "same_moments": same_moments(record.moments[STEPS], reference.moments[STEPS]),
@@ -123,10 +127,12 @@ def guard_under_engine(out: Path, engine: str, trainer_kind: str = "trainer") ->
         stopped = train(engine, out / "stop", trainer_kind, [guard, record])
         checkpoint = out / "stop" / f"checkpoint-{POISON}"
         files = sharded.checkpoint_files(checkpoint) if checkpoint.is_dir() else {}
-        outcome["stop"] = {"spikes": guard.spike_steps, "global_step": stopped.state.global_step, "files": sorted(files)}
+        outcome["stop"] = {"spikes": guard.spike_steps, "global_step": stopped.state.global_step,
+                           "files": sorted(files)}
         if int(__import__("os").environ.get("RANK", "0")) == 0 and checkpoint.is_dir():
             saved = sharded.saved_weights(checkpoint)
-            outcome["stop"]["saved_equal"] = all(torch.equal(saved[k], record.weights[POISON][k]) for k in saved)
+            outcome["stop"]["saved_equal"] = all(torch.equal(saved[k],
+                                                             record.weights[POISON][k]) for k in saved)
     sharded.write_json(out, outcome)
     for name in ("reference", "skip", "resumed", "rollback"):
         shutil.rmtree(out / name, ignore_errors=True)
@@ -153,7 +159,8 @@ def norms_under_engine(out: Path, engine: str, trainer_kind: str = "trainer") ->
     """TrainingHealth's per-parameter norms (one group per parameter) against the gathered weights."""
     with sharded.sharded_on_cpu():
         reference = Norms()
-        trainer = sharded.make_trainer(engine, out / "run", trainer=trainer_kind, max_steps=2, max_grad_norm=0.0,
+        trainer = sharded.make_trainer(engine, out / "run", trainer=trainer_kind, max_steps=2,
+                                       max_grad_norm=0.0,
                                        callbacks=[reference], lr_scheduler_type="constant")
         names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
         from hf_callbacks_plus.runtime.engines import clean_parameter_name

@@ -114,7 +114,8 @@ def run(tmp: str, callbacks=(), bypass: int = 0, steps: int = 14, poison: int = 
 
     options = {"output_dir": tmp, "max_steps": steps, "logging_steps": 5, "save_strategy": "no",
                "disable_tqdm": True, **args}
-    trainer = LightweightTrainer(LoopArguments(**options), train_step=train_step, train_data=data, model=model,
+    trainer = LightweightTrainer(LoopArguments(**options), train_step=train_step, train_data=data,
+                                 model=model,
                                  optimizer=Bypass(optimizer, bypass) if bypass else optimizer,
                                  lr_scheduler=schedule, callbacks=list(callbacks))
     holder["trainer"] = trainer

@@ -44,7 +44,8 @@ def test_spike_is_caught_and_acted_on_by_every_rank(engine, trainer, distributed
         assert rollback["spikes"] == [POISON] and rollback["rollbacks"] == [[POISON, 4]]
         assert rollback["same_weights"] and rollback["same_moments"]
         assert stop["spikes"] == [POISON] and stop["global_step"] == POISON
-        assert {"trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(stop["files"])
+        assert {"trainer_state.json", "scheduler.pt", "rng_state_0.pth",
+                "rng_state_1.pth"} <= set(stop["files"])
     assert distributed_outcome.json()[0]["stop"]["saved_equal"]
     records = distributed_outcome.json()[0]["skip"]["records"]
     spiked = [r for r in records if r.get("spike_guard/spikes")]
@@ -56,7 +57,8 @@ def close(a: float, b: float, rtol: float = 2e-5) -> bool:
 
 
 @pytest.mark.parametrize(("engine", "trainer"), engine_scenarios(
-    norms_under_engine, ("ddp", "zero1", "zero2", "zero3", "fsdp2", "fsdp2_full", "fsdp1_full", "fsdp1_sharded"),
+    norms_under_engine, ("ddp", "zero1", "zero2", "zero3", "fsdp2", "fsdp2_full", "fsdp1_full",
+                         "fsdp1_sharded"),
     trainers=("trainer", "trainer_plus"), first_tier=FIRST_TIER, reference="ddp"))
 def test_per_layer_norms_equal_the_unsharded_model(engine, trainer, distributed_outcome, distributed_launch):
     ddp = distributed_launch.outcome(spec_of(norms_under_engine, ("ddp", trainer))).json()[0]

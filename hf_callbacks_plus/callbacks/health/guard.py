@@ -110,7 +110,8 @@ class SpikeGuard(SelfRestoringState):
             raise ValueError(f"SpikeGuard: window={window} is shorter than warmup={warmup}: the window could "
                              f"never hold the {warmup} values judging needs. Give window >= warmup, e.g. "
                              f"window={warmup} or warmup={window}.")
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
+        if isinstance(threshold, bool) or not isinstance(threshold, (int,
+                                                                     float)) or not math.isfinite(threshold) \
                 or threshold <= 0:
             raise ValueError(f"SpikeGuard: threshold must be a number > 0 (robust standard deviations), got "
                              f"{threshold!r}.")
@@ -165,7 +166,8 @@ class SpikeGuard(SelfRestoringState):
 
     # -- state ------------------------------------------------------------------------------------
     def state_args(self) -> dict[str, Any]:
-        return {"action": self.action, "window": self.window, "warmup": self.warmup, "threshold": self.threshold,
+        return {"action": self.action, "window": self.window, "warmup": self.warmup,
+                "threshold": self.threshold,
                 "watch": list(self.watch), "rollback_every": self.rollback_every, "verbose": self.verbose}
 
     def state_attributes(self) -> dict[str, Any]:
@@ -207,7 +209,8 @@ class SpikeGuard(SelfRestoringState):
                 "hf_callbacks_plus.run_before_integrations(trainer) before train().")
         if self.action == "skip" and optimizer is None:
             raise ValueError("SpikeGuard(action='skip') needs the optimizer the trainer steps (events get "
-                             "optimizer=None: LightweightTrainer(optimizer_step_fn=...) steps it out of sight); "
+                             "optimizer=None: LightweightTrainer(optimizer_step_fn=...) steps it out of "
+                             "sight); "
                              "pass LightweightTrainer(optimizer=...), or use action='rollback' or 'stop'.")
         self._model, self._optimizer, self._training = model, optimizer, True
         self._world = distributed_world_size()
@@ -221,10 +224,12 @@ class SpikeGuard(SelfRestoringState):
             self._pre_clip = bool(getattr(trainer, "records_pre_clip_grad_norm", False)) and \
                 hasattr(type(trainer), "_get_grad_norm")
             clips = float(getattr(args, "max_grad_norm", 0) or 0) > 0
-            if "grad_norm" in self.watch and clips and not self._pre_clip and hasattr(trainer, "_clip_grad_norm"):
+            unseen = clips and not self._pre_clip and hasattr(trainer, "_clip_grad_norm")
+            if "grad_norm" in self.watch and unseen:
                 logger.warning(
-                    "SpikeGuard: this Trainer clips the gradients (max_grad_norm=%s) before any event, so the "
-                    "gradient norm the guard sees is the clipped one: a spike above max_grad_norm is not seen. "
+                    "SpikeGuard: this Trainer clips the gradients (max_grad_norm=%s) before any event, so "
+                    "the gradient norm the guard sees is the clipped one: a spike above max_grad_norm is "
+                    "not seen. "
                     "TrainerPlus (or TrainerPlusMixin) keeps the norm before clipping.", args.max_grad_norm)
         if self.action == "rollback":
             self._start_copy(args, state, model, optimizer)
@@ -288,8 +293,12 @@ class SpikeGuard(SelfRestoringState):
 
         device = loss.device if hasattr(loss, "device") else (
             grad_norm.device if hasattr(grad_norm, "device") else torch.device("cpu"))
-        as_tensor = lambda v: (v.detach().float().reshape(()).to(device) if hasattr(v, "detach")  # noqa: E731
-                               else torch.tensor(math.nan if v is None else float(v), device=device))
+
+        def as_tensor(v: Any) -> Any:
+            if hasattr(v, "detach"):
+                return v.detach().float().reshape(()).to(device)
+            return torch.tensor(math.nan if v is None else float(v), device=device)
+
         parts = [as_tensor(loss) / self._world,
                  as_tensor(norm_squared) if norm_squared is not None else torch.zeros((), device=device)]
         vector = torch.stack(parts)
@@ -365,13 +374,15 @@ class SpikeGuard(SelfRestoringState):
             load_local(self._model, self._optimizer, weights)
             load_optimizer_state(self._optimizer, moments)
             self.rollbacks.append([step, int(self._copy_step)])
-            self._say(f"SpikeGuard: spike at step {step}; rolled back to the state of step {self._copy_step}.",
+            self._say(f"SpikeGuard: spike at step {step}; rolled back to the state of step "
+                      f"{self._copy_step}.",
                       state)
         elif self.action == "stop":
             control.should_training_stop = True
             control.should_save = True
             trainer = self.trainer
-            logs_now = bool(control.should_log) and step > int(getattr(trainer, "_globalstep_last_logged", step))
+            logs_now = bool(control.should_log) and step > int(getattr(trainer, "_globalstep_last_logged",
+                                                                       step))
             self._stop_window = logging_window.capture(trainer, step, logs_now)
             self._say(f"SpikeGuard: spike at step {step}; stopping with checkpoint-{step}.", state)
 
@@ -422,9 +433,11 @@ class SpikeGuard(SelfRestoringState):
         """Remove the DeepSpeed hook; tell what was done."""
         self._finish()
         if self.spike_steps and self.action != "log":
-            done = {"skip": f"skipped {len(self.skipped_steps)}", "rollback": f"rolled back {len(self.rollbacks)}",
+            done = {"skip": f"skipped {len(self.skipped_steps)}",
+                    "rollback": f"rolled back {len(self.rollbacks)}",
                     "stop": "stopped at the first"}[self.action]
-            self._say(f"SpikeGuard summary: {len(self.spike_steps)} spike(s) at steps {self.spike_steps[:10]}; "
+            self._say(f"SpikeGuard summary: {len(self.spike_steps)} spike(s) at steps "
+                      f"{self.spike_steps[:10]}; "
                       f"{done}.", state)
 
     def on_exception(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -78,9 +78,11 @@ class TrainingHealth(TrainerCallback):
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"TrainingHealth: every must be None or an integer >= 1, got {every!r}.")
         if reset_peaks not in (True, False, "auto"):
-            raise ValueError(f"TrainingHealth: reset_peaks must be True, False or 'auto', got {reset_peaks!r}.")
+            raise ValueError(f"TrainingHealth: reset_peaks must be True, False or 'auto', got "
+                             f"{reset_peaks!r}.")
         if not isinstance(oom_snapshot, (bool, str, os.PathLike)):
-            raise TypeError(f"TrainingHealth: oom_snapshot must be a folder, True or False, got {oom_snapshot!r}.")
+            raise TypeError(f"TrainingHealth: oom_snapshot must be a folder, True or False, got "
+                            f"{oom_snapshot!r}.")
         self.norms, self.memory, self.every, self.reset_peaks = norms, memory, every, reset_peaks
         self.groups = check_groups(groups)
         self.oom_snapshot = oom_snapshot
@@ -121,9 +123,11 @@ class TrainingHealth(TrainerCallback):
                 self._ds = DeepSpeedStep(optimizer, self._on_deepspeed_update)
         if self.memory:
             transformers_reads = getattr(args, "skip_memory_metrics", True) is False
-            self._reset_now = self.reset_peaks is True or (self.reset_peaks == "auto" and not transformers_reads)
+            automatic = self.reset_peaks == "auto" and not transformers_reads
+            self._reset_now = self.reset_peaks is True or automatic
             if self.oom_snapshot:
-                folder = getattr(args, "output_dir", ".") if self.oom_snapshot is True else os.fspath(self.oom_snapshot)
+                folder = getattr(args, "output_dir",
+                                 ".") if self.oom_snapshot is True else os.fspath(self.oom_snapshot)
                 self.snapshot = OomSnapshot(os.path.join(folder, f"memory_snapshot-rank{self._rank}.pickle"))
                 if not self.snapshot.start():
                     logger.info("TrainingHealth: no CUDA device: no out-of-memory snapshot is recorded.")
