@@ -5,7 +5,8 @@ One process, ``TrainerPlus`` on a Llama from a config (``--hidden``, ``--layers`
 random tokens, ``--batch`` rows; CPU, fp32). For each ``logging_steps`` in ``--logging-steps`` the same
 training runs once per variant, in rounds (``--repeats``; the order rotates each round so that a slow
 moment of the shared machine does not fall on one variant), and the median seconds per step after the
-first ``--warmup`` steps is compared with the baseline of the same round:
+first ``--warmup`` steps (CPU time of the process: torch on one thread; robust to other processes on a
+shared machine) is compared with the baseline of the same round:
 
 * ``baseline``: no callback of ours;
 * ``guard-log``, ``guard-skip``: ``SpikeGuard("log")`` / ``("skip")``;
@@ -49,16 +50,18 @@ VARIANTS = ("baseline", "guard-log", "guard-skip", "norms", "memory", "guard+nor
 
 
 class StepClock(TrainerCallback):
-    """Wall time of each step (step begin to step begin)."""
+    """CPU time of this process for each step (step begin to step begin): torch runs on one thread in
+    this process, so on a machine shared with other work this is the step's own cost, where wall time
+    would also count the other processes' turns."""
 
     def __init__(self) -> None:
         self.marks: list[float] = []
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.marks.append(time.perf_counter())
+        self.marks.append(time.process_time())
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.marks.append(time.perf_counter())
+        self.marks.append(time.process_time())
 
 
 class LightningSpike(TrainerCallback):
