@@ -203,6 +203,16 @@ def gradient_checkpointing_function(tmp_path: Path) -> None:
     assert functions and all(f.keywords == {"use_reentrant": True} for f in functions)
 
 
+def clip_and_grad_norm(tmp_path: Path) -> None:
+    """TrainerPlusMixin overrides both: transformers clips (when max_grad_norm > 0), then reads the norm,
+    then fires on_pre_optimizer_step."""
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer._inner_training_loop) + inspect.getsource(Trainer._run_epoch)
+    clip, norm = source.index("self._clip_grad_norm(model)"), source.index("self._get_grad_norm(model")
+    assert clip < norm < source.index("on_pre_optimizer_step")
+
+
 def health_torch(tmp_path: Path) -> None:
     """What callbacks/health reads of torch: the multi-tensor norm with a dtype, and CUDA's memory
     history and snapshot (Python functions in every build; the out-of-memory observer exists in CUDA
@@ -257,10 +267,17 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "runtime/isolated_evaluation.py: put back after the subset's evaluate", seq2seq_generation_settings),
     ("transformers", "Trainer", "_maybe_log_save_evaluate",
      "integrations/transformers.py: TrainerPlusMixin overrides it (loop_context)", loop_log_save_evaluate),
+    ("transformers", "Trainer", "_clip_grad_norm",
+     "integrations/transformers.py: TrainerPlusMixin fires on_pre_clip before transformers clips",
+     clip_and_grad_norm),
+    ("transformers", "Trainer", "_get_grad_norm",
+     "integrations/transformers.py: TrainerPlusMixin keeps the norm before clipping (pre_clip_grad_norm)",
+     clip_and_grad_norm),
     ("transformers", "Trainer", "_load_from_checkpoint",
      "integrations/transformers.py: a vetoed resume loads the weights", load_from_checkpoint),
     ("transformers", "Trainer", "_tr_loss",
-     "callbacks/deadline/window.py: the running loss carried through a stop's checkpoint", logging_window),
+     "callbacks/deadline/window.py: the running loss carried through a stop's checkpoint; "
+     "callbacks/health: each step's loss (its growth since on_step_begin)", logging_window),
     ("transformers", "Trainer", "_globalstep_last_logged",
      "callbacks/deadline/window.py: where the carried logging window starts", logging_window),
     ("transformers", "Trainer", "_total_loss_scalar",
@@ -408,7 +425,8 @@ def test_the_table_names_every_private_name_the_package_uses():
                 if name not in defined and name not in listed and name not in OURS}
     assert unlisted == {}, "add a row to TABLE (and to docs/versions.md) for each"
     assert set(TRAINER_ACCUMULATORS) <= listed | set(LEGACY)
-    stale = {row[2] for row in TABLE} - set(used) - set(TRAINER_ACCUMULATORS) - {"_maybe_log_save_evaluate"}
+    overridden = {"_maybe_log_save_evaluate", "_clip_grad_norm", "_get_grad_norm"}  # TrainerPlusMixin's own
+    stale = {row[2] for row in TABLE} - set(used) - set(TRAINER_ACCUMULATORS) - overridden
     assert stale == set(), "the package no longer uses these: drop their rows"
 
 
