@@ -272,3 +272,38 @@ def test_the_plot_draws_one_panel_per_kind():
     curves = collect_curves(history)
     assert set(curves.series["health/grad_norm"]) == {"model.layers.0", "lm_head"}
     assert set(curves.series["health/memory/host_rss_gb"]) == {"rank0"}
+
+
+def test_a_resumed_rollback_goes_back_to_the_same_copy(tmp_path):
+    """TrainerPlus, one process: copies every 3 steps, checkpoint-4 holds the copy of step 3 in its own
+    file (spike_guard-rank0.pt); a run resumed from it rolls back at the spike (step 6) to step 3, as the
+    uninterrupted run does, and ends with the same weights. Without the file the copy would restart at
+    step 4 (and the rollback go to step 4)."""
+    pytest.importorskip("transformers")
+    from hf_callbacks_plus import TrainerPlus
+    from tests.tiny_models import make_trainer
+
+    def poisoned(folder, guard, **args):
+        trainer = make_trainer(folder, [guard], trainer_class=TrainerPlus, max_steps=8, logging_steps=1,
+                               lr_scheduler_type="constant", **args)
+        original = trainer.compute_loss
+
+        def compute_loss(model, inputs, *a, **k):
+            loss = original(model, inputs, *a, **k)
+            return loss * 1000 if trainer.state.global_step + 1 == 6 else loss
+
+        trainer.compute_loss = compute_loss
+        return trainer
+
+    settings = {**GUARD, "warmup": 3, "rollback_every": 3}
+    guard = SpikeGuard("rollback", **settings)
+    first = poisoned(tmp_path / "a", guard, save_strategy="steps", save_steps=4)
+    first.train()
+    assert guard.rollbacks == [[6, 3]]
+    assert (tmp_path / "a" / "checkpoint-4" / "spike_guard-rank0.pt").is_file()
+    resumed_guard = SpikeGuard("rollback", **settings)
+    resumed = poisoned(tmp_path / "a", resumed_guard)  # the copy is read from checkpoint-N of output_dir
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-4"))
+    assert resumed_guard.rollbacks == [[6, 3]] and resumed_guard.spike_steps == [6]
+    for a, b in zip(first.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)

@@ -249,8 +249,9 @@ class SpikeGuard(SelfRestoringState):
 
         path = os.path.join(checkpoint_folder(args.output_dir, step), self.copy_file)
         if not os.path.isfile(path):
-            logger.warning("SpikeGuard: the copy of the good state of step %s is not in %s; the copy starts "
-                           "again at step %s.", wanted, path, step)
+            logger.warning("SpikeGuard: the copy of the good state of step %s is not in %s (it is looked for "
+                           "in checkpoint-%s of output_dir); the copy starts again at step %s.", wanted, path,
+                           step, step)
             self._take_copy(model, optimizer, step)
             return
         saved = torch.load(path, map_location="cpu", weights_only=True)
