@@ -149,7 +149,10 @@ class Norms(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         after = sharded.full_weights(self.trainer)
-        trained = {n for n, p in self.trainer.model.named_parameters() if p.requires_grad}
+        from hf_callbacks_plus.runtime.engines import clean_parameter_name
+
+        parameters = self.trainer.model.named_parameters()
+        trained = {clean_parameter_name(n) for n, p in parameters if p.requires_grad}
         self.found[state.global_step] = {
             name: [float(after[name].norm()), float((after[name] - self.before[name]).norm())]
             for name in after if name in trained}

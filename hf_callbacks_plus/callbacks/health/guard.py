@@ -296,6 +296,8 @@ class SpikeGuard(SelfRestoringState):
             grad_norm.device if hasattr(grad_norm, "device") else torch.device("cpu"))
 
         def as_tensor(v: Any) -> Any:
+            if hasattr(v, "full_tensor"):  # FSDP2: transformers' norm is a DTensor (a collective: every rank)
+                v = v.full_tensor()
             if hasattr(v, "detach"):
                 return v.detach().float().reshape(()).to(device)
             return torch.tensor(math.nan if v is None else float(v), device=device)
