@@ -96,8 +96,8 @@ def skip_update(optimizer: Any, params: Any = None) -> None:
     """Make the coming update of ``optimizer`` change nothing, and read as skipped.
 
     Every parameter of the torch optimizer (or those of ``params``) loses its gradient: torch's
-    optimizers (and bitsandbytes', DeepSpeed's CPU Adam) pass over a parameter without one, so its
-    values, its moments and its step count stay as they are. ``step_was_skipped`` then reads True
+    optimizers pass over a parameter without one, so its values, its moments and its step count stay
+    as they are. ``step_was_skipped`` then reads True
     on ``optimizer`` (accelerate's wrapper: its ``_is_overflow``; DeepSpeed: ZeRO's ``overflow``, so
     the engine counts a skipped step and does not step its scheduler; any other optimizer: an
     attribute of that name), which ``transformers.Trainer`` and ``LightweightTrainer`` read to leave
