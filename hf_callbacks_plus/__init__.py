@@ -34,6 +34,8 @@ _EXPORTS = {
     "StopReason": "hf_callbacks_plus.callbacks.early_stopping.policy",
     "TerminateOnNonFinite": "hf_callbacks_plus.callbacks.terminate_on_nonfinite",
     "TrainSubsetEvaluation": "hf_callbacks_plus.callbacks.train_subset",
+    "SpikeGuard": "hf_callbacks_plus.callbacks.health.guard",
+    "TrainingHealth": "hf_callbacks_plus.callbacks.health.monitor",
     "StreamingMetrics": "hf_callbacks_plus.callbacks.streaming_metrics",
     "GenerationSamples": "hf_callbacks_plus.callbacks.generation_samples",
     "KeepBestCheckpoints": "hf_callbacks_plus.callbacks.best_checkpoints",

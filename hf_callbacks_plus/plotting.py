@@ -14,7 +14,9 @@ kept (its ``best_checkpoints/...`` summary keys, else its state in the trainer s
 ``metrics="all"`` draws a panel for every curve: other eval datasets' and custom prefixes'
 metrics, the running metrics of the training batches ("training": trl's ``mean_token_accuracy``,
 `StreamingMetrics`' running metrics...; never drawn as the train subset), and the figures of
-other sections under their full name (``throughput/tokens_per_second``). Never drawn as curves:
+other sections under their full name (``throughput/tokens_per_second``); `TrainingHealth`'s
+``health/<kind>/<layer or rank>`` keys draw one panel per kind (``health/grad_norm``), one line per
+layer or rank. Never drawn as curves:
 evaluation timings, confusion counts, and run counters such as trl's ``num_tokens`` (with
 ``include_training_extras``, as training-loop extras). Every key is read through the key
 grammar; every series has its own colour, the same on every panel; the legend sits outside the
@@ -286,6 +288,11 @@ def collect_curves(
                     curves.stopped_step = int(value)
                 continue
             if parsed.is_summary or _COUNTS.fullmatch(parsed.name):
+                continue
+            if parsed.section == "health" and parsed.rendered.count("/") >= 2:  # one line per layer or rank
+                panel, _, label = parsed.rendered.rpartition("/")
+                curves.add(panel, label, step, value)
+                curves.separate.add(panel)
                 continue
             if parsed.section not in grammar.sections:  # a section of its own: throughput/..., a/b
                 curves.add(parsed.rendered, "training", step, value)

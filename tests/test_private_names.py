@@ -203,6 +203,62 @@ def gradient_checkpointing_function(tmp_path: Path) -> None:
     assert functions and all(f.keywords == {"use_reentrant": True} for f in functions)
 
 
+def clip_and_grad_norm(tmp_path: Path) -> None:
+    """TrainerPlusMixin overrides both: transformers clips (when max_grad_norm > 0), then reads the norm,
+    then fires on_pre_optimizer_step."""
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer._inner_training_loop) + inspect.getsource(Trainer._run_epoch)
+    clip, norm = source.index("self._clip_grad_norm(model)"), source.index("self._get_grad_norm(model")
+    assert clip < norm < source.index("on_pre_optimizer_step")
+
+
+def health_torch(tmp_path: Path) -> None:
+    """What callbacks/health reads of torch: the multi-tensor norm with a dtype, and CUDA's memory
+    history and snapshot (Python functions in every build; the out-of-memory observer exists in CUDA
+    builds only, and is looked up with getattr)."""
+    import torch
+
+    norms = torch._foreach_norm([torch.ones(4, dtype=torch.bfloat16)], 2, dtype=torch.float32)
+    assert norms[0].dtype == torch.float32 and float(norms[0]) == 2.0
+    assert callable(torch.cuda.memory._record_memory_history) and callable(torch.cuda.memory._dump_snapshot)
+    assert hasattr(torch, "_C")
+    if torch.cuda.is_available():
+        assert callable(torch._C._cuda_attach_out_of_memory_observer)
+
+
+def health_fsdp1_shards(tmp_path: Path) -> None:
+    """runtime/engines.local_segments: each original parameter's slice of an FSDP1 local shard."""
+    from torch.distributed.fsdp._flat_param import FlatParameter, _ShardParamInfo
+
+    assert {"_fqns", "_shard_param_infos"} <= set(FlatParameter.__annotations__)
+    assert {"in_shard", "offset_in_shard", "numel_in_shard"} <= set(_ShardParamInfo._fields)
+
+
+def health_accelerate_overflow(tmp_path: Path) -> None:
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    assert "_is_overflow" in inspect.getsource(AcceleratedOptimizer.step_was_skipped.fget)
+
+
+def health_deepspeed(tmp_path: Path) -> None:
+    """ZeRO's pre-clip norm, set before the update calls, and each parameter's fragment of the masters."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    stage3 = DeepSpeedZeroOptimizer_Stage3.step
+    stage3 = next((c.cell_contents for c in stage3.__closure__ or () if callable(c.cell_contents)), stage3)
+    for step in (DeepSpeedZeroOptimizer.step, stage3):  # stage 3's is wrapped for NVTX
+        source = inspect.getsource(step)
+        assert source.index("self._global_grad_norm =") < source.index("_optimizer_step(")
+    import importlib
+
+    fragments = importlib.import_module("deepspeed.utils.tensor_fragment")
+    assert "_hp_mapping" in inspect.getsource(DeepSpeedZeroOptimizer._create_param_mapping)
+    assert "def get_hp_fragment_address" in inspect.getsource(fragments.tensor_fragment)
+
+
 #: (library, owner, private name, who relies on it and for what, check). One row per name.
 TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
     ("transformers", "Trainer", "_eval_dataloaders",
@@ -211,10 +267,17 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "runtime/isolated_evaluation.py: put back after the subset's evaluate", seq2seq_generation_settings),
     ("transformers", "Trainer", "_maybe_log_save_evaluate",
      "integrations/transformers.py: TrainerPlusMixin overrides it (loop_context)", loop_log_save_evaluate),
+    ("transformers", "Trainer", "_clip_grad_norm",
+     "integrations/transformers.py: TrainerPlusMixin fires on_pre_clip before transformers clips",
+     clip_and_grad_norm),
+    ("transformers", "Trainer", "_get_grad_norm",
+     "integrations/transformers.py: TrainerPlusMixin keeps the norm before clipping (pre_clip_grad_norm)",
+     clip_and_grad_norm),
     ("transformers", "Trainer", "_load_from_checkpoint",
      "integrations/transformers.py: a vetoed resume loads the weights", load_from_checkpoint),
     ("transformers", "Trainer", "_tr_loss",
-     "callbacks/deadline/window.py: the running loss carried through a stop's checkpoint", logging_window),
+     "callbacks/deadline/window.py: the running loss carried through a stop's checkpoint; "
+     "callbacks/health: each step's loss (its growth since on_step_begin)", logging_window),
     ("transformers", "Trainer", "_globalstep_last_logged",
      "callbacks/deadline/window.py: where the carried logging window starts", logging_window),
     ("transformers", "Trainer", "_total_loss_scalar",
@@ -269,6 +332,28 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu_backward",
      "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
+    ("torch", "torch", "_foreach_norm",
+     "callbacks/health: per-layer and total gradient norms in one kernel per tensor list", health_torch),
+    ("torch", "torch", "_C", "callbacks/health/memory.py: the CUDA out-of-memory observer", health_torch),
+    ("torch", "torch._C", "_cuda_attach_out_of_memory_observer",
+     "callbacks/health/memory.py: the snapshot written when CUDA runs out of memory", health_torch),
+    ("torch", "torch.cuda.memory", "_record_memory_history",
+     "callbacks/health/memory.py: the allocation history of the out-of-memory snapshot", health_torch),
+    ("torch", "torch.cuda.memory", "_dump_snapshot",
+     "callbacks/health/memory.py: the out-of-memory snapshot", health_torch),
+    ("torch", "FlatParameter", "_fqns", "runtime/engines.py: local_segments (per-layer norms under FSDP1)",
+     health_fsdp1_shards),
+    ("torch", "FlatParameter", "_shard_param_infos",
+     "runtime/engines.py: local_segments (per-layer norms under FSDP1)", health_fsdp1_shards),
+    ("accelerate", "AcceleratedOptimizer", "_is_overflow",
+     "callbacks/health/hooks.py: a skipped step reads as skipped (step_was_skipped)",
+     health_accelerate_overflow),
+    ("deepspeed", "DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3", "_global_grad_norm",
+     "callbacks/health/hooks.py: ZeRO's gradient norm before clipping, read before the update",
+     health_deepspeed),
+    ("deepspeed", "ZeRO-1/2 parameters", "_hp_mapping",
+     "runtime/engines.py: local_segments (each parameter's fragment of the master partition)",
+     health_deepspeed),
 ]
 
 #: Names in ``TRAINER_ACCUMULATORS`` for releases older than the installed ones: nothing installed
@@ -340,7 +425,8 @@ def test_the_table_names_every_private_name_the_package_uses():
                 if name not in defined and name not in listed and name not in OURS}
     assert unlisted == {}, "add a row to TABLE (and to docs/versions.md) for each"
     assert set(TRAINER_ACCUMULATORS) <= listed | set(LEGACY)
-    stale = {row[2] for row in TABLE} - set(used) - set(TRAINER_ACCUMULATORS) - {"_maybe_log_save_evaluate"}
+    overridden = {"_maybe_log_save_evaluate", "_clip_grad_norm", "_get_grad_norm"}  # TrainerPlusMixin's own
+    stale = {row[2] for row in TABLE} - set(used) - set(TRAINER_ACCUMULATORS) - overridden
     assert stale == set(), "the package no longer uses these: drop their rows"
 
 

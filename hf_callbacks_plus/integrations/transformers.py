@@ -10,6 +10,9 @@ trl's trainers, your own): put it first in the bases. It
 * flattens nested metric dicts in `log`;
 * fires ``on_training_loss`` with the raw per-micro-batch loss (only when a callback
   listens) and ``on_exception`` when ``train()`` raises (then re-raises);
+* keeps the gradient norm transformers computed before clipping (``pre_clip_grad_norm``) and
+  fires ``on_pre_clip`` before it clips (only when a callback listens): a stock Trainer's
+  callbacks see the gradients only after clipping (``on_pre_optimizer_step``);
 * fires ``on_resume_check`` before resuming (only when a callback listens): a callback can
   veto the run, which then ends at the checkpoint's step without any training step;
 * records custom ``metric_key_prefix`` values and eval dataset names in
@@ -75,6 +78,10 @@ class TrainerPlusMixin:
     """
 
     key_grammar: KeyGrammar
+    #: The gradient norm of the last step before clipping (transformers' own, a tensor or a float;
+    #: transformers >= 5.0), for ``SpikeGuard``; None before the first step.
+    pre_clip_grad_norm: Any = None
+    records_pre_clip_grad_norm = True
     #: `evaluate` records its arguments while it runs (``evaluation_arguments`` reads them), so
     #: ``record_evaluate_calls`` leaves this trainer's ``evaluate`` as it is.
     records_evaluate_calls = True
@@ -183,6 +190,19 @@ class TrainerPlusMixin:
                 "on_training_loss", self.args, self.state, self.control, loss=value
             )
         return loss
+
+    def _clip_grad_norm(self, *args: Any, **kwargs: Any) -> Any:
+        """Fire ``on_pre_clip`` (the step's gradients, whole and not yet clipped), then clip."""
+        handler = self.callback_handler
+        if handler.listens("on_pre_clip"):
+            self.control = handler.call_event("on_pre_clip", self.args, self.state, self.control)
+        return super()._clip_grad_norm(*args, **kwargs)
+
+    def _get_grad_norm(self, *args: Any, **kwargs: Any) -> Any:
+        """Keep the norm transformers returns (computed before clipping) as `pre_clip_grad_norm`."""
+        norm = super()._get_grad_norm(*args, **kwargs)
+        self.pre_clip_grad_norm = norm
+        return norm
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; on an exception, fire ``on_exception`` then re-raise it.

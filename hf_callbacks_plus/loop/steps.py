@@ -76,6 +76,7 @@ class StepsMixin:
                     tr_loss += tr_loss / (1 + state.global_step - self._globalstep_last_logged)
                 else:
                     tr_loss += loss
+                self._tr_loss = tr_loss  # current after each micro-batch, as Trainer's (SpikeGuard, Deadline)
                 if count_tokens:
                     state.num_input_tokens_seen += int(self.num_tokens_fn(inputs))
 
@@ -91,7 +92,6 @@ class StepsMixin:
                         self._after_optimizer_step()
                     state.global_step += 1
                     state.epoch = epoch + (step + 1) / batches_per_epoch
-                    self._tr_loss = tr_loss  # current at on_step_end, as Trainer's (Deadline reads it)
                     control = self.control = handler.on_step_end(args, state, self.control)
                     if control.should_log or control.should_evaluate or control.should_save:
                         self._maybe_log_save_evaluate(grad_norm, start_time, learning_rate)
@@ -125,8 +125,8 @@ class StepsMixin:
     def _after_optimizer_step(self) -> None:
         if self.optimizer_step_fn is not None:
             return
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+        if self.lr_scheduler is not None and not getattr(self.optimizer, "step_was_skipped", False):
+            self.lr_scheduler.step()  # as transformers: a skipped step leaves the schedule where it is
         if self.optimizer is not None and hasattr(self.optimizer, "zero_grad"):
             self.optimizer.zero_grad()
 

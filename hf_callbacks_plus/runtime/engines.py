@@ -33,12 +33,19 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 __all__ = [
+    "clean_parameter_name",
     "copy_local",
+    "copy_optimizer_state",
     "generation_model",
+    "holds_a_share",
     "layout",
     "load_local",
+    "load_optimizer_state",
+    "local_gradients",
+    "local_segments",
     "local_tensors",
     "sharding_engine",
+    "torch_optimizer",
     "zero_optimizer",
 ]
 
@@ -343,3 +350,174 @@ def load_local(model: Any, optimizer: Any, copy: dict[str, Any]) -> None:
         zero.checkpoint_event_epilogue()  # gathers the persistent parameters again
     else:
         zero.update_lp_params()
+
+
+# -- this rank's part of the optimizer's state, and where each parameter lies in local_tensors ------
+
+
+def torch_optimizer(optimizer: Any) -> Any:
+    """The innermost optimizer behind ``optimizer``: the one whose ``state`` holds this rank's moments
+    (under DeepSpeed ZeRO the torch optimizer stepping the fp32 master partitions; under accelerate
+    the wrapped torch optimizer; else ``optimizer`` itself). None for None."""
+    for _ in range(6):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or not hasattr(inner, "param_groups"):
+            return optimizer
+        optimizer = inner
+    return optimizer
+
+
+def _local(tensor: Any) -> Any:
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
+
+
+def _optimizer_parameters(optimizer: Any) -> list[Any]:
+    inner = torch_optimizer(optimizer)
+    return [parameter for group in inner.param_groups for parameter in group["params"]]
+
+
+def copy_optimizer_state(optimizer: Any) -> list[dict[str, Any]]:
+    """CPU copies of this rank's optimizer state, one dict per parameter of `torch_optimizer` (in
+    ``param_groups`` order; a DTensor's local shard; an empty dict for a parameter without state
+    yet). No collective."""
+    import copy as _copy
+
+    inner = torch_optimizer(optimizer)
+    copies = []
+    for parameter in _optimizer_parameters(optimizer):
+        state = inner.state.get(parameter, {})
+        copies.append({key: _local(value).detach().to("cpu", copy=True) if hasattr(value, "detach")
+                       else _copy.deepcopy(value) for key, value in state.items()})
+    return copies
+
+
+def load_optimizer_state(optimizer: Any, copies: list[dict[str, Any]]) -> None:
+    """Put a `copy_optimizer_state` copy back, in place (a parameter copied without state gets none:
+    the optimizer starts it again at its next step, as it did the first time).
+
+    Raises:
+        ValueError: The copy does not fit this optimizer (another number of parameters or shapes).
+    """
+    import torch
+
+    inner = torch_optimizer(optimizer)
+    parameters = _optimizer_parameters(optimizer)
+    if len(parameters) != len(copies):
+        raise ValueError(f"the kept optimizer state holds {len(copies)} parameters, this optimizer "
+                         f"{len(parameters)}.")
+    with torch.no_grad():
+        for parameter, kept in zip(parameters, copies):
+            if not kept:
+                inner.state.pop(parameter, None)
+                continue
+            state = inner.state[parameter]
+            for key, value in kept.items():
+                live = state.get(key)
+                if hasattr(value, "detach") and hasattr(live, "detach") and tuple(_local(live).shape) == \
+                        tuple(value.shape):
+                    _local(live).copy_(value)
+                elif hasattr(value, "detach") and hasattr(live, "detach"):
+                    raise ValueError(f"the kept optimizer state {key!r} has shape {tuple(value.shape)}, "
+                                     f"the live one {tuple(_local(live).shape)}.")
+                else:
+                    state[key] = value.clone() if hasattr(value, "clone") else value
+
+
+def clean_parameter_name(name: str) -> str:
+    """A parameter's name without the wrappers FSDP, activation checkpointing and ``torch.compile`` add."""
+    for wrapper in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(wrapper, "")
+    return name
+
+
+def local_segments(model: Any, optimizer: Any = None) -> dict[str, list[tuple[str, int, int]]]:
+    """Where each trained parameter lies in this rank's `local_tensors`: ``{key: [(parameter name,
+    start, numel), ...]}`` over the flattened tensor of ``key``, this rank's elements only (FSDP1 and
+    ZeRO padding left out). Parameter names are the model's own, without FSDP/compile wrappers.
+
+    * ZeRO-1/2: each parameter's fragment of the master partition (DeepSpeed's ``_hp_mapping``);
+    * ZeRO-3: each parameter's partition (``ds_tensor``) in the flat master partition of its group;
+    * FSDP1: each original parameter's slice of the flat local shard (``_shard_param_infos``);
+    * FSDP2 and any other model: the parameter's local tensor, whole.
+
+    No collective. Under DDP or a single process every rank holds whole parameters (see
+    `holds_a_share`).
+    """
+    names = {id(parameter): clean_parameter_name(name) for name, parameter in model.named_parameters()}
+    segments: dict[str, list[tuple[str, int, int]]] = {}
+    zero = zero_optimizer(optimizer)
+    if zero is not None:
+        if hasattr(zero, _ZERO3_MASTERS):
+            import torch.distributed as dist
+
+            group_of = getattr(zero, "dp_process_group", None)
+            rank = dist.get_rank(group=group_of) if dist.is_initialized() else 0
+            for index, group in enumerate(zero.fp16_groups):
+                found, offset = [], 0
+                for parameter in group:
+                    size = parameter.partition_numel()
+                    valid = max(0, min(size, int(parameter.ds_numel) - rank * size))
+                    found.append((names.get(id(parameter), f"?{index}.{len(found)}"), offset, valid))
+                    offset += size
+                segments[f"{ZERO_MASTER_KEY}{index}"] = found
+        else:
+            for index, group in enumerate(zero.bit16_groups):
+                found = []
+                for parameter in group:
+                    mapping = getattr(parameter, "_hp_mapping", None)
+                    if mapping is not None:
+                        address = mapping.get_hp_fragment_address()
+                        found.append((names.get(id(parameter), "?"), int(address.start), int(address.numel)))
+                segments[f"{ZERO_MASTER_KEY}{index}"] = found
+        return segments
+    if sharding_engine(model) == "fsdp1":
+        fsdp1 = _fsdp1_class()
+        prefixes = {id(module): clean_parameter_name(name) for name, module in model.named_modules()}
+        index = 0
+        for module in fsdp1.fsdp_modules(model):
+            handle = getattr(module, "_handle", None)
+            flat = getattr(handle, "flat_param", None)
+            if flat is None:
+                continue
+            if flat.requires_grad:
+                prefix = prefixes.get(id(module), "")
+                found = []
+                for fqn, info in zip(flat._fqns, flat._shard_param_infos):
+                    if info.in_shard:
+                        name = clean_parameter_name(f"{prefix}.{fqn}" if prefix else fqn)
+                        found.append((name, int(info.offset_in_shard), int(info.numel_in_shard)))
+                segments[f"{FSDP1_SHARD_KEY}{index}"] = found
+            index += 1
+        return segments
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            segments[name] = [(clean_parameter_name(name), 0, _local(parameter).numel())]
+    return segments
+
+
+def holds_a_share(model: Any, optimizer: Any = None) -> bool:
+    """Whether this rank's `local_tensors` are its own share of the trained weights (ZeRO, FSDP1, FSDP2:
+    a sum over ranks gives the whole), rather than whole copies (a single process, DDP)."""
+    return zero_optimizer(optimizer) is not None or sharding_engine(model) in ("fsdp1", "fsdp2", "zero3")
+
+
+def local_gradients(model: Any, optimizer: Any = None) -> dict[str, Any]:
+    """The gradient of each trained tensor of `local_tensors`, in its layout (None where there is none):
+    ZeRO: the master partition's ``.grad``, which DeepSpeed sets only inside its step, unscaled and
+    clipped (a hook on `torch_optimizer`'s step sees it); FSDP1: the flat parameter's sharded
+    gradient; FSDP2: the local shard of the gradient; otherwise ``parameter.grad``."""
+    gradients: dict[str, Any] = {}
+    zero = zero_optimizer(optimizer)
+    if zero is not None:
+        for index, master in enumerate(_zero_masters(zero)):
+            gradients[f"{ZERO_MASTER_KEY}{index}"] = master.grad
+        return gradients
+    if sharding_engine(model) == "fsdp1":
+        for index, handle in enumerate(_fsdp1_handles(model)):
+            if handle.flat_param.requires_grad:
+                gradients[f"{FSDP1_SHARD_KEY}{index}"] = handle.flat_param.grad
+        return gradients
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            gradients[name] = None if parameter.grad is None else _local(parameter.grad)
+    return gradients
