@@ -407,7 +407,8 @@ class Deadline(SelfRestoringState):
             self._evaluated_step = int(state.global_step)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Measure the save; at a stop, note when its checkpoint was complete."""
+        """Measure the save; at a stop, note when its checkpoint was complete; else a check: the
+        checkpoint just written can be the stop's (no second save)."""
         super().on_save(args, state, control, **kwargs)
         if not self._training or self._mark is None:
             return
@@ -417,16 +418,23 @@ class Deadline(SelfRestoringState):
         step = int(state.global_step)
         self._saved_step = step
         self._checkpoint_complete(step, checkpoint_folder(args.output_dir, step), now)
+        # the same on every rank: the step, the last step, a stop decided before this save
+        ends = self._stop is not None or bool(state.max_steps and step >= state.max_steps) \
+            or bool(control.should_training_stop)
+        if (self.signals or self._deadline_kind) and not ends:
+            self._boundary(args, state, control, saved=True)
 
     def _checkpoint_complete(self, step: int, folder: str, now: Optional[float] = None) -> None:
-        """The stop's checkpoint is complete: note where, and how long it took."""
+        """The stop's checkpoint is complete: note where, and how long it took (from this rank's
+        signal too, whenever it came before)."""
         stop = self._stop
         if stop is None or stop["step"] != step:
             return
         now = self._clock() if now is None else now
         self.decision_to_checkpoint = now - stop["decided"]
-        if stop["received"] is not None:
-            self.signal_to_checkpoint = now - stop["received"]
+        received = self._flag.received
+        if received is not None and received[1] <= now:
+            self.signal_to_checkpoint = now - received[1]
         stop["checkpoint"] = folder
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
@@ -464,13 +472,15 @@ class Deadline(SelfRestoringState):
                         max_steps=int(getattr(state, "max_steps", 0) or 0))
 
     def _boundary(self, args: Any, state: Any, control: Any, *, epoch_ends_here: bool = False,
-                  epoch_end: bool = False) -> None:
-        """One check: this rank's view, the agreement of all ranks, then the stop (or not)."""
+                  epoch_end: bool = False, saved: bool = False) -> None:
+        """One check: this rank's view, the agreement of all ranks, then the stop (or not).
+        ``saved``: right after this step's save, which a stop keeps."""
         step = int(state.global_step)
         now = self._clock()
         durations = self.measurements.estimate()
         ends_anyway = bool(state.max_steps and step >= state.max_steps) or bool(control.should_training_stop)
         left = self._deadline - now - self.margin
+        before_stop = self.evaluate_before_stop and self._evaluated_step != step
         if self._spent:
             deadline_plan = plan_stop(-math.inf, durations, evaluate=False)
         else:
@@ -478,12 +488,13 @@ class Deadline(SelfRestoringState):
                 left, step, durations, self._schedule(args, state), check_every=self.check_every,
                 evaluates_now=bool(control.should_evaluate), saves_now=bool(control.should_save),
                 epoch_ends_here=epoch_ends_here and not epoch_end,
-                evaluate_before_stop=self.evaluate_before_stop)
+                evaluate_before_stop=before_stop, saved=saved)
         received = self._flag.received
         since = 0.0 if received is None else max(0.0, now - received[1])
-        wants = bool(control.should_evaluate) or self.evaluate_before_stop
-        stop_plan = plan_stop(left, durations, evaluate=wants)
-        signal_plan = plan_stop(min(left, self.grace - since - self.margin), durations, evaluate=wants)
+        wants = bool(control.should_evaluate) or before_stop
+        stop_plan = plan_stop(left, durations, evaluate=wants, saved=saved)
+        signal_plan = plan_stop(min(left, self.grace - since - self.margin), durations, evaluate=wants,
+                                saved=saved)
         end_plan = plan_stop(left, durations, evaluate=bool(control.should_evaluate) or self.final_evaluation)
         mine = [1.0 if received is not None and received[0] == name else 0.0 for name in self.signals]
         by_budget = self._deadline_kind == "budget"
@@ -499,19 +510,19 @@ class Deadline(SelfRestoringState):
             self._natural_end(args, state, control, evaluate_fits=not no_end_eval)
             return
         if signalled and not ends_anyway:
-            reason, evaluate, plan = EndReason.SIGNAL, not no_signal_eval and wants, signal_plan
+            reason, evaluate = EndReason.SIGNAL, not no_signal_eval and wants
         elif signalled:  # the last step: training is complete, the signal changes nothing
             self._natural_end(args, state, control, evaluate_fits=not no_end_eval)
             return
         elif budget or other:
             reason = EndReason.BUDGET if budget else EndReason.DEADLINE
-            evaluate, plan = not no_deadline_eval and wants and not self._spent, stop_plan
+            evaluate = not no_deadline_eval and wants and not self._spent
         else:
             return
         if _strategy(getattr(args, "save_strategy", "no")) == "best" and evaluate:
             evaluate = False  # "best" would let the evaluation decide whether the stop's checkpoint is saved
-        self._stop_here(args, state, control, reason, signalled[0] if signalled else None, evaluate, plan,
-                        received[1] if received is not None else None, now)
+        self._stop_here(args, state, control, reason, signalled[0] if signalled else None, evaluate,
+                        deadline_plan, now)
 
     def _natural_end(self, args: Any, state: Any, control: Any, evaluate_fits: bool = True) -> None:
         """Training ends at this step anyway: add the final evaluation (and its save) when asked."""
@@ -525,11 +536,11 @@ class Deadline(SelfRestoringState):
                  f"deadline; skipping it.", state, verbose=self.verbose, level=logging.WARNING)
 
     def _stop_here(self, args: Any, state: Any, control: Any, reason: EndReason, name: Optional[str],
-                   evaluate: bool, plan: Plan, received: Optional[float], now: float) -> None:
+                   evaluate: bool, deadline_plan: Plan, now: float) -> None:
         step = int(state.global_step)
         skipped = bool(control.should_evaluate) and not evaluate
         evaluate = evaluate and self._evaluated_step != step
-        saved = self._saved_step == step and not evaluate  # an epoch's end just after this step's save
+        saved = self._saved_step == step and not evaluate  # right after this step's save: no second one
         control.should_training_stop = True
         control.should_save = not saved
         control.should_evaluate = evaluate
@@ -539,28 +550,49 @@ class Deadline(SelfRestoringState):
         self.window = logging_window.capture(trainer, step, logs_now, group=self._group)
         self.stopped_step, self.reason, self.stopped_signal = step, reason, name
         self._stop = {"step": step, "reason": reason, "evaluate": evaluate, "decided": now,
-                      "received": received, "checkpoint": None}
-        if saved:  # no second save: this stop's state goes into the checkpoint just written
+                      "checkpoint": None}
+        if saved:  # this stop's state goes into the checkpoint just written
             folder = checkpoint_folder(args.output_dir, step)
             if getattr(state, "is_world_process_zero", True):
                 self.write_state_into_checkpoint(folder)
             self._checkpoint_complete(step, folder)
-        durations = self.measurements.estimate()
+        tell(self._stop_line(reason, name, step, evaluate, saved, deadline_plan, now)
+             + ("; the scheduled evaluation is skipped (it would not fit)" if skipped else "") + ".",
+             state, verbose=self.verbose, level=logging.WARNING)
+
+    def _stop_line(self, reason: EndReason, name: Optional[str], step: int, evaluate: bool, saved: bool,
+                   deadline_plan: Plan, now: float) -> str:
+        """Why training stops here, what the stop does, and whether that ends in time: from the numbers."""
+        until, limit, margin = self._deadline - now, "the deadline", show_seconds(self.margin)
         if reason is EndReason.SIGNAL:
-            why = (f"{name} received {show_seconds(now - received)} ago" if received is not None
-                   else f"{name} received by another rank")
+            got = self._flag.received  # read again: it may have come while this rank waited for the others
+            ago = show_seconds(max(0.0, self._clock() - got[1])) if got is not None else ""
+            why = (f"{name} received {ago} ago" if got is not None and got[0] == name else
+                   f"{name} received by another rank" + (f" ({got[0]} here, {ago} ago)" if got else ""))
+            grace = self.grace - (max(0.0, now - got[1]) if got is not None else 0.0)
+            if grace < until:
+                until, limit = grace, "the end of the grace period"
+        elif self._spent:
+            why = f"the training budget of {show_seconds(self.budget)} is spent"
         else:
-            limits = {"duration": self.duration, "at": None, "budget": self.budget}
-            limit = limits[self._deadline_kind or "at"]
-            what = f"the {self._deadline_kind}" + (f" of {show_seconds(limit)}" if limit is not None else "")
-            why = (f"{what} ends in {show_seconds(self._deadline - now)}: another step "
-                   f"(~{show_seconds(durations.step)}) and a save (~{show_seconds(durations.save)}) would "
-                   f"not fit within the margin of {show_seconds(self.margin)}")
-        todo = ("evaluating, then saving" if evaluate else "saving") + f" checkpoint-{step}"
-        late = "" if plan.fits else " (it may not end before the deadline: it came sooner than one save)"
-        note = "; the scheduled evaluation is skipped (it would not fit)" if skipped else ""
-        tell(f"Deadline: {why}; stopping after step {step}: {todo}{late}{note}.", state, verbose=self.verbose,
-             level=logging.WARNING)
+            what = {"duration": f"the duration of {show_seconds(self.duration)}",
+                    "budget": f"the budget of {show_seconds(self.budget)}"}.get(self._deadline_kind or "",
+                                                                              "the deadline (at)")
+            ahead = show_seconds(deadline_plan.ahead)
+            why = f"{what} ends in {show_seconds(until)}; " + (
+                f"going on to the next check and saving there (~{ahead}) would not leave the margin of "
+                f"{margin}" if deadline_plan.stop else
+                f"another rank's estimates leave no room to go on within the margin of {margin}")
+        durations = self.measurements.estimate()
+        needed = (durations.evaluate if evaluate else 0.0) + (0.0 if saved else durations.save)
+        todo = (f"keeping checkpoint-{step}, just saved" if saved else
+                ("evaluating, then saving" if evaluate else "saving") + f" checkpoint-{step}")
+        took = f" (~{show_seconds(needed)}, {show_seconds(until)} before {limit}: "
+        if needed > until:
+            todo += took + "it may end after it)"
+        elif needed > until - self.margin:
+            todo += took + f"into the margin of {margin})"
+        return f"Deadline: {why}; stopping after step {step}: {todo}"
 
     # -- the end ----------------------------------------------------------------------------
     def _ending_now(self, state: Any) -> Ending:
