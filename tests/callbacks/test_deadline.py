@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -176,7 +177,9 @@ def test_a_signal_during_an_evaluation_or_a_save_stops_at_the_next_boundary(
     assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
 
 
-def lightweight(out: Path, callbacks: list):
+def lightweight(out: Path, callbacks: list, batches_per_epoch: int = 6, eval_data: bool = True, **overrides):
+    """A ``LightweightTrainer`` on the tiny regression task: 14 steps, a log every 4, an evaluation every 5
+    (``overrides`` change the ``LoopArguments``)."""
     import torch
 
     from tests.tiny_models import RegressionDataset, TinyRegressionModel
@@ -184,8 +187,8 @@ def lightweight(out: Path, callbacks: list):
     torch.manual_seed(0)
     model = TinyRegressionModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = RegressionDataset(48, seed=1)
-    batches = [(data.x[i : i + 8], data.y[i : i + 8]) for i in range(0, 48, 8)]
+    data = RegressionDataset(8 * batches_per_epoch, seed=1)
+    batches = [(data.x[i : i + 8], data.y[i : i + 8]) for i in range(0, 8 * batches_per_epoch, 8)]
 
     def train_step(batch):
         loss = model(batch[0], batch[1])["loss"]
@@ -196,22 +199,21 @@ def lightweight(out: Path, callbacks: list):
         with torch.no_grad():
             return model(batch[0], batch[1])["loss"].item()
 
-    args = LoopArguments(
-        output_dir=str(out),
-        max_steps=14,
-        logging_steps=4,
-        eval_strategy="steps",
-        eval_steps=5,
-        save_strategy="steps",
-        save_steps=100,
-        disable_tqdm=True,
-    )
+    args = {
+        "max_steps": 14,
+        "logging_steps": 4,
+        "eval_strategy": "steps",
+        "eval_steps": 5,
+        "save_strategy": "steps",
+        "save_steps": 100,
+        **overrides,
+    }
     return LightweightTrainer(
-        args,
+        LoopArguments(output_dir=str(out), disable_tqdm=True, **args),
         train_step=train_step,
         train_data=batches,
-        eval_data=batches[:2],
-        eval_step=eval_step,
+        eval_data=batches[:2] if eval_data else None,
+        eval_step=eval_step if eval_data else None,
         callbacks=callbacks,
         model=model,
         optimizer=optimizer,
@@ -255,6 +257,107 @@ def test_a_deadline_with_a_slow_save_ends_with_a_complete_checkpoint_before_it(t
     boundary = dict(costs.boundaries)[step] - start
     assert boundary + (3.0 + 10.0) + 1.0 + 10.0 > 60 - 5
     assert deadline.exit_code == 0  # a spent budget is the end: nothing to requeue
+
+
+# -- a deadline around a save (issue 40): a simulated clock, the injected slow save ---------------------
+
+#: (step, evaluation, save seconds; save_steps, eval_steps (0: none), check_every, batches per epoch;
+#: margin; the deadline: seconds after the end of the n-th save of an uninterrupted run, n)
+AFTER_A_SAVE = {
+    # the report's case: the first save (never measured) after step 8, the deadline within one save after it
+    "first save": (1, 3, 10, 8, 4, 1, 6, 10, 6, 1),
+    "a later save (measured)": (1, 3, 10, 8, 4, 1, 6, 10, 5, 2),
+    "saves faster than a step": (5, 0, 2, 3, 0, 1, 6, 2, 6, 1),
+    # the first evaluation and the first save at one boundary, neither measured: the margin covers both
+    "an evaluation before the save": (1, 6, 10, 8, 8, 1, 6, 16, 6, 1),
+    "check_every=3 (the save between two checks)": (1, 3, 10, 8, 4, 3, 6, 10, 6, 1),
+    "the save ends an epoch": (1, 3, 10, 8, 4, 1, 8, 10, 6, 1),
+}
+
+
+def save_ends(step, evaluation, save, save_steps, eval_steps, max_steps):
+    """When each save ends in an uninterrupted run on the simulated clock."""
+    t, ends = 0.0, []
+    for n in range(1, max_steps + 1):
+        t += step + (evaluation if eval_steps and (n % eval_steps == 0 or n == max_steps) else 0)
+        if n % save_steps == 0 or n == max_steps:
+            t += save
+            ends.append(t)
+    return ends
+
+
+def timed_lightweight(out: Path, case: tuple, kind: str = "budget"):
+    """A LightweightTrainer on the simulated clock of ``case`` (see AFTER_A_SAVE), stopped by Deadline."""
+    step, evaluation, save, save_steps, eval_steps, every, batches, margin, after, nth = case
+    clock, saves = SimulatedClock(), Saves()
+    costs = SimulatedCosts(clock, step=step, evaluation=evaluation, save=save)
+    deadline_in = save_ends(step, evaluation, save, save_steps, eval_steps, 40)[nth - 1] + after
+    limit = {"budget": deadline_in} if kind == "budget" else {"at": time.time() + deadline_in}
+    deadline = Deadline(signals=(), margin=margin, check_every=every, **limit)
+    deadline._clock = clock
+    evaluations = (
+        {"eval_strategy": "steps", "eval_steps": eval_steps} if eval_steps else {"eval_strategy": "no"}
+    )
+    trainer = lightweight(
+        out,
+        [costs, deadline, saves],
+        batches_per_epoch=batches,
+        max_steps=40,
+        save_steps=save_steps,
+        **evaluations,
+    )
+    start = clock.now
+    trainer.train()
+    return trainer, deadline, costs, saves, deadline_in, start
+
+
+@pytest.mark.parametrize("case", AFTER_A_SAVE.values(), ids=AFTER_A_SAVE.keys())
+def test_a_margin_of_one_save_lands_the_stops_checkpoint_before_the_deadline(case, tmp_path):
+    trainer, deadline, costs, saves, deadline_in, start = timed_lightweight(tmp_path, case)
+    stop, (last, end) = deadline.stopped_step, costs.saves[-1]
+    assert trainer.state.global_step == stop == last and saves.steps.count(stop) == 1  # one save, the stop's
+    assert (
+        deadline.ending.label == "budget"
+        and (tmp_path / f"checkpoint-{stop}" / "trainer_state.json").is_file()
+    )
+    assert end - start <= deadline_in, f"checkpoint-{stop} complete {end - start - deadline_in} s late"
+    step, evaluation, save, save_steps, *_, margin, _, nth = case
+    if nth == 1:  # the first save was the last one that fitted: it is the stop's, no second save
+        assert saves.steps == [save_steps]
+    else:  # everything measured: the margin is kept whole
+        assert end - start <= deadline_in - margin
+
+
+def test_the_stop_after_a_save_on_a_deadline_says_so_and_exits_for_a_requeue(tmp_path, capsys):
+    trainer, deadline, costs, saves, deadline_in, start = timed_lightweight(
+        tmp_path, AFTER_A_SAVE["first save"], kind="at"
+    )
+    assert (deadline.stopped_step, saves.steps, deadline.exit_code) == (8, [8], 75)
+    assert deadline.ending.checkpoint == str(tmp_path / "checkpoint-8")
+    err = capsys.readouterr().err
+    # the first save ended at 24, the deadline is at 30, the margin 10: step 9 and a save (11 s) do not fit
+    assert (
+        "Deadline: the deadline (at) ends in 6.0 s; going on to the next check and saving there (~11.0 s) "
+        "would not leave the margin of 10.0 s; stopping after step 8: keeping checkpoint-8, just saved."
+    ) in err
+    assert "checkpoint-8 complete (saved just before the decision)" in err
+
+
+def test_a_stock_trainer_with_a_slow_first_save_keeps_it_as_the_stops_checkpoint(tmp_path):
+    """The report's wiring in one process: a stock Trainer, Deadline in ``callbacks=`` only."""
+    clock, saves = SimulatedClock(), Saves()
+    costs = SimulatedCosts(clock, step=1.0, evaluation=3.0, save=10.0)
+    # the first save (step 6) ends at 22: the deadline at 28
+    deadline_in = save_ends(1, 3, 10, 6, 3, 16)[0] + 6
+    deadline = Deadline(signals=(), margin=10, budget=deadline_in)
+    deadline._clock = clock
+    trainer = build("stock", tmp_path, [costs, deadline, saves], eval_steps=3, save_steps=6)
+    start = clock.now
+    trainer.train()
+    assert (trainer.state.global_step, saves.steps, deadline.stopped_step) == (6, [6], 6)
+    assert costs.saves[-1][1] - start <= deadline_in and complete(tmp_path / "checkpoint-6")
+    stopped = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
+    assert stopped["stateful_callbacks"]["Deadline"]["attributes"]["stopped_step"] == 6  # the stop's state
 
 
 def test_the_budget_counts_on_across_resumes(tmp_path):

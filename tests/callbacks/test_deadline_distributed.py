@@ -144,21 +144,29 @@ def first_save_then_deadline(out: Path) -> None:
             deadline.at = at[0]
 
     deadline, saves = Deadline(at=time.time(), margin=MARGIN, signals=()), SaveTimes()
-    trainer = make_trainer(out / "run", callbacks=[DeadlineFromTrainBegin(), deadline, saves],
-                           **{**ARGS, "save_steps": 5})  # SaveTimes after Deadline: the checkpoint's end
+    trainer = make_trainer(
+        out / "run", callbacks=[DeadlineFromTrainBegin(), deadline, saves], **{**ARGS, "save_steps": 5}
+    )  # SaveTimes after Deadline: the checkpoint's end
     slow_model_save(trainer, SAVE_SECONDS)
     trainer.train()
     at = deadline.at
     rank = int(os.environ["RANK"])
-    outcome = {"at": at, "saves": saves.times, "stopped": deadline.stopped_step,
-               "label": deadline.ending.label, "code": deadline.exit_code,
-               "checkpoint": deadline.ending.checkpoint, "global_step": trainer.state.global_step}
+    outcome = {
+        "at": at,
+        "saves": saves.times,
+        "stopped": deadline.stopped_step,
+        "label": deadline.ending.label,
+        "code": deadline.exit_code,
+        "checkpoint": deadline.ending.checkpoint,
+        "global_step": trainer.state.global_step,
+    }
     (out / f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
 
 
 @pytest.mark.distributed(scenario=first_save_then_deadline)
 def test_a_margin_of_one_save_lands_the_checkpoint_before_the_deadline_after_the_first_save(
-        distributed_outcome):
+    distributed_outcome,
+):
     folder = distributed_outcome.dir
     outcomes = [json.loads((folder / f"outcome-rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, outcome in enumerate(outcomes):
@@ -204,8 +212,11 @@ def signal_during_the_agreement(out: Path) -> None:
     deadline = Deadline(margin=0, status_file=out / "status.json")
     trainer = make_trainer(out / "run", callbacks=[SignalBothWhileRank0Waits(), deadline], **ARGS)
     trainer.train()
-    outcome = {"stop": trainer.state.global_step, "received": deadline._flag.all_received,
-               "signal_to_checkpoint": deadline.signal_to_checkpoint}
+    outcome = {
+        "stop": trainer.state.global_step,
+        "received": deadline._flag.all_received,
+        "signal_to_checkpoint": deadline.signal_to_checkpoint,
+    }
     (out / f"outcome-rank{rank}.json").write_text(json.dumps(outcome), encoding="utf-8")
 
 

@@ -422,7 +422,7 @@ class Deadline(SelfRestoringState):
         ends = self._stop is not None or bool(state.max_steps and step >= state.max_steps) \
             or bool(control.should_training_stop)
         if (self.signals or self._deadline_kind) and not ends:
-            self._boundary(args, state, control, saved=True)
+            self._boundary(args, state, control)
 
     def _checkpoint_complete(self, step: int, folder: str, now: Optional[float] = None) -> None:
         """The stop's checkpoint is complete: note where, and how long it took (from this rank's
@@ -472,10 +472,11 @@ class Deadline(SelfRestoringState):
                         max_steps=int(getattr(state, "max_steps", 0) or 0))
 
     def _boundary(self, args: Any, state: Any, control: Any, *, epoch_ends_here: bool = False,
-                  epoch_end: bool = False, saved: bool = False) -> None:
-        """One check: this rank's view, the agreement of all ranks, then the stop (or not).
-        ``saved``: right after this step's save, which a stop keeps."""
+                  epoch_end: bool = False) -> None:
+        """One check: this rank's view, the agreement of all ranks, then the stop (or not). After this
+        step's save (at its ``on_save``, or the epoch's end that follows) a stop keeps that checkpoint."""
         step = int(state.global_step)
+        saved = self._saved_step == step
         now = self._clock()
         durations = self.measurements.estimate()
         ends_anyway = bool(state.max_steps and step >= state.max_steps) or bool(control.should_training_stop)
@@ -550,7 +551,7 @@ class Deadline(SelfRestoringState):
         self.window = logging_window.capture(trainer, step, logs_now, group=self._group)
         self.stopped_step, self.reason, self.stopped_signal = step, reason, name
         self._stop = {"step": step, "reason": reason, "evaluate": evaluate, "decided": now,
-                      "checkpoint": None}
+                      "checkpoint": None, "kept": saved}
         if saved:  # this stop's state goes into the checkpoint just written
             folder = checkpoint_folder(args.output_dir, step)
             if getattr(state, "is_world_process_zero", True):
@@ -588,9 +589,9 @@ class Deadline(SelfRestoringState):
         todo = (f"keeping checkpoint-{step}, just saved" if saved else
                 ("evaluating, then saving" if evaluate else "saving") + f" checkpoint-{step}")
         took = f" (~{show_seconds(needed)}, {show_seconds(until)} before {limit}: "
-        if needed > until:
+        if needed and needed > until:
             todo += took + "it may end after it)"
-        elif needed > until - self.margin:
+        elif needed and needed > until - self.margin:
             todo += took + f"into the margin of {margin})"
         return f"Deadline: {why}; stopping after step {step}: {todo}"
 
@@ -620,7 +621,8 @@ class Deadline(SelfRestoringState):
             f" of the budget of {show_seconds(self.budget)}" if self.budget is not None else "")
         if reason.resumable:
             timing = (f" {show_seconds(self.signal_to_checkpoint)} after the signal"
-                      if self.signal_to_checkpoint is not None else
+                      if self.signal_to_checkpoint is not None else " (saved just before the decision)"
+                      if stop.get("kept") else
                       f" {show_seconds(self.decision_to_checkpoint)} after the decision"
                       if self.decision_to_checkpoint is not None else "")
             done = (f"checkpoint-{step} complete{timing}; resume with train(resume_from_checkpoint=True)"

@@ -115,8 +115,8 @@ def plan_boundary(left: float, step: int, durations: Durations, schedule: Schedu
         saves_now: The trainer saves at this boundary.
         epoch_ends_here: This step ends an epoch: the next check is the epoch's end, no step later.
         evaluate_before_stop: Evaluate before a stop's save when it fits. Defaults to False.
-        saved: The boundary is right after this step's save (its evaluation, if any, done): a
-            stop here keeps that checkpoint and needs no save. Defaults to False.
+        saved: This step's checkpoint was just written (the boundary is right after its save): a
+            stop here keeps it and needs no save, unless it evaluates first. Defaults to False.
 
     Returns:
         The `Plan`: go on (``stop=False``) when the cost up to the next check plus one save fits in
@@ -125,8 +125,7 @@ def plan_boundary(left: float, step: int, durations: Durations, schedule: Schedu
     wants_evaluation = evaluates_now or evaluate_before_stop
     if schedule.max_steps > 0 and step >= schedule.max_steps:
         return plan_stop(left, durations, evaluate=wants_evaluation, saved=saved)
-    cost = 0.0 if saved else (
-        (durations.evaluate if evaluates_now else 0.0) + (durations.save if saves_now else 0.0))
+    cost = (durations.evaluate if evaluates_now else 0.0) + (durations.save if saves_now else 0.0)
     following = step if epoch_ends_here else schedule.next_check(step, check_every)
     for between in range(step + 1, following):
         cost += durations.step
