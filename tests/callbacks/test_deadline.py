@@ -461,6 +461,34 @@ def test_misuse_is_refused_early(tmp_path):
         bare.train()
 
 
+@pytest.mark.parametrize("option", ["final_evaluation", "evaluate_before_stop"])
+@pytest.mark.parametrize("wiring", ["stock", "run_before_integrations", "TrainerPlus", "LightweightTrainer"])
+def test_an_evaluation_with_nothing_to_evaluate_is_refused_at_train_begin(option, wiring, tmp_path):
+    """Issue 41: a stock Trainer with Deadline in ``callbacks=`` only (bound to nothing) trained every step,
+    then failed in the final evaluation without writing the last step's checkpoint."""
+    from transformers import Trainer
+
+    from tests.tiny_models import RegressionDataset, TinyRegressionModel, training_args
+
+    deadline = Deadline(**{option: True})
+    if wiring == "LightweightTrainer":
+        trainer = lightweight(tmp_path, [deadline], eval_data=False, eval_strategy="no", save_steps=4)
+    else:
+        trainer = (TrainerPlus if wiring == "TrainerPlus" else Trainer)(
+            model=TinyRegressionModel(),
+            args=training_args(tmp_path, max_steps=6, save_strategy="steps", save_steps=4),
+            train_dataset=RegressionDataset(64, seed=1),
+            callbacks=[deadline],
+        )
+        if wiring == "run_before_integrations":
+            run_before_integrations(trainer, deadline)
+    with pytest.raises(ValueError, match=f"{option}=True but the trainer has nothing to evaluate") as raised:
+        trainer.train()
+    assert "pass eval_dataset=... to the trainer" in str(raised.value)
+    assert f"Deadline({option}=False)" in str(raised.value)
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))  # nothing trained
+
+
 @pytest.mark.parametrize("wiring", ["run_before_integrations", "stock"])
 def test_after_a_stock_trainer_raised_a_signal_goes_to_the_previous_handler(wiring, tmp_path):
     """A stock Trainer fires no end event when it raises: bound (run_before_integrations), Deadline put

@@ -291,6 +291,21 @@ def test_the_rule_at_one_boundary(left, durations, kwargs, stop, evaluate):
     assert (plan.stop, plan.evaluate) == (stop, evaluate)
 
 
+def test_right_after_a_save_a_stop_keeps_that_checkpoint():
+    durations, schedule = Durations(step=1.0, evaluate=5.0, save=2.0), Schedule(max_steps=100)
+    plan = plan_boundary(2.9, 4, durations, schedule, saved=True)  # a step and a save (3 s) do not fit
+    assert (plan.stop, plan.evaluate, plan.fits, plan.needed, plan.ahead) == (True, False, True, 0.0, 3.0)
+    assert plan_boundary(-5.0, 4, durations, schedule, saved=True).fits  # even past the margin: it is written
+    assert not plan_boundary(3.0, 4, durations, schedule, saved=True).stop
+    # an evaluation asked for before the stop: it and a second save (the evaluation's state) must fit
+    asked = plan_boundary(5.9, 4, SLOW_STEP, schedule, saved=True, evaluate_before_stop=True)
+    assert (asked.stop, asked.evaluate, asked.needed) == (True, True, 3.0)
+    assert plan_stop(6.9, durations, evaluate=True, saved=True) == plan_stop(
+        -1, durations, evaluate=False, saved=True, ahead=math.inf
+    )
+    assert plan_boundary(1e9, 100, durations, schedule, saved=True).needed == 0.0  # the last step, saved
+
+
 def test_checks_every_k_steps_count_the_steps_and_the_scheduled_saves_between():
     durations = Durations(step=1.0, evaluate=5.0, save=2.0)
     schedule = Schedule(eval_every=0, save_every=3, max_steps=100)
@@ -323,6 +338,10 @@ def test_measurements_keep_the_longest_of_the_last_ones_and_travel_through_a_che
         ("1:00:00", 3600.0),
         ("3:50:00", 13800.0),
         ("2-04:00:00", 187200.0),
+        ("1-02:00:00", 93600.0),
+        ("1-23:59:59", 172799.0),
+        ("72:00:00", 259200.0),
+        ("0:59:59", 3599.0),
         ("00:12:00:00", 43200.0),
         (dt.timedelta(minutes=5), 300.0),
         ({"hours": 1, "minutes": 1}, 3660.0),
@@ -350,6 +369,26 @@ def test_bad_durations_name_the_argument_and_the_forms(value, error, words):
     with pytest.raises(error, match="budget") as raised:
         parse_duration(value, "budget")
     assert words in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("1:75:00", "has 75 minutes"),  # issue 41: was read as 2:15:00
+        ("1:00:60", "has 60 seconds"),
+        ("1-24:00:00", "has 24 hours"),
+        ("01:24:00:00", "has 24 hours"),
+        ("00:00:60:00", "has 60 minutes"),
+    ],
+)
+def test_minutes_and_seconds_above_59_are_refused_with_the_form_and_what_was_meant(value, words):
+    with pytest.raises(ValueError, match=f"Deadline: duration='{value}' {words}") as raised:
+        parse_duration(value, "duration")
+    assert "'H:MM:SS', 'D-H:MM:SS' or 'DD:HH:MM:SS' with minutes and seconds from 00 to 59" in str(
+        raised.value
+    )
+    with pytest.raises(ValueError, match=f"budget='{value}'"):
+        parse_duration(value, "budget")
 
 
 def test_absolute_times_and_the_process_age():

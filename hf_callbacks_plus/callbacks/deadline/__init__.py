@@ -16,6 +16,7 @@ and SLURM requeueing).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -206,9 +207,11 @@ class Deadline(SelfRestoringState):
         else:  # LightweightTrainer
             nothing = getattr(trainer, "eval_data", 1) is None and getattr(trainer, "eval_fn", 1) is None
         if nothing:
-            name = "final_evaluation" if self.final_evaluation else "evaluate_before_stop"
-            raise ValueError(f"Deadline: {name}=True but the trainer has nothing to evaluate (no eval "
-                             f"dataset); pass one to the trainer, or {name}=False.")
+            names = [name for name in ("final_evaluation", "evaluate_before_stop") if getattr(self, name)]
+            raise ValueError(
+                f"Deadline: {' and '.join(f'{name}=True' for name in names)} but the trainer has nothing to "
+                "evaluate (no eval dataset): pass eval_dataset=... to the trainer (eval_data=... or "
+                f"eval_fn=... to LightweightTrainer), or Deadline({', '.join(f'{n}=False' for n in names)}).")
 
     def bind(self, trainer: Any) -> Deadline:
         """Keep the trainer (weakly): its logging window travels through a stop's checkpoint; and
@@ -325,7 +328,7 @@ class Deadline(SelfRestoringState):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the settings, restore the state (elapsed time, durations, logging window), set the
         deadline, install the signal handlers, write ``running`` to the status file."""
-        self._check_args(args, self.trainer)
+        self._check_args(args, self.trainer or calling_trainer(self))
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
         if getattr(args, "save_only_model", False) and (self.signals or self.limited):
             logger.warning("Deadline: save_only_model=True: a stop's checkpoint holds the model only (no "
@@ -645,6 +648,23 @@ class Deadline(SelfRestoringState):
             write_status(self.status_file, self.ending)
         except OSError as error:  # a status file must never stop a training
             logger.warning("Deadline: could not write the status file %s: %s", self.status_file, error)
+
+
+def calling_trainer(callback: Any) -> Any:
+    """The trainer whose callback handler is calling ``callback`` now, found on the call stack (a stock
+    ``Trainer`` given the callback in ``callbacks=`` binds nothing), for the checks at train begin;
+    None when no caller holds it."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            handler = getattr(owner, "callback_handler", None)
+            if any(other is callback for other in getattr(handler, "callbacks", ())):
+                return owner
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 #: Marks the ``train`` that `restore_handlers_after_train` put on a trainer.

@@ -95,8 +95,9 @@ def plan_stop(left: float, durations: Durations, *, evaluate: bool, saved: bool 
     with_evaluation = durations.evaluate + durations.save
     if evaluate and with_evaluation <= left:
         return Plan(stop=True, evaluate=True, fits=True, needed=with_evaluation, ahead=ahead)
-    needed = 0.0 if saved else durations.save
-    return Plan(stop=True, evaluate=False, fits=needed <= left, needed=needed, ahead=ahead)
+    if saved:  # the checkpoint is written: nothing left to fit
+        return Plan(stop=True, evaluate=False, fits=True, needed=0.0, ahead=ahead)
+    return Plan(stop=True, evaluate=False, fits=durations.save <= left, needed=durations.save, ahead=ahead)
 
 
 def plan_boundary(left: float, step: int, durations: Durations, schedule: Schedule, *,
