@@ -343,6 +343,28 @@ def test_the_stop_after_a_save_on_a_deadline_says_so_and_exits_for_a_requeue(tmp
     assert "checkpoint-8 complete (saved just before the decision)" in err
 
 
+def test_evaluate_before_stop_right_after_a_save_evaluates_then_saves_again(tmp_path):
+    """A stop decided right after step 8's save (its first: going on counted it as 0) with
+    ``evaluate_before_stop``: slow steps (5 s), so the evaluation (1 s) and a second save (10 s) fit where
+    another step and a save (15 s) do not."""
+    clock, saves = SimulatedClock(), Saves()
+    costs = SimulatedCosts(clock, step=5, evaluation=1, save=10)
+    deadline = Deadline(
+        signals=(), margin=10, budget=74, evaluate_before_stop=True
+    )  # 13 s left after the save
+    deadline._clock = clock
+    trainer = lightweight(tmp_path, [costs, deadline, saves], max_steps=40, save_steps=8, eval_steps=5)
+    trainer.train()
+    evaluated = [record["step"] for record in trainer.state.log_history if "eval_loss" in record]
+    assert (deadline.stopped_step, saves.steps, evaluated) == (8, [8, 8], [5, 8])
+    assert costs.saves[-1][1] - 1000 <= 74 - 10 and deadline.ending.checkpoint == str(
+        tmp_path / "checkpoint-8"
+    )
+    state = json.loads((tmp_path / "checkpoint-8" / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["Deadline"]["attributes"]["stopped_step"] == 8
+    assert [r["step"] for r in state["log_history"] if "eval_loss" in r] == [5, 8]  # the second save has it
+
+
 def test_a_stock_trainer_with_a_slow_first_save_keeps_it_as_the_stops_checkpoint(tmp_path):
     """The report's wiring in one process: a stock Trainer, Deadline in ``callbacks=`` only."""
     clock, saves = SimulatedClock(), Saves()

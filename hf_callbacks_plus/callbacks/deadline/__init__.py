@@ -386,15 +386,17 @@ class Deadline(SelfRestoringState):
             self._natural_end(args, state, control)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """At a stop: no second save or evaluation of the step just saved. Else a check."""
+        """At a stop: no second save or evaluation of the step just saved (but the evaluation a stop
+        decided right after the save, and the save that keeps it). Else a check."""
         if not self._training:
             return
         self._mark = self._clock()
         step = int(state.global_step)
         if control.should_training_stop:
-            if self._saved_step == step:
-                control.should_save = False
             ours = self._stop is not None and self._stop["step"] == step
+            evaluates = ours and self._stop["evaluate"] and self._evaluated_step != step  # decided at on_save
+            if self._saved_step == step and not evaluates:
+                control.should_save = False
             if self._evaluated_step == step or (ours and not self._stop["evaluate"]):
                 control.should_evaluate = False
             return
