@@ -60,12 +60,14 @@ class Deadline(SelfRestoringState):
     ``budget`` (total training time across resumes, kept in the checkpoint) and ``at`` (an absolute
     time): the earliest counts. The callback measures how long a step, an evaluation and a save take
     (the longest of the last 16 of each, kept across resumes) and goes on only while the next
-    check still leaves room for a save ``margin`` seconds before the deadline.
+    check still leaves room for a save ``margin`` seconds before the deadline. It decides again
+    right after every save, where a stop keeps the checkpoint just written (no second save).
 
     **Signals.** The handlers (``signals``, installed at train begin on the main thread, the
     previous ones put back at train end) only record the signal. At the next check every rank
-    agrees (one ``all_reduce`` of a few floats on a CPU group, every ``check_every`` steps and at
-    each epoch's end), then all save once and stop. A rank that did not receive the signal stops too.
+    agrees (one ``all_reduce`` of a few floats on a CPU group, every ``check_every`` steps, at
+    each epoch's end and after every save), then all save once (or keep the checkpoint just
+    written) and stop. A rank that did not receive the signal stops too.
 
     **The end.** A line on the console; ``deadline/reason`` in the end-of-training record (the
     trackers); `exit_code` (0, or ``requeue_exit_code`` when the run stopped on a deadline or a
@@ -79,17 +81,18 @@ class Deadline(SelfRestoringState):
 
     Args:
         duration: This process's time: seconds, ``"H:MM:SS"``, ``"D-H:MM:SS"`` (SLURM's
-            ``--time``), ``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of ``timedelta`` arguments,
-            counted from the process's start (Linux; elsewhere from the callback's creation).
-            Defaults to None.
+            ``--time``), ``"DD:HH:MM:SS"`` (minutes and seconds 00-59, hours after days 0-23), a
+            ``timedelta`` or a dict of ``timedelta`` arguments, counted from the process's start
+            (Linux; elsewhere from the callback's creation). Defaults to None.
         budget: Total training time across resumes (same forms), counted from each train begin
             and kept in the checkpoint; when spent the run is done (exit code 0). Defaults to None.
         at: An absolute time: a ``datetime`` (naive = local time) or UNIX seconds. Defaults to None.
         signals: Signals that stop training gracefully (names or numbers; SIGINT is left to Python).
             Defaults to ``("SIGTERM", "SIGUSR1")``. ``()`` handles none.
         margin: Seconds kept free before the deadline (and before the end of ``grace``); covers
-            what was never measured (a first save: raise it above a save's duration for large
-            checkpoints). Defaults to 10.
+            what was never measured: the first save (its duration counts as 0 until it happened),
+            and the first evaluation when it comes before any decision knows it (``eval_steps ==
+            save_steps``). Raise it above them for large checkpoints. Defaults to 10.
         grace: Seconds a signal leaves before the hard kill (Kubernetes' default grace period,
             SLURM's default ``KillWait`` and torchrun's ``--shutdown-timeout`` are 30 s): decides
             whether an evaluation at a signal stop (scheduled there, or asked for) fits. Defaults
@@ -111,7 +114,8 @@ class Deadline(SelfRestoringState):
     Raises:
         TypeError, ValueError: At construction for bad arguments; at train begin (and trainer
             creation) with ``TrainingArguments(enable_jit_checkpoint=True)`` when both would handle
-            SIGTERM, a final evaluation without anything to evaluate, or two instances in one trainer.
+            SIGTERM, ``final_evaluation`` or ``evaluate_before_stop`` without an eval dataset (in any
+            trainer: a stock one is found on the call stack), or two instances in one trainer.
 
     Example:
         >>> deadline = Deadline("3:50:00", signals=["SIGTERM", "SIGUSR1"], status_file="runs/x/stop.json")
