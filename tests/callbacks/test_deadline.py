@@ -177,6 +177,27 @@ def test_a_signal_during_an_evaluation_or_a_save_stops_at_the_next_boundary(
     assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
 
 
+def test_a_signal_during_a_save_keeps_that_checkpoint_and_the_resume_ends_like_an_uninterrupted_run(
+    tmp_path, reference
+):
+    """Saves every 6 steps (not an epoch's end): a signal inside the save of step 6 stops right after
+    it, with no second save (before: after step 7, saving again)."""
+    out = tmp_path / "run"
+    deadline, saves = Deadline(margin=0, status_file=out / "status.json"), Saves()
+    stopped = build("TrainerPlus", out, [deadline, SignalAt(6, "save"), saves, JsonlLogger()], save_steps=6)
+    stopped.train()
+    assert (stopped.state.global_step, saves.steps, deadline.exit_code) == (6, [6], 75)
+    assert complete(out / "checkpoint-6") and deadline.signal_to_checkpoint is not None
+    state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["Deadline"]["attributes"]["reason"] == "signal"
+    resumed = build("TrainerPlus", out, [Deadline(margin=0), JsonlLogger()], save_steps=6)
+    resumed.train(resume_from_checkpoint=True)
+    ref = reference("TrainerPlus")
+    assert same_weights(resumed.model, ref.model)
+    assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
+    assert jsonl_points(out / "metrics.jsonl") == jsonl_points(Path(ref.args.output_dir) / "metrics.jsonl")
+
+
 def lightweight(out: Path, callbacks: list, batches_per_epoch: int = 6, eval_data: bool = True, **overrides):
     """A ``LightweightTrainer`` on the tiny regression task: 14 steps, a log every 4, an evaluation every 5
     (``overrides`` change the ``LoopArguments``)."""
