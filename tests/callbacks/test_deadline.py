@@ -177,6 +177,7 @@ def test_a_signal_during_an_evaluation_or_a_save_stops_at_the_next_boundary(
     assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
 
 
+@pytest.mark.second_tier  # the first tier stops after a save on a deadline (below) and at an epoch's end
 def test_a_signal_during_a_save_keeps_that_checkpoint_and_the_resume_ends_like_an_uninterrupted_run(
     tmp_path, reference
 ):
@@ -505,10 +506,20 @@ def test_misuse_is_refused_early(tmp_path):
 
 
 @pytest.mark.parametrize("option", ["final_evaluation", "evaluate_before_stop"])
-@pytest.mark.parametrize("wiring", ["stock", "run_before_integrations", "TrainerPlus", "LightweightTrainer"])
+@pytest.mark.parametrize(
+    "wiring",
+    [
+        "stock",
+        "LightweightTrainer",
+        # bound to the trainer: refused at train begin already (second tier: the wording)
+        pytest.param("run_before_integrations", marks=pytest.mark.second_tier),
+        pytest.param("TrainerPlus", marks=pytest.mark.second_tier),
+    ],
+)
 def test_an_evaluation_with_nothing_to_evaluate_is_refused_at_train_begin(option, wiring, tmp_path):
     """Issue 41: a stock Trainer with Deadline in ``callbacks=`` only (bound to nothing) trained every step,
-    then failed in the final evaluation without writing the last step's checkpoint."""
+    then failed in the final evaluation without writing the last step's checkpoint (final_evaluation), or
+    trained with an option that could never act (evaluate_before_stop)."""
     from transformers import Trainer
 
     from tests.tiny_models import RegressionDataset, TinyRegressionModel, training_args
