@@ -210,10 +210,13 @@ def test_a_margin_covering_what_was_never_measured_lands_the_checkpoint_before_t
 ):
     """Issue 40: first and later saves, saves slower or faster than a step, evaluations before saves,
     checks every k steps, epochs ending anywhere; the deadline around the first save's end. Never
-    measured (a first session): the margin covers one save and one evaluation; everything measured (a
-    resumed run): the margin is kept whole."""
+    measured (a first session): the margin covers one save (and one evaluation when the run
+    evaluates); everything measured (a resumed run): the margin is kept whole."""
     prior = {"nothing": Durations(), "steps": Durations(step=true.step), "everything": true}[measured]
-    unmeasured = (0.0 if prior.save else true.save) + (0.0 if prior.evaluate else true.evaluate)
+    evaluates = schedule.eval_every > 0 or evaluate_before_stop
+    unmeasured = (0.0 if prior.save else true.save) + (
+        true.evaluate if evaluates and not prior.evaluate else 0.0
+    )
     margin = unmeasured + slack
     deadline = max(0.0, first_save_end(true, schedule) + offset)
     step, end, went_on = measured_run(

@@ -90,9 +90,9 @@ class Deadline(SelfRestoringState):
         signals: Signals that stop training gracefully (names or numbers; SIGINT is left to Python).
             Defaults to ``("SIGTERM", "SIGUSR1")``. ``()`` handles none.
         margin: Seconds kept free before the deadline (and before the end of ``grace``); covers
-            what was never measured: the first save (its duration counts as 0 until it happened),
-            and the first evaluation when it comes before any decision knows it (``eval_steps ==
-            save_steps``). Raise it above them for large checkpoints. Defaults to 10.
+            what was never measured (counted as 0 until it happened): the first save, and the first
+            evaluation when the training evaluates. Raise it above them for large checkpoints.
+            Defaults to 10.
         grace: Seconds a signal leaves before the hard kill (Kubernetes' default grace period,
             SLURM's default ``KillWait`` and torchrun's ``--shutdown-timeout`` are 30 s): decides
             whether an evaluation at a signal stop (scheduled there, or asked for) fits. Defaults
