@@ -387,6 +387,30 @@ def test_evaluate_before_stop_right_after_a_save_evaluates_then_saves_again(tmp_
     assert [r["step"] for r in state["log_history"] if "eval_loss" in r] == [5, 8]  # the second save has it
 
 
+@pytest.mark.parametrize(
+    ("grace", "words"),
+    [
+        (30, "saving checkpoint-5 (~10.0 s, 29.0 s before the end of the grace period: into the margin of"),
+        (5, "saving checkpoint-5 (~10.0 s, 4.0 s before the end of the grace period: it may end after it)"),
+        (100, "saving checkpoint-5."),
+    ],
+)
+def test_the_stop_line_tells_whether_the_save_eats_into_the_margin_or_may_end_late(
+    grace, words, tmp_path, capsys
+):
+    """Issue 40: the line said "it may not end before the deadline: it came sooner than one save" with
+    3.1 s left for a 1.6 s save. A signal inside step 5 (1 s after it came), the save measured at step 3
+    (10 s), a margin of 25 s."""
+    clock = SimulatedClock()
+    costs = SimulatedCosts(clock, step=1, evaluation=0, save=10)
+    deadline = Deadline(signals=("SIGUSR1",), margin=25, grace=grace)
+    deadline._clock = clock
+    trainer = lightweight(tmp_path, [SignalAt(5, "step"), costs, deadline], save_steps=3, eval_strategy="no")
+    trainer.train()
+    assert deadline.stopped_step == 5
+    assert f"Deadline: SIGUSR1 received 1.0 s ago; stopping after step 5: {words}" in capsys.readouterr().err
+
+
 def test_a_stock_trainer_with_a_slow_first_save_keeps_it_as_the_stops_checkpoint(tmp_path):
     """The report's wiring in one process: a stock Trainer, Deadline in ``callbacks=`` only."""
     clock, saves = SimulatedClock(), Saves()
