@@ -541,9 +541,12 @@ def test_misuse_is_refused_early(tmp_path):
     ],
 )
 def test_an_evaluation_with_nothing_to_evaluate_is_refused_at_train_begin(option, wiring, tmp_path):
-    """Issue 41: a stock Trainer with Deadline in ``callbacks=`` only (bound to nothing) trained every step,
-    then failed in the final evaluation without writing the last step's checkpoint (final_evaluation), or
-    trained with an option that could never act (evaluate_before_stop)."""
+    """Issue 41: a stock Trainer with Deadline in ``callbacks=`` only trained every step, then failed in
+    the final evaluation without writing the last step's checkpoint (final_evaluation), or trained with
+    an option that could only fail at a stop, before its save (evaluate_before_stop). Deadline does not
+    know a stock Trainer it was not given (and reads no caller's frame): with ``eval_strategy="no"``
+    (otherwise transformers refuses a missing eval dataset at init) it asks for the binding, then the
+    bound check names the missing dataset."""
     from transformers import Trainer
 
     from tests.tiny_models import RegressionDataset, TinyRegressionModel, training_args
@@ -558,8 +561,13 @@ def test_an_evaluation_with_nothing_to_evaluate_is_refused_at_train_begin(option
             train_dataset=RegressionDataset(64, seed=1),
             callbacks=[deadline],
         )
-        if wiring == "run_before_integrations":
-            run_before_integrations(trainer, deadline)
+    if wiring == "stock":
+        with pytest.raises(ValueError, match=f"{option}=True with eval_strategy='no' in a trainer") as raised:
+            trainer.train()
+        assert "run_before_integrations(trainer, deadline)" in str(raised.value)
+        assert f"Deadline({option}=False)" in str(raised.value)
+    if wiring in ("stock", "run_before_integrations"):
+        run_before_integrations(trainer, deadline)
     with pytest.raises(ValueError, match=f"{option}=True but the trainer has nothing to evaluate") as raised:
         trainer.train()
     assert "pass eval_dataset=... to the trainer" in str(raised.value)

@@ -16,7 +16,6 @@ and SLURM requeueing).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import os
@@ -114,8 +113,9 @@ class Deadline(SelfRestoringState):
     Raises:
         TypeError, ValueError: At construction for bad arguments; at train begin (and trainer
             creation) with ``TrainingArguments(enable_jit_checkpoint=True)`` when both would handle
-            SIGTERM, ``final_evaluation`` or ``evaluate_before_stop`` without an eval dataset (in any
-            trainer: a stock one is found on the call stack), or two instances in one trainer.
+            SIGTERM, ``final_evaluation`` or ``evaluate_before_stop`` without an eval dataset (or, in a
+            stock Trainer not given to this callback, with ``eval_strategy="no"``: bind it with
+            ``run_before_integrations``), or two instances in one trainer.
 
     Example:
         >>> deadline = Deadline("3:50:00", signals=["SIGTERM", "SIGUSR1"], status_file="runs/x/stop.json")
@@ -195,7 +195,7 @@ class Deadline(SelfRestoringState):
         a deadline or a signal with its checkpoint saved; 1 while training or after a failure."""
         return self.ending.exit_code
 
-    def _check_args(self, args: Any, trainer: Any = None) -> None:
+    def _check_args(self, args: Any) -> None:
         """Refuse what cannot work with these ``TrainingArguments``/``LoopArguments``."""
         if getattr(args, "enable_jit_checkpoint", False) and "SIGTERM" in self.signals:
             raise ValueError(
@@ -204,18 +204,31 @@ class Deadline(SelfRestoringState):
                 "would answer one signal. Keep one: enable_jit_checkpoint=False (Deadline then saves on "
                 "SIGTERM, every rank together), or Deadline(signals=['SIGUSR1']) to leave SIGTERM to the JIT "
                 "checkpoint.")
-        if not (self.final_evaluation or self.evaluate_before_stop) or trainer is None:
+
+    def _check_evaluation(self, args: Any, trainer: Any) -> None:
+        """At train begin: refuse an evaluation asked for (``final_evaluation``,
+        ``evaluate_before_stop``) that could only fail, after the last step and before its save."""
+        names = [name for name in ("final_evaluation", "evaluate_before_stop") if getattr(self, name)]
+        if not names:
             return
+        asked, off = " and ".join(f"{name}=True" for name in names), ", ".join(f"{n}=False" for n in names)
+        if trainer is None:  # a stock trainer given Deadline in callbacks= only
+            if _strategy(getattr(args, "eval_strategy", "no")) != "no":
+                return  # transformers refuses an evaluation strategy without an eval dataset at init
+            raise ValueError(
+                f"Deadline: {asked} with eval_strategy='no' in a trainer Deadline was not given: it cannot "
+                "check that there is an eval dataset, and without one the trainer would fail in that "
+                "evaluation, before saving. Call run_before_integrations(trainer, deadline) once after "
+                f"building the trainer (TrainerPlus and LightweightTrainer do it), or Deadline({off}).")
         if hasattr(trainer, "eval_dataset"):  # transformers
             nothing = trainer.eval_dataset is None
         else:  # LightweightTrainer
             nothing = getattr(trainer, "eval_data", 1) is None and getattr(trainer, "eval_fn", 1) is None
         if nothing:
-            names = [name for name in ("final_evaluation", "evaluate_before_stop") if getattr(self, name)]
             raise ValueError(
-                f"Deadline: {' and '.join(f'{name}=True' for name in names)} but the trainer has nothing to "
-                "evaluate (no eval dataset): pass eval_dataset=... to the trainer (eval_data=... or "
-                f"eval_fn=... to LightweightTrainer), or Deadline({', '.join(f'{n}=False' for n in names)}).")
+                f"Deadline: {asked} but the trainer has nothing to evaluate (no eval dataset): pass "
+                "eval_dataset=... to the trainer (eval_data=... or eval_fn=... to LightweightTrainer), or "
+                f"Deadline({off}).")
 
     def bind(self, trainer: Any) -> Deadline:
         """Keep the trainer (weakly): its logging window travels through a stop's checkpoint; and
@@ -332,7 +345,8 @@ class Deadline(SelfRestoringState):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the settings, restore the state (elapsed time, durations, logging window), set the
         deadline, install the signal handlers, write ``running`` to the status file."""
-        self._check_args(args, self.trainer or calling_trainer(self))
+        self._check_args(args)
+        self._check_evaluation(args, self.trainer)
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
         if getattr(args, "save_only_model", False) and (self.signals or self.limited):
             logger.warning("Deadline: save_only_model=True: a stop's checkpoint holds the model only (no "
@@ -654,23 +668,6 @@ class Deadline(SelfRestoringState):
             write_status(self.status_file, self.ending)
         except OSError as error:  # a status file must never stop a training
             logger.warning("Deadline: could not write the status file %s: %s", self.status_file, error)
-
-
-def calling_trainer(callback: Any) -> Any:
-    """The trainer whose callback handler is calling ``callback`` now, found on the call stack (a stock
-    ``Trainer`` given the callback in ``callbacks=`` binds nothing), for the checks at train begin;
-    None when no caller holds it."""
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            owner = frame.f_locals.get("self")
-            handler = getattr(owner, "callback_handler", None)
-            if any(other is callback for other in getattr(handler, "callbacks", ())):
-                return owner
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
 
 
 #: Marks the ``train`` that `restore_handlers_after_train` put on a trainer.
