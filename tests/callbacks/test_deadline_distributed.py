@@ -1,7 +1,10 @@
 """Deadline on 2 ranks (CPU, gloo), in the session's one torchrun launch: a real signal to one rank,
 then to both at different moments; every rank stops at the same step, saves once; the resumed
 training ends bit-identical to an uninterrupted one on every rank (weights; ``log_history`` and the
-JSONL tracker on rank 0), the per-rank logging window included."""
+JSONL tracker on rank 0), the per-rank logging window included. A stock Trainer (``callbacks=`` only)
+whose saves take 1.6 s (a sleep injected into rank 0's model save) with the deadline within one save
+after the first: the stop keeps that first checkpoint, complete before the deadline on both ranks
+(issue 40). A signal that reaches rank 0 while it waits in the agreement counts as its own (issue 41)."""
 
 from __future__ import annotations
 
