@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -176,7 +177,31 @@ def test_a_signal_during_an_evaluation_or_a_save_stops_at_the_next_boundary(
     assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
 
 
-def lightweight(out: Path, callbacks: list):
+@pytest.mark.second_tier  # the first tier stops after a save on a deadline (below) and at an epoch's end
+def test_a_signal_during_a_save_keeps_that_checkpoint_and_the_resume_ends_like_an_uninterrupted_run(
+    tmp_path, reference
+):
+    """Saves every 6 steps (not an epoch's end): a signal inside the save of step 6 stops right after
+    it, with no second save (before: after step 7, saving again)."""
+    out = tmp_path / "run"
+    deadline, saves = Deadline(margin=0, status_file=out / "status.json"), Saves()
+    stopped = build("TrainerPlus", out, [deadline, SignalAt(6, "save"), saves, JsonlLogger()], save_steps=6)
+    stopped.train()
+    assert (stopped.state.global_step, saves.steps, deadline.exit_code) == (6, [6], 75)
+    assert complete(out / "checkpoint-6") and deadline.signal_to_checkpoint is not None
+    state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["Deadline"]["attributes"]["reason"] == "signal"
+    resumed = build("TrainerPlus", out, [Deadline(margin=0), JsonlLogger()], save_steps=6)
+    resumed.train(resume_from_checkpoint=True)
+    ref = reference("TrainerPlus")
+    assert same_weights(resumed.model, ref.model)
+    assert comparable(resumed.state.log_history) == comparable(ref.state.log_history)
+    assert jsonl_points(out / "metrics.jsonl") == jsonl_points(Path(ref.args.output_dir) / "metrics.jsonl")
+
+
+def lightweight(out: Path, callbacks: list, batches_per_epoch: int = 6, eval_data: bool = True, **overrides):
+    """A ``LightweightTrainer`` on the tiny regression task: 14 steps, a log every 4, an evaluation every 5
+    (``overrides`` change the ``LoopArguments``)."""
     import torch
 
     from tests.tiny_models import RegressionDataset, TinyRegressionModel
@@ -184,8 +209,8 @@ def lightweight(out: Path, callbacks: list):
     torch.manual_seed(0)
     model = TinyRegressionModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = RegressionDataset(48, seed=1)
-    batches = [(data.x[i : i + 8], data.y[i : i + 8]) for i in range(0, 48, 8)]
+    data = RegressionDataset(8 * batches_per_epoch, seed=1)
+    batches = [(data.x[i : i + 8], data.y[i : i + 8]) for i in range(0, 8 * batches_per_epoch, 8)]
 
     def train_step(batch):
         loss = model(batch[0], batch[1])["loss"]
@@ -196,22 +221,21 @@ def lightweight(out: Path, callbacks: list):
         with torch.no_grad():
             return model(batch[0], batch[1])["loss"].item()
 
-    args = LoopArguments(
-        output_dir=str(out),
-        max_steps=14,
-        logging_steps=4,
-        eval_strategy="steps",
-        eval_steps=5,
-        save_strategy="steps",
-        save_steps=100,
-        disable_tqdm=True,
-    )
+    args = {
+        "max_steps": 14,
+        "logging_steps": 4,
+        "eval_strategy": "steps",
+        "eval_steps": 5,
+        "save_strategy": "steps",
+        "save_steps": 100,
+        **overrides,
+    }
     return LightweightTrainer(
-        args,
+        LoopArguments(output_dir=str(out), disable_tqdm=True, **args),
         train_step=train_step,
         train_data=batches,
-        eval_data=batches[:2],
-        eval_step=eval_step,
+        eval_data=batches[:2] if eval_data else None,
+        eval_step=eval_step if eval_data else None,
         callbacks=callbacks,
         model=model,
         optimizer=optimizer,
@@ -255,6 +279,153 @@ def test_a_deadline_with_a_slow_save_ends_with_a_complete_checkpoint_before_it(t
     boundary = dict(costs.boundaries)[step] - start
     assert boundary + (3.0 + 10.0) + 1.0 + 10.0 > 60 - 5
     assert deadline.exit_code == 0  # a spent budget is the end: nothing to requeue
+
+
+# -- a deadline around a save (issue 40): a simulated clock, the injected slow save ---------------------
+
+#: (step, evaluation, save seconds; save_steps, eval_steps (0: none), check_every, batches per epoch;
+#: margin; the deadline: seconds after the end of the n-th save of an uninterrupted run, n)
+AFTER_A_SAVE = {
+    # the report's case: the first save (never measured) after step 8, the deadline within one save after it
+    "first save": (1, 3, 10, 8, 4, 1, 6, 10, 6, 1),
+    "a later save (measured)": (1, 3, 10, 8, 4, 1, 6, 10, 5, 2),
+    "saves faster than a step": (5, 0, 2, 3, 0, 1, 6, 2, 6, 1),
+    # the first evaluation and the first save at one boundary, neither measured: the margin covers both
+    "an evaluation before the save": (1, 6, 10, 8, 8, 1, 6, 16, 6, 1),
+    "check_every=3 (the save between two checks)": (1, 3, 10, 8, 4, 3, 6, 10, 6, 1),
+    "the save ends an epoch": (1, 3, 10, 8, 4, 1, 8, 10, 6, 1),
+}
+
+
+def save_ends(step, evaluation, save, save_steps, eval_steps, max_steps):
+    """When each save ends in an uninterrupted run on the simulated clock."""
+    t, ends = 0.0, []
+    for n in range(1, max_steps + 1):
+        t += step + (evaluation if eval_steps and (n % eval_steps == 0 or n == max_steps) else 0)
+        if n % save_steps == 0 or n == max_steps:
+            t += save
+            ends.append(t)
+    return ends
+
+
+def timed_lightweight(out: Path, case: tuple, kind: str = "budget"):
+    """A LightweightTrainer on the simulated clock of ``case`` (see AFTER_A_SAVE), stopped by Deadline."""
+    step, evaluation, save, save_steps, eval_steps, every, batches, margin, after, nth = case
+    clock, saves = SimulatedClock(), Saves()
+    costs = SimulatedCosts(clock, step=step, evaluation=evaluation, save=save)
+    deadline_in = save_ends(step, evaluation, save, save_steps, eval_steps, 40)[nth - 1] + after
+    limit = {"budget": deadline_in} if kind == "budget" else {"at": time.time() + deadline_in}
+    deadline = Deadline(signals=(), margin=margin, check_every=every, **limit)
+    deadline._clock = clock
+    evaluations = (
+        {"eval_strategy": "steps", "eval_steps": eval_steps} if eval_steps else {"eval_strategy": "no"}
+    )
+    trainer = lightweight(
+        out,
+        [costs, deadline, saves],
+        batches_per_epoch=batches,
+        max_steps=40,
+        save_steps=save_steps,
+        **evaluations,
+    )
+    start = clock.now
+    trainer.train()
+    return trainer, deadline, costs, saves, deadline_in, start
+
+
+@pytest.mark.parametrize("case", AFTER_A_SAVE.values(), ids=AFTER_A_SAVE.keys())
+def test_a_margin_of_one_save_lands_the_stops_checkpoint_before_the_deadline(case, tmp_path):
+    trainer, deadline, costs, saves, deadline_in, start = timed_lightweight(tmp_path, case)
+    stop, (last, end) = deadline.stopped_step, costs.saves[-1]
+    assert trainer.state.global_step == stop == last and saves.steps.count(stop) == 1  # one save, the stop's
+    assert (
+        deadline.ending.label == "budget"
+        and (tmp_path / f"checkpoint-{stop}" / "trainer_state.json").is_file()
+    )
+    assert end - start <= deadline_in, f"checkpoint-{stop} complete {end - start - deadline_in} s late"
+    step, evaluation, save, save_steps, *_, margin, _, nth = case
+    if nth == 1:  # the first save was the last one that fitted: it is the stop's, no second save
+        assert saves.steps == [save_steps]
+    else:  # everything measured: the margin is kept whole
+        assert end - start <= deadline_in - margin
+
+
+def test_the_stop_after_a_save_on_a_deadline_says_so_and_exits_for_a_requeue(tmp_path, capsys):
+    trainer, deadline, costs, saves, deadline_in, start = timed_lightweight(
+        tmp_path, AFTER_A_SAVE["first save"], kind="at"
+    )
+    assert (deadline.stopped_step, saves.steps, deadline.exit_code) == (8, [8], 75)
+    assert deadline.ending.checkpoint == str(tmp_path / "checkpoint-8")
+    err = capsys.readouterr().err
+    # the first save ended at 24, the deadline is at 30, the margin 10: step 9 and a save (11 s) do not fit
+    assert (
+        "Deadline: the deadline (at) ends in 6.0 s; going on to the next check and saving there (~11.0 s) "
+        "would not leave the margin of 10.0 s; stopping after step 8: keeping checkpoint-8, just saved."
+    ) in err
+    assert "checkpoint-8 complete (saved just before the decision)" in err
+
+
+def test_evaluate_before_stop_right_after_a_save_evaluates_then_saves_again(tmp_path):
+    """A stop decided right after step 8's save (its first: going on counted it as 0) with
+    ``evaluate_before_stop``: slow steps (5 s), so the evaluation (1 s) and a second save (10 s) fit where
+    another step and a save (15 s) do not."""
+    clock, saves = SimulatedClock(), Saves()
+    costs = SimulatedCosts(clock, step=5, evaluation=1, save=10)
+    deadline = Deadline(
+        signals=(), margin=10, budget=74, evaluate_before_stop=True
+    )  # 13 s left after the save
+    deadline._clock = clock
+    trainer = lightweight(tmp_path, [costs, deadline, saves], max_steps=40, save_steps=8, eval_steps=5)
+    trainer.train()
+    evaluated = [record["step"] for record in trainer.state.log_history if "eval_loss" in record]
+    assert (deadline.stopped_step, saves.steps, evaluated) == (8, [8, 8], [5, 8])
+    assert costs.saves[-1][1] - 1000 <= 74 - 10 and deadline.ending.checkpoint == str(
+        tmp_path / "checkpoint-8"
+    )
+    state = json.loads((tmp_path / "checkpoint-8" / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["Deadline"]["attributes"]["stopped_step"] == 8
+    assert [r["step"] for r in state["log_history"] if "eval_loss" in r] == [5, 8]  # the second save has it
+
+
+@pytest.mark.parametrize(
+    ("grace", "words"),
+    [
+        (30, "saving checkpoint-5 (~10.0 s, 29.0 s before the end of the grace period: into the margin of"),
+        (5, "saving checkpoint-5 (~10.0 s, 4.0 s before the end of the grace period: it may end after it)"),
+        (100, "saving checkpoint-5."),
+    ],
+)
+def test_the_stop_line_tells_whether_the_save_eats_into_the_margin_or_may_end_late(
+    grace, words, tmp_path, capsys
+):
+    """Issue 40: the line said "it may not end before the deadline: it came sooner than one save" with
+    3.1 s left for a 1.6 s save. A signal inside step 5 (1 s after it came), the save measured at step 3
+    (10 s), a margin of 25 s."""
+    clock = SimulatedClock()
+    costs = SimulatedCosts(clock, step=1, evaluation=0, save=10)
+    deadline = Deadline(signals=("SIGUSR1",), margin=25, grace=grace)
+    deadline._clock = clock
+    trainer = lightweight(tmp_path, [SignalAt(5, "step"), costs, deadline], save_steps=3, eval_strategy="no")
+    trainer.train()
+    assert deadline.stopped_step == 5
+    assert f"Deadline: SIGUSR1 received 1.0 s ago; stopping after step 5: {words}" in capsys.readouterr().err
+
+
+def test_a_stock_trainer_with_a_slow_first_save_keeps_it_as_the_stops_checkpoint(tmp_path):
+    """The report's wiring in one process: a stock Trainer, Deadline in ``callbacks=`` only."""
+    clock, saves = SimulatedClock(), Saves()
+    costs = SimulatedCosts(clock, step=1.0, evaluation=3.0, save=10.0)
+    # the first save (step 6) ends at 22: the deadline at 28
+    deadline_in = save_ends(1, 3, 10, 6, 3, 16)[0] + 6
+    deadline = Deadline(signals=(), margin=10, budget=deadline_in)
+    deadline._clock = clock
+    trainer = build("stock", tmp_path, [costs, deadline, saves], eval_steps=3, save_steps=6)
+    start = clock.now
+    trainer.train()
+    assert (trainer.state.global_step, saves.steps, deadline.stopped_step) == (6, [6], 6)
+    assert costs.saves[-1][1] - start <= deadline_in and complete(tmp_path / "checkpoint-6")
+    stopped = json.loads((tmp_path / "checkpoint-6" / "trainer_state.json").read_text())
+    assert stopped["stateful_callbacks"]["Deadline"]["attributes"]["stopped_step"] == 6  # the stop's state
 
 
 def test_the_budget_counts_on_across_resumes(tmp_path):
@@ -356,6 +527,52 @@ def test_misuse_is_refused_early(tmp_path):
     bare.eval_dataset = None
     with pytest.raises(ValueError, match="final_evaluation=True but the trainer has nothing to evaluate"):
         bare.train()
+
+
+@pytest.mark.parametrize("option", ["final_evaluation", "evaluate_before_stop"])
+@pytest.mark.parametrize(
+    "wiring",
+    [
+        "stock",
+        "LightweightTrainer",
+        # bound to the trainer: refused at train begin already (second tier: the wording)
+        pytest.param("run_before_integrations", marks=pytest.mark.second_tier),
+        pytest.param("TrainerPlus", marks=pytest.mark.second_tier),
+    ],
+)
+def test_an_evaluation_with_nothing_to_evaluate_is_refused_at_train_begin(option, wiring, tmp_path):
+    """Issue 41: a stock Trainer with Deadline in ``callbacks=`` only trained every step, then failed in
+    the final evaluation without writing the last step's checkpoint (final_evaluation), or trained with
+    an option that could only fail at a stop, before its save (evaluate_before_stop). Deadline does not
+    know a stock Trainer it was not given (and reads no caller's frame): with ``eval_strategy="no"``
+    (otherwise transformers refuses a missing eval dataset at init) it asks for the binding, then the
+    bound check names the missing dataset."""
+    from transformers import Trainer
+
+    from tests.tiny_models import RegressionDataset, TinyRegressionModel, training_args
+
+    deadline = Deadline(**{option: True})
+    if wiring == "LightweightTrainer":
+        trainer = lightweight(tmp_path, [deadline], eval_data=False, eval_strategy="no", save_steps=4)
+    else:
+        trainer = (TrainerPlus if wiring == "TrainerPlus" else Trainer)(
+            model=TinyRegressionModel(),
+            args=training_args(tmp_path, max_steps=6, save_strategy="steps", save_steps=4),
+            train_dataset=RegressionDataset(64, seed=1),
+            callbacks=[deadline],
+        )
+    if wiring == "stock":
+        with pytest.raises(ValueError, match=f"{option}=True with eval_strategy='no' in a trainer") as raised:
+            trainer.train()
+        assert "run_before_integrations(trainer, deadline)" in str(raised.value)
+        assert f"Deadline({option}=False)" in str(raised.value)
+    if wiring in ("stock", "run_before_integrations"):
+        run_before_integrations(trainer, deadline)
+    with pytest.raises(ValueError, match=f"{option}=True but the trainer has nothing to evaluate") as raised:
+        trainer.train()
+    assert "pass eval_dataset=... to the trainer" in str(raised.value)
+    assert f"Deadline({option}=False)" in str(raised.value)
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))  # nothing trained
 
 
 @pytest.mark.parametrize("wiring", ["run_before_integrations", "stock"])

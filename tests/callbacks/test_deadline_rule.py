@@ -114,6 +114,137 @@ def test_a_stop_saves_before_the_deadline_at_the_last_boundary_where_a_save_fits
         assert plan.fits and end <= limit + 1e-9
 
 
+def measured_run(
+    true,
+    prior,
+    schedule,
+    deadline,
+    margin,
+    check_every,
+    epoch_steps=0,
+    evaluate_before_stop=False,
+    decide_after_saves=True,
+):
+    """The callback's events and decisions on a simulated clock, with the estimates it has then: the
+    longest duration seen so far of each kind, at least ``prior`` (what a checkpoint brought; 0: never
+    measured). Checks at every ``check_every``-th step's end, the last step and each epoch's end (every
+    ``epoch_steps`` steps; 0: none) and, with ``decide_after_saves``, right after every save, where a
+    stop keeps that checkpoint. Returns ``(step, end, went_on)``: the stop's (or the last) step, when
+    its checkpoint was complete, whether a decision went on before it."""
+    seen = {"step": prior.step, "evaluate": prior.evaluate, "save": prior.save}
+
+    def measure(kind, value):
+        seen[kind] = max(seen[kind], value)
+
+    def decide(
+        t, step, *, saved=False, evaluates_now=False, saves_now=False, epoch_ends_here=False, evaluated=False
+    ):
+        plan = plan_boundary(
+            deadline - t - margin,
+            step,
+            Durations(**seen),
+            schedule,
+            check_every=check_every,
+            evaluates_now=evaluates_now,
+            saves_now=saves_now,
+            epoch_ends_here=epoch_ends_here,
+            saved=saved,
+            evaluate_before_stop=evaluate_before_stop and not evaluated,
+        )
+        if not plan.stop:
+            return None
+        return t + (true.evaluate + true.save if plan.evaluate else 0.0 if saved else true.save)
+
+    t, went_on, last = 0.0, False, schedule.max_steps
+    for step in range(1, last + 1):
+        t += true.step
+        measure("step", true.step)
+        ends_epoch = epoch_steps > 0 and step % epoch_steps == 0
+        evaluates, saves = schedule.evaluates(step), schedule.saves(step)
+        if step % check_every == 0 or step == last:
+            end = decide(t, step, evaluates_now=evaluates, saves_now=saves, epoch_ends_here=ends_epoch)
+            if end is not None:
+                return step, end, went_on
+            went_on = True
+        if evaluates:
+            t += true.evaluate
+            measure("evaluate", true.evaluate)
+        if saves:
+            t += true.save
+            measure("save", true.save)
+            if decide_after_saves:
+                end = decide(t, step, saved=True, evaluated=evaluates)
+                if end is not None:
+                    return step, end, went_on
+                went_on = True
+        if ends_epoch:
+            end = decide(t, step, saved=saves and decide_after_saves, evaluated=evaluates)
+            if end is not None:
+                return step, end, went_on
+            went_on = True
+    raise AssertionError("the last step always ends the simulation")
+
+
+def first_save_end(true, schedule):
+    """When the first save ends in a run that never stops (the last step's end without a save)."""
+    t = 0.0
+    for step in range(1, schedule.max_steps + 1):
+        t += true.step + (true.evaluate if schedule.evaluates(step) else 0.0)
+        if schedule.saves(step):
+            return t + true.save
+    return t
+
+
+@given(
+    true=st.builds(Durations, step=positive, evaluate=seconds, save=seconds),
+    measured=st.sampled_from(["nothing", "steps", "everything"]),
+    schedule=schedules,
+    offset=st.floats(min_value=-60.0, max_value=120.0),
+    slack=st.floats(min_value=0.0, max_value=30.0),
+    check_every=st.integers(1, 6),
+    epoch_steps=st.integers(0, 12),
+    evaluate_before_stop=st.booleans(),
+)
+def test_a_margin_covering_what_was_never_measured_lands_the_checkpoint_before_the_deadline(
+    true, measured, schedule, offset, slack, check_every, epoch_steps, evaluate_before_stop
+):
+    """Issue 40: first and later saves, saves slower or faster than a step, evaluations before saves,
+    checks every k steps, epochs ending anywhere; the deadline around the first save's end. Never
+    measured (a first session): the margin covers one save (and one evaluation when the run
+    evaluates); everything measured (a resumed run): the margin is kept whole."""
+    prior = {"nothing": Durations(), "steps": Durations(step=true.step), "everything": true}[measured]
+    evaluates = schedule.eval_every > 0 or evaluate_before_stop
+    unmeasured = (0.0 if prior.save else true.save) + (
+        true.evaluate if evaluates and not prior.evaluate else 0.0
+    )
+    margin = unmeasured + slack
+    deadline = max(0.0, first_save_end(true, schedule) + offset)
+    step, end, went_on = measured_run(
+        true, prior, schedule, deadline, margin, check_every, epoch_steps, evaluate_before_stop
+    )
+    if went_on:  # a decision went on: it left room for the checkpoint that ended the run
+        assert end <= deadline - margin + unmeasured + 1e-9, (step, end)
+
+
+@pytest.mark.parametrize(("after_saves", "stop", "late"), [(False, 11, 0.6), (True, 10, -1.1)])
+def test_the_reported_case_a_deadline_within_one_save_after_the_first(after_saves, stop, late):
+    """Issue 40's report: saves of 1.6 s (the first after step 10, never measured before), margin 2 s,
+    the deadline 1.1 s after the first save's end. Deciding only at step ends, the rule went on at
+    step 10 (the save counted as 0) and stopped at step 11, whose save ended 0.6 s after the deadline;
+    deciding again right after the save keeps checkpoint-10, complete 1.1 s before it."""
+    true = Durations(step=0.1, evaluate=0.0, save=1.6)
+    step, end, went_on = measured_run(
+        true,
+        Durations(),
+        Schedule(save_every=10, max_steps=100),
+        deadline=3.7,
+        margin=2.0,
+        check_every=1,
+        decide_after_saves=after_saves,
+    )
+    assert (step, went_on) == (stop, True) and end - 3.7 == pytest.approx(late)
+
+
 @given(
     durations=st.builds(Durations, step=positive, evaluate=seconds, save=seconds),
     schedule=schedules,
@@ -163,6 +294,21 @@ def test_the_rule_at_one_boundary(left, durations, kwargs, stop, evaluate):
     assert (plan.stop, plan.evaluate) == (stop, evaluate)
 
 
+def test_right_after_a_save_a_stop_keeps_that_checkpoint():
+    durations, schedule = Durations(step=1.0, evaluate=5.0, save=2.0), Schedule(max_steps=100)
+    plan = plan_boundary(2.9, 4, durations, schedule, saved=True)  # a step and a save (3 s) do not fit
+    assert (plan.stop, plan.evaluate, plan.fits, plan.needed, plan.ahead) == (True, False, True, 0.0, 3.0)
+    assert plan_boundary(-5.0, 4, durations, schedule, saved=True).fits  # even past the margin: it is written
+    assert not plan_boundary(3.0, 4, durations, schedule, saved=True).stop
+    # an evaluation asked for before the stop: it and a second save (the evaluation's state) must fit
+    asked = plan_boundary(5.9, 4, SLOW_STEP, schedule, saved=True, evaluate_before_stop=True)
+    assert (asked.stop, asked.evaluate, asked.needed) == (True, True, 3.0)
+    assert plan_stop(6.9, durations, evaluate=True, saved=True) == plan_stop(
+        -1, durations, evaluate=False, saved=True, ahead=math.inf
+    )
+    assert plan_boundary(1e9, 100, durations, schedule, saved=True).needed == 0.0  # the last step, saved
+
+
 def test_checks_every_k_steps_count_the_steps_and_the_scheduled_saves_between():
     durations = Durations(step=1.0, evaluate=5.0, save=2.0)
     schedule = Schedule(eval_every=0, save_every=3, max_steps=100)
@@ -195,6 +341,10 @@ def test_measurements_keep_the_longest_of_the_last_ones_and_travel_through_a_che
         ("1:00:00", 3600.0),
         ("3:50:00", 13800.0),
         ("2-04:00:00", 187200.0),
+        ("1-02:00:00", 93600.0),
+        ("1-23:59:59", 172799.0),
+        ("72:00:00", 259200.0),
+        ("0:59:59", 3599.0),
         ("00:12:00:00", 43200.0),
         (dt.timedelta(minutes=5), 300.0),
         ({"hours": 1, "minutes": 1}, 3660.0),
@@ -222,6 +372,26 @@ def test_bad_durations_name_the_argument_and_the_forms(value, error, words):
     with pytest.raises(error, match="budget") as raised:
         parse_duration(value, "budget")
     assert words in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("1:75:00", "has 75 minutes"),  # issue 41: was read as 2:15:00
+        ("1:00:60", "has 60 seconds"),
+        ("1-24:00:00", "has 24 hours"),
+        ("01:24:00:00", "has 24 hours"),
+        ("00:00:60:00", "has 60 minutes"),
+    ],
+)
+def test_minutes_and_seconds_above_59_are_refused_with_the_form_and_what_was_meant(value, words):
+    with pytest.raises(ValueError, match=f"Deadline: duration='{value}' {words}") as raised:
+        parse_duration(value, "duration")
+    assert "'H:MM:SS', 'D-H:MM:SS' or 'DD:HH:MM:SS' with minutes and seconds from 00 to 59" in str(
+        raised.value
+    )
+    with pytest.raises(ValueError, match=f"budget='{value}'"):
+        parse_duration(value, "budget")
 
 
 def test_absolute_times_and_the_process_age():

@@ -59,12 +59,14 @@ class Deadline(SelfRestoringState):
     ``budget`` (total training time across resumes, kept in the checkpoint) and ``at`` (an absolute
     time): the earliest counts. The callback measures how long a step, an evaluation and a save take
     (the longest of the last 16 of each, kept across resumes) and goes on only while the next
-    check still leaves room for a save ``margin`` seconds before the deadline.
+    check still leaves room for a save ``margin`` seconds before the deadline. It decides again
+    right after every save, where a stop keeps the checkpoint just written (no second save).
 
     **Signals.** The handlers (``signals``, installed at train begin on the main thread, the
     previous ones put back at train end) only record the signal. At the next check every rank
-    agrees (one ``all_reduce`` of a few floats on a CPU group, every ``check_every`` steps and at
-    each epoch's end), then all save once and stop. A rank that did not receive the signal stops too.
+    agrees (one ``all_reduce`` of a few floats on a CPU group, every ``check_every`` steps, at
+    each epoch's end and after every save), then all save once (or keep the checkpoint just
+    written) and stop. A rank that did not receive the signal stops too.
 
     **The end.** A line on the console; ``deadline/reason`` in the end-of-training record (the
     trackers); `exit_code` (0, or ``requeue_exit_code`` when the run stopped on a deadline or a
@@ -78,17 +80,18 @@ class Deadline(SelfRestoringState):
 
     Args:
         duration: This process's time: seconds, ``"H:MM:SS"``, ``"D-H:MM:SS"`` (SLURM's
-            ``--time``), ``"DD:HH:MM:SS"``, a ``timedelta`` or a dict of ``timedelta`` arguments,
-            counted from the process's start (Linux; elsewhere from the callback's creation).
-            Defaults to None.
+            ``--time``), ``"DD:HH:MM:SS"`` (minutes and seconds 00-59, hours after days 0-23), a
+            ``timedelta`` or a dict of ``timedelta`` arguments, counted from the process's start
+            (Linux; elsewhere from the callback's creation). Defaults to None.
         budget: Total training time across resumes (same forms), counted from each train begin
             and kept in the checkpoint; when spent the run is done (exit code 0). Defaults to None.
         at: An absolute time: a ``datetime`` (naive = local time) or UNIX seconds. Defaults to None.
         signals: Signals that stop training gracefully (names or numbers; SIGINT is left to Python).
             Defaults to ``("SIGTERM", "SIGUSR1")``. ``()`` handles none.
         margin: Seconds kept free before the deadline (and before the end of ``grace``); covers
-            what was never measured (a first save: raise it above a save's duration for large
-            checkpoints). Defaults to 10.
+            what was never measured (counted as 0 until it happened): the first save, and the first
+            evaluation when the training evaluates. Raise it above them for large checkpoints.
+            Defaults to 10.
         grace: Seconds a signal leaves before the hard kill (Kubernetes' default grace period,
             SLURM's default ``KillWait`` and torchrun's ``--shutdown-timeout`` are 30 s): decides
             whether an evaluation at a signal stop (scheduled there, or asked for) fits. Defaults
@@ -110,7 +113,9 @@ class Deadline(SelfRestoringState):
     Raises:
         TypeError, ValueError: At construction for bad arguments; at train begin (and trainer
             creation) with ``TrainingArguments(enable_jit_checkpoint=True)`` when both would handle
-            SIGTERM, a final evaluation without anything to evaluate, or two instances in one trainer.
+            SIGTERM, ``final_evaluation`` or ``evaluate_before_stop`` without an eval dataset (or, in a
+            stock Trainer not given to this callback, with ``eval_strategy="no"``: bind it with
+            ``run_before_integrations``), or two instances in one trainer.
 
     Example:
         >>> deadline = Deadline("3:50:00", signals=["SIGTERM", "SIGUSR1"], status_file="runs/x/stop.json")
@@ -190,7 +195,7 @@ class Deadline(SelfRestoringState):
         a deadline or a signal with its checkpoint saved; 1 while training or after a failure."""
         return self.ending.exit_code
 
-    def _check_args(self, args: Any, trainer: Any = None) -> None:
+    def _check_args(self, args: Any) -> None:
         """Refuse what cannot work with these ``TrainingArguments``/``LoopArguments``."""
         if getattr(args, "enable_jit_checkpoint", False) and "SIGTERM" in self.signals:
             raise ValueError(
@@ -199,16 +204,31 @@ class Deadline(SelfRestoringState):
                 "would answer one signal. Keep one: enable_jit_checkpoint=False (Deadline then saves on "
                 "SIGTERM, every rank together), or Deadline(signals=['SIGUSR1']) to leave SIGTERM to the JIT "
                 "checkpoint.")
-        if not (self.final_evaluation or self.evaluate_before_stop) or trainer is None:
+
+    def _check_evaluation(self, args: Any, trainer: Any) -> None:
+        """At train begin: refuse an evaluation asked for (``final_evaluation``,
+        ``evaluate_before_stop``) that could only fail, after the last step and before its save."""
+        names = [name for name in ("final_evaluation", "evaluate_before_stop") if getattr(self, name)]
+        if not names:
             return
+        asked, off = " and ".join(f"{name}=True" for name in names), ", ".join(f"{n}=False" for n in names)
+        if trainer is None:  # a stock trainer given Deadline in callbacks= only
+            if _strategy(getattr(args, "eval_strategy", "no")) != "no":
+                return  # transformers refuses an evaluation strategy without an eval dataset at init
+            raise ValueError(
+                f"Deadline: {asked} with eval_strategy='no' in a trainer Deadline was not given: it cannot "
+                "check that there is an eval dataset, and without one the trainer would fail in that "
+                "evaluation, before saving. Call run_before_integrations(trainer, deadline) once after "
+                f"building the trainer (TrainerPlus and LightweightTrainer do it), or Deadline({off}).")
         if hasattr(trainer, "eval_dataset"):  # transformers
             nothing = trainer.eval_dataset is None
         else:  # LightweightTrainer
             nothing = getattr(trainer, "eval_data", 1) is None and getattr(trainer, "eval_fn", 1) is None
         if nothing:
-            name = "final_evaluation" if self.final_evaluation else "evaluate_before_stop"
-            raise ValueError(f"Deadline: {name}=True but the trainer has nothing to evaluate (no eval "
-                             f"dataset); pass one to the trainer, or {name}=False.")
+            raise ValueError(
+                f"Deadline: {asked} but the trainer has nothing to evaluate (no eval dataset): pass "
+                "eval_dataset=... to the trainer (eval_data=... or eval_fn=... to LightweightTrainer), or "
+                f"Deadline({off}).")
 
     def bind(self, trainer: Any) -> Deadline:
         """Keep the trainer (weakly): its logging window travels through a stop's checkpoint; and
@@ -325,7 +345,8 @@ class Deadline(SelfRestoringState):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the settings, restore the state (elapsed time, durations, logging window), set the
         deadline, install the signal handlers, write ``running`` to the status file."""
-        self._check_args(args, self.trainer)
+        self._check_args(args)
+        self._check_evaluation(args, self.trainer)
         _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
         if getattr(args, "save_only_model", False) and (self.signals or self.limited):
             logger.warning("Deadline: save_only_model=True: a stop's checkpoint holds the model only (no "
@@ -383,15 +404,17 @@ class Deadline(SelfRestoringState):
             self._natural_end(args, state, control)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """At a stop: no second save or evaluation of the step just saved. Else a check."""
+        """At a stop: no second save or evaluation of the step just saved (but the evaluation a stop
+        decided right after the save, and the save that keeps it). Else a check."""
         if not self._training:
             return
         self._mark = self._clock()
         step = int(state.global_step)
         if control.should_training_stop:
-            if self._saved_step == step:
-                control.should_save = False
             ours = self._stop is not None and self._stop["step"] == step
+            evaluates = ours and self._stop["evaluate"] and self._evaluated_step != step  # decided at on_save
+            if self._saved_step == step and not evaluates:
+                control.should_save = False
             if self._evaluated_step == step or (ours and not self._stop["evaluate"]):
                 control.should_evaluate = False
             return
@@ -407,7 +430,8 @@ class Deadline(SelfRestoringState):
             self._evaluated_step = int(state.global_step)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Measure the save; at a stop, note when its checkpoint was complete."""
+        """Measure the save; at a stop, note when its checkpoint was complete; else a check: the
+        checkpoint just written can be the stop's (no second save)."""
         super().on_save(args, state, control, **kwargs)
         if not self._training or self._mark is None:
             return
@@ -417,16 +441,23 @@ class Deadline(SelfRestoringState):
         step = int(state.global_step)
         self._saved_step = step
         self._checkpoint_complete(step, checkpoint_folder(args.output_dir, step), now)
+        # the same on every rank: the step, the last step, a stop decided before this save
+        ends = self._stop is not None or bool(state.max_steps and step >= state.max_steps) \
+            or bool(control.should_training_stop)
+        if (self.signals or self._deadline_kind) and not ends:
+            self._boundary(args, state, control)
 
     def _checkpoint_complete(self, step: int, folder: str, now: Optional[float] = None) -> None:
-        """The stop's checkpoint is complete: note where, and how long it took."""
+        """The stop's checkpoint is complete: note where, and how long it took (from this rank's
+        signal too, whenever it came before)."""
         stop = self._stop
         if stop is None or stop["step"] != step:
             return
         now = self._clock() if now is None else now
         self.decision_to_checkpoint = now - stop["decided"]
-        if stop["received"] is not None:
-            self.signal_to_checkpoint = now - stop["received"]
+        received = self._flag.received
+        if received is not None and received[1] <= now:
+            self.signal_to_checkpoint = now - received[1]
         stop["checkpoint"] = folder
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
@@ -465,12 +496,15 @@ class Deadline(SelfRestoringState):
 
     def _boundary(self, args: Any, state: Any, control: Any, *, epoch_ends_here: bool = False,
                   epoch_end: bool = False) -> None:
-        """One check: this rank's view, the agreement of all ranks, then the stop (or not)."""
+        """One check: this rank's view, the agreement of all ranks, then the stop (or not). After this
+        step's save (at its ``on_save``, or the epoch's end that follows) a stop keeps that checkpoint."""
         step = int(state.global_step)
+        saved = self._saved_step == step
         now = self._clock()
         durations = self.measurements.estimate()
         ends_anyway = bool(state.max_steps and step >= state.max_steps) or bool(control.should_training_stop)
         left = self._deadline - now - self.margin
+        before_stop = self.evaluate_before_stop and self._evaluated_step != step
         if self._spent:
             deadline_plan = plan_stop(-math.inf, durations, evaluate=False)
         else:
@@ -478,12 +512,13 @@ class Deadline(SelfRestoringState):
                 left, step, durations, self._schedule(args, state), check_every=self.check_every,
                 evaluates_now=bool(control.should_evaluate), saves_now=bool(control.should_save),
                 epoch_ends_here=epoch_ends_here and not epoch_end,
-                evaluate_before_stop=self.evaluate_before_stop)
+                evaluate_before_stop=before_stop, saved=saved)
         received = self._flag.received
         since = 0.0 if received is None else max(0.0, now - received[1])
-        wants = bool(control.should_evaluate) or self.evaluate_before_stop
-        stop_plan = plan_stop(left, durations, evaluate=wants)
-        signal_plan = plan_stop(min(left, self.grace - since - self.margin), durations, evaluate=wants)
+        wants = bool(control.should_evaluate) or before_stop
+        stop_plan = plan_stop(left, durations, evaluate=wants, saved=saved)
+        signal_plan = plan_stop(min(left, self.grace - since - self.margin), durations, evaluate=wants,
+                                saved=saved)
         end_plan = plan_stop(left, durations, evaluate=bool(control.should_evaluate) or self.final_evaluation)
         mine = [1.0 if received is not None and received[0] == name else 0.0 for name in self.signals]
         by_budget = self._deadline_kind == "budget"
@@ -499,19 +534,19 @@ class Deadline(SelfRestoringState):
             self._natural_end(args, state, control, evaluate_fits=not no_end_eval)
             return
         if signalled and not ends_anyway:
-            reason, evaluate, plan = EndReason.SIGNAL, not no_signal_eval and wants, signal_plan
+            reason, evaluate = EndReason.SIGNAL, not no_signal_eval and wants
         elif signalled:  # the last step: training is complete, the signal changes nothing
             self._natural_end(args, state, control, evaluate_fits=not no_end_eval)
             return
         elif budget or other:
             reason = EndReason.BUDGET if budget else EndReason.DEADLINE
-            evaluate, plan = not no_deadline_eval and wants and not self._spent, stop_plan
+            evaluate = not no_deadline_eval and wants and not self._spent
         else:
             return
         if _strategy(getattr(args, "save_strategy", "no")) == "best" and evaluate:
             evaluate = False  # "best" would let the evaluation decide whether the stop's checkpoint is saved
-        self._stop_here(args, state, control, reason, signalled[0] if signalled else None, evaluate, plan,
-                        received[1] if received is not None else None, now)
+        self._stop_here(args, state, control, reason, signalled[0] if signalled else None, evaluate,
+                        deadline_plan, now)
 
     def _natural_end(self, args: Any, state: Any, control: Any, evaluate_fits: bool = True) -> None:
         """Training ends at this step anyway: add the final evaluation (and its save) when asked."""
@@ -525,11 +560,11 @@ class Deadline(SelfRestoringState):
                  f"deadline; skipping it.", state, verbose=self.verbose, level=logging.WARNING)
 
     def _stop_here(self, args: Any, state: Any, control: Any, reason: EndReason, name: Optional[str],
-                   evaluate: bool, plan: Plan, received: Optional[float], now: float) -> None:
+                   evaluate: bool, deadline_plan: Plan, now: float) -> None:
         step = int(state.global_step)
         skipped = bool(control.should_evaluate) and not evaluate
         evaluate = evaluate and self._evaluated_step != step
-        saved = self._saved_step == step and not evaluate  # an epoch's end just after this step's save
+        saved = self._saved_step == step and not evaluate  # right after this step's save: no second one
         control.should_training_stop = True
         control.should_save = not saved
         control.should_evaluate = evaluate
@@ -539,28 +574,49 @@ class Deadline(SelfRestoringState):
         self.window = logging_window.capture(trainer, step, logs_now, group=self._group)
         self.stopped_step, self.reason, self.stopped_signal = step, reason, name
         self._stop = {"step": step, "reason": reason, "evaluate": evaluate, "decided": now,
-                      "received": received, "checkpoint": None}
-        if saved:  # no second save: this stop's state goes into the checkpoint just written
+                      "checkpoint": None, "kept": saved}
+        if saved:  # this stop's state goes into the checkpoint just written
             folder = checkpoint_folder(args.output_dir, step)
             if getattr(state, "is_world_process_zero", True):
                 self.write_state_into_checkpoint(folder)
             self._checkpoint_complete(step, folder)
-        durations = self.measurements.estimate()
+        tell(self._stop_line(reason, name, step, evaluate, saved, deadline_plan, now)
+             + ("; the scheduled evaluation is skipped (it would not fit)" if skipped else "") + ".",
+             state, verbose=self.verbose, level=logging.WARNING)
+
+    def _stop_line(self, reason: EndReason, name: Optional[str], step: int, evaluate: bool, saved: bool,
+                   deadline_plan: Plan, now: float) -> str:
+        """Why training stops here, what the stop does, and whether that ends in time: from the numbers."""
+        until, limit, margin = self._deadline - now, "the deadline", show_seconds(self.margin)
         if reason is EndReason.SIGNAL:
-            why = (f"{name} received {show_seconds(now - received)} ago" if received is not None
-                   else f"{name} received by another rank")
+            got = self._flag.received  # read again: it may have come while this rank waited for the others
+            ago = show_seconds(max(0.0, self._clock() - got[1])) if got is not None else ""
+            why = (f"{name} received {ago} ago" if got is not None and got[0] == name else
+                   f"{name} received by another rank" + (f" ({got[0]} here, {ago} ago)" if got else ""))
+            grace = self.grace - (max(0.0, now - got[1]) if got is not None else 0.0)
+            if grace < until:
+                until, limit = grace, "the end of the grace period"
+        elif self._spent:
+            why = f"the training budget of {show_seconds(self.budget)} is spent"
         else:
-            limits = {"duration": self.duration, "at": None, "budget": self.budget}
-            limit = limits[self._deadline_kind or "at"]
-            what = f"the {self._deadline_kind}" + (f" of {show_seconds(limit)}" if limit is not None else "")
-            why = (f"{what} ends in {show_seconds(self._deadline - now)}: another step "
-                   f"(~{show_seconds(durations.step)}) and a save (~{show_seconds(durations.save)}) would "
-                   f"not fit within the margin of {show_seconds(self.margin)}")
-        todo = ("evaluating, then saving" if evaluate else "saving") + f" checkpoint-{step}"
-        late = "" if plan.fits else " (it may not end before the deadline: it came sooner than one save)"
-        note = "; the scheduled evaluation is skipped (it would not fit)" if skipped else ""
-        tell(f"Deadline: {why}; stopping after step {step}: {todo}{late}{note}.", state, verbose=self.verbose,
-             level=logging.WARNING)
+            what = {"duration": f"the duration of {show_seconds(self.duration)}",
+                    "budget": f"the budget of {show_seconds(self.budget)}"}.get(self._deadline_kind or "",
+                                                                              "the deadline (at)")
+            ahead = show_seconds(deadline_plan.ahead)
+            why = f"{what} ends in {show_seconds(until)}; " + (
+                f"going on to the next check and saving there (~{ahead}) would not leave the margin of "
+                f"{margin}" if deadline_plan.stop else
+                f"another rank's estimates leave no room to go on within the margin of {margin}")
+        durations = self.measurements.estimate()
+        needed = (durations.evaluate if evaluate else 0.0) + (0.0 if saved else durations.save)
+        todo = (f"keeping checkpoint-{step}, just saved" if saved else
+                ("evaluating, then saving" if evaluate else "saving") + f" checkpoint-{step}")
+        took = f" (~{show_seconds(needed)}, {show_seconds(until)} before {limit}: "
+        if needed and needed > until:
+            todo += took + "it may end after it)"
+        elif needed and needed > until - self.margin:
+            todo += took + f"into the margin of {margin})"
+        return f"Deadline: {why}; stopping after step {step}: {todo}"
 
     # -- the end ----------------------------------------------------------------------------
     def _ending_now(self, state: Any) -> Ending:
@@ -588,7 +644,8 @@ class Deadline(SelfRestoringState):
             f" of the budget of {show_seconds(self.budget)}" if self.budget is not None else "")
         if reason.resumable:
             timing = (f" {show_seconds(self.signal_to_checkpoint)} after the signal"
-                      if self.signal_to_checkpoint is not None else
+                      if self.signal_to_checkpoint is not None else " (saved just before the decision)"
+                      if stop.get("kept") else
                       f" {show_seconds(self.decision_to_checkpoint)} after the decision"
                       if self.decision_to_checkpoint is not None else "")
             done = (f"checkpoint-{step} complete{timing}; resume with train(resume_from_checkpoint=True)"

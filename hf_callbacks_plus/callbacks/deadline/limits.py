@@ -31,7 +31,8 @@ def parse_duration(value: DurationArg, name: str) -> Optional[float]:
         name: The argument's name, for errors.
 
     Raises:
-        TypeError, ValueError: Anything else, or a duration that is not positive.
+        TypeError, ValueError: Anything else, minutes or seconds above 59 (hours above 23 after
+            days), or a duration that is not positive.
     """
     if value is None:
         return None
@@ -49,16 +50,20 @@ def parse_duration(value: DurationArg, name: str) -> Optional[float]:
             raise TypeError(f"Deadline: {name}={value!r} is not a valid duration ({error}).") from None
     elif isinstance(value, str):
         text = value.strip()
-        slurm, days = _SLURM.fullmatch(text), _DAYS.fullmatch(text)
-        if slurm:
-            d, h, m, s = (int(part or 0) for part in slurm.groups())
-            seconds = float(((d * 24 + h) * 60 + m) * 60 + s)
-        elif days:
-            d, h, m, s = (int(part) for part in days.groups())
-            seconds = float(((d * 24 + h) * 60 + m) * 60 + s)
-        else:
+        found = _SLURM.fullmatch(text) or _DAYS.fullmatch(text)
+        if not found:
             raise ValueError(f"Deadline: {name}={value!r} is not a duration; write one of: "
                              f"{', '.join(FORMATS)}.")
+        with_days = found.re is _DAYS or found.group(1) is not None
+        d, h, m, s = (int(part or 0) for part in found.groups())
+        seconds = float(((d * 24 + h) * 60 + m) * 60 + s)
+        for unit, number, top in (("hours", h, 23 if with_days else None), ("minutes", m, 59),
+                                  ("seconds", s, 59)):
+            if top is not None and number > top:
+                raise ValueError(
+                    f"Deadline: {name}={value!r} has {number} {unit}; write 'H:MM:SS', 'D-H:MM:SS' or "
+                    f"'DD:HH:MM:SS' with minutes and seconds from 00 to 59 and hours after days from 0 to 23 "
+                    f"({value!r} would be {show_seconds(seconds)!r}, or {seconds:g} seconds).")
     if seconds is None:
         raise TypeError(f"Deadline: {name} must be one of: {', '.join(FORMATS)}; got {value!r} "
                         f"({type(value).__name__}).")

@@ -5,8 +5,10 @@ The rule is one sentence: **go on only while the next boundary at which the rank
 early enough for a complete save**. Going on costs what is scheduled at this boundary (its
 evaluation and save), the steps to the next check and what is scheduled between; the next check
 must then still have room for one save. Otherwise training stops here, and evaluates first when
-asked (or scheduled) only if the evaluation and the save both fit. Nothing here reads a clock or
-a trainer: `plan_boundary` is table- and property-tested alone
+asked (or scheduled) only if the evaluation and the save both fit. The callback decides again right
+after every save (``saved=True``): that checkpoint can be the stop's, so stopping there costs
+nothing, and a save whose duration was never measured (counted as 0) is then known. Nothing here
+reads a clock or a trainer: `plan_boundary` is table- and property-tested alone
 (``tests/callbacks/test_deadline_rule.py``), the callback feeds it `Durations` it measured.
 """
 
@@ -63,19 +65,22 @@ class Plan:
         stop: Stop training here (and save).
         evaluate: Evaluate before the save (when ``stop``: a scheduled evaluation, or the final one
             asked for, that fits; when going on: whatever the trainer scheduled).
-        fits: The stop's save (and evaluation) fits before the deadline. A stop that does not fit
-            still saves: the deadline came sooner than one save.
-        needed: Seconds the plan needs from now (its tail when stopping, up to the next check's
-            save when going on).
+        fits: The stop's save (and evaluation) fits in the time left (the margin kept). A stop that
+            does not fit still saves.
+        needed: Seconds the plan needs from now (its tail when stopping: 0 for a stop right after
+            a save; up to the next check's save when going on).
+        ahead: Seconds going on would need (up to the next check's save; ``needed`` when going on).
     """
 
     stop: bool
     evaluate: bool
     fits: bool = True
     needed: float = 0.0
+    ahead: float = 0.0
 
 
-def plan_stop(left: float, durations: Durations, *, evaluate: bool) -> Plan:
+def plan_stop(left: float, durations: Durations, *, evaluate: bool, saved: bool = False,
+              ahead: float = math.inf) -> Plan:
     """The stop at this boundary: evaluate first (when ``evaluate`` is asked or scheduled) only if
     the evaluation and the save both fit in ``left`` seconds.
 
@@ -83,16 +88,22 @@ def plan_stop(left: float, durations: Durations, *, evaluate: bool) -> Plan:
         left: Seconds until the deadline, less the margin (``math.inf`` without one).
         durations: The estimates.
         evaluate: An evaluation is scheduled here, or asked for before a stop.
+        saved: This step's checkpoint was just written: without an evaluation the stop needs no
+            save. Defaults to False.
+        ahead: What going on would have needed (for `Plan.ahead`). Defaults to ``math.inf``.
     """
     with_evaluation = durations.evaluate + durations.save
     if evaluate and with_evaluation <= left:
-        return Plan(stop=True, evaluate=True, fits=True, needed=with_evaluation)
-    return Plan(stop=True, evaluate=False, fits=durations.save <= left, needed=durations.save)
+        return Plan(stop=True, evaluate=True, fits=True, needed=with_evaluation, ahead=ahead)
+    if saved:  # the checkpoint is written: nothing left to fit
+        return Plan(stop=True, evaluate=False, fits=True, needed=0.0, ahead=ahead)
+    return Plan(stop=True, evaluate=False, fits=durations.save <= left, needed=durations.save, ahead=ahead)
 
 
 def plan_boundary(left: float, step: int, durations: Durations, schedule: Schedule, *,
                   check_every: int = 1, evaluates_now: bool = False, saves_now: bool = False,
-                  epoch_ends_here: bool = False, evaluate_before_stop: bool = False) -> Plan:
+                  epoch_ends_here: bool = False, evaluate_before_stop: bool = False,
+                  saved: bool = False) -> Plan:
     """Go on or stop at the boundary after ``step``, with ``left`` seconds to the deadline.
 
     Args:
@@ -105,6 +116,8 @@ def plan_boundary(left: float, step: int, durations: Durations, schedule: Schedu
         saves_now: The trainer saves at this boundary.
         epoch_ends_here: This step ends an epoch: the next check is the epoch's end, no step later.
         evaluate_before_stop: Evaluate before a stop's save when it fits. Defaults to False.
+        saved: This step's checkpoint was just written (the boundary is right after its save): a
+            stop here keeps it and needs no save, unless it evaluates first. Defaults to False.
 
     Returns:
         The `Plan`: go on (``stop=False``) when the cost up to the next check plus one save fits in
@@ -112,7 +125,7 @@ def plan_boundary(left: float, step: int, durations: Durations, schedule: Schedu
     """
     wants_evaluation = evaluates_now or evaluate_before_stop
     if schedule.max_steps > 0 and step >= schedule.max_steps:
-        return plan_stop(left, durations, evaluate=wants_evaluation)
+        return plan_stop(left, durations, evaluate=wants_evaluation, saved=saved)
     cost = (durations.evaluate if evaluates_now else 0.0) + (durations.save if saves_now else 0.0)
     following = step if epoch_ends_here else schedule.next_check(step, check_every)
     for between in range(step + 1, following):
@@ -123,8 +136,8 @@ def plan_boundary(left: float, step: int, durations: Durations, schedule: Schedu
         cost += durations.step  # the step that ends at the next check
     needed = cost + durations.save
     if needed <= left:
-        return Plan(stop=False, evaluate=evaluates_now, fits=True, needed=needed)
-    return plan_stop(left, durations, evaluate=wants_evaluation)
+        return Plan(stop=False, evaluate=evaluates_now, fits=True, needed=needed, ahead=needed)
+    return plan_stop(left, durations, evaluate=wants_evaluation, saved=saved, ahead=needed)
 
 
 class Measurements:
