@@ -57,6 +57,8 @@ class LogRecord:
     time: int  # milliseconds since the epoch
     metrics: dict[str, float]
     summary: dict[str, Any]
+    #: Where the record goes in the run (`Backend.place`: W&B's history row, else the step).
+    position: Optional[int] = None
 
 
 class Backend:
@@ -65,6 +67,8 @@ class Backend:
 
     #: Shown in messages.
     name = "backend"
+    #: The position of the last record placed (`place`).
+    position: Optional[int] = None
 
     def new_run_id(self) -> Optional[str]:
         """A new run's id when the client chooses it (W&B, TensorBoard, JSONL). Defaults to None."""
@@ -95,6 +99,21 @@ class Backend:
 
     def sync(self) -> None:
         """Write what the library buffers to disk (a checkpoint is saved). Defaults to nothing."""
+
+    def place(self, record: LogRecord, position: Optional[int] = None) -> int:
+        """Set where ``record`` goes in the run (``position`` when it was placed before, a record sent
+        again); its position. Defaults to its step."""
+        record.position = self.position = record.step
+        return record.step
+
+    def confirm_durable(self) -> Optional[int]:
+        """The position up to which the tracker's own files hold every record placed before this call
+        (it may block; called on a thread of ours), or None when unknown. Defaults to None."""
+        return None
+
+    def rewind(self, position: int) -> None:
+        """Make a resumed session go on after ``position``: what the run holds after it is dropped.
+        Defaults to nothing (the run cannot drop records: `logged_steps` keeps them from repeating)."""
 
     def close(self) -> None:
         """Release what the client holds between sessions (MLflow's helper process). Defaults to nothing."""
@@ -305,6 +324,8 @@ class TrackerLogger(SelfRestoringState):
         self._params_logged = False
         self._is_open = False
         self._new_session = True
+        #: True while the run opened by this train()'s first ``_open`` (not a reopening for evaluate()).
+        self._session_start = False
         self._lost = 0
         self._trainer_ref: Optional[weakref.ref[Any]] = None
         self._output_dir: Optional[str] = None
@@ -549,7 +570,8 @@ class TrackerLogger(SelfRestoringState):
             resume = self.run_id is not None or self.run_key is not None
             self.run_key = self.run_key or uuid.uuid4().hex
             self.run_id = self.run_id or self.backend.new_run_id()
-            boundary, self._new_session = resume and self._new_session, False
+            self._session_start, self._new_session = self._new_session, False
+            boundary = resume and self._session_start
             self._lost = 0
             self._open_run(resume, boundary)
             if self._exit_hook is None:  # one hook per logger

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .._compat import is_available, require
-from .base import Backend, LogRecord, TrackerLogger
+from .base import Backend, LogRecord
+from .journal import JournaledLogger
 
 __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
 
@@ -109,6 +110,18 @@ class TensorBoardBackend(Backend):
         if self._writer is not None:
             self._writer.flush()
 
+    def confirm_durable(self) -> Optional[int]:
+        """Flush the writer: every step before the last one placed is then in the event file."""
+        writer, last = self._writer, self.position
+        if writer is None or last is None:
+            return None
+        writer.flush()
+        return last - 1
+
+    def rewind(self, position: int) -> None:
+        """The resumed run's writer purges the events after ``position``."""
+        self.purge_step, self.position = position + 1, position
+
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         self._writer.add_text("config", "```json\n" + json.dumps(params, indent=1, sort_keys=True) + "\n```")
         self._writer.flush()
@@ -120,7 +133,7 @@ class TensorBoardBackend(Backend):
             writer.close()
 
 
-class TensorBoardLogger(TrackerLogger):
+class TensorBoardLogger(JournaledLogger):
     """Writes TensorBoard event files with every metric in its section, through the writer's own queue.
 
     Args:

@@ -7,8 +7,9 @@ import uuid
 from typing import Any, Optional
 
 from .._compat import require
-from .base import FAILED, Backend, LogRecord, TrackerLogger, logger
+from .base import FAILED, Backend, LogRecord, logger
 from .config import typed
+from .journal import JournaledLogger
 from .secrets import mask_secrets
 
 __all__ = ["TrackioBackend", "TrackioLogger"]
@@ -96,14 +97,25 @@ class TrackioBackend(Backend):
         """Into ``run.config``, which trackio writes with the run's first record."""
         self._open_run().config.update({key: typed(value) for key, value in params.items()})
 
+    def confirm_durable(self) -> Optional[int]:
+        """Write what the run queued: every step before the last one placed is then in the store."""
+        last = self.position
+        return last - 1 if last is not None and self._flush() else None
+
     def sync(self) -> None:
-        """Write what the run queued to its store now (a checkpoint is saved; trackio writes every 0.5 s)."""
+        """Write what the run queued to its store now (trackio writes every 0.5 s)."""
+        self._flush()
+
+    def _flush(self) -> bool:
+        """Write the run's queue to the local store; False when it could not (a Space, a busy writer)."""
         flush, lock = (getattr(self.run, name, None) for name in ("_flush_queues_inline", "_client_lock"))
-        if callable(flush) and lock is not None and self._local() and lock.acquire(timeout=5.0):
-            try:  # trackio's writer holds the lock while it writes: at most 5 s, never a hung save
-                flush()
-            finally:
-                lock.release()
+        if not (callable(flush) and lock is not None and self._local() and lock.acquire(timeout=5.0)):
+            return False
+        try:  # trackio's writer holds the lock while it writes: at most 5 s
+            flush()
+        finally:
+            lock.release()
+        return True
 
     def finish(self, status: str, run_id: str) -> None:
         """``Run.finish`` (trackio writes what is queued); a failed training is an ERROR alert first."""
@@ -125,7 +137,7 @@ class TrackioBackend(Backend):
         return str(SQLiteStorage.get_project_db_path(self.project))
 
 
-class TrackioLogger(TrackerLogger):
+class TrackioLogger(JournaledLogger):
     """Logs to trackio (local sqlite store under ``TRACKIO_DIR``, optionally synced to a Space).
 
     Args:

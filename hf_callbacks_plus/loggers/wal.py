@@ -124,6 +124,11 @@ class WriteAheadLog:
         """The file's size in bytes."""
         return self._end
 
+    @property
+    def first(self) -> int:
+        """The offset of the first entry (after the target line)."""
+        return self._start
+
     def open(self, target: Optional[dict[str, Any]], wait: float) -> None:
         """Open and lock the file; without ``target`` it must exist; with it, a new or empty file gets it
         as its first line. A half-written last line (a kill during a write) is dropped.
@@ -153,8 +158,8 @@ class WriteAheadLog:
                 self._write(self._line({"kind": "target", **target}))
             first, self._start = next(self._lines(0), (b"", 0))
             if not first.startswith(TARGET_LINE):
-                raise ValueError(f"{self.path} is not an MLflowLogger write-ahead log (its first line "
-                                 "names no target)")
+                raise ValueError(f"{self.path} is not a write-ahead log of hf-callbacks-plus (its first "
+                                 "line names no target)")
             self.target = json.loads(first)
         except BaseException:
             self.close()
@@ -243,6 +248,24 @@ class WriteAheadLog:
                 yield data[start:newline + 1], position + newline + 1
                 start = newline + 1
             pending, position = data[start:], position + start
+
+    def entries(self, offset: int) -> Iterator[tuple[dict[str, Any], int]]:
+        """The entries from ``offset`` (the log's own lines left out), each with the offset after it."""
+        for line, end in self._lines(offset):
+            if not line.startswith((TARGET_LINE, SENT_LINE)):
+                yield json.loads(line), end
+
+    def keep(self, start: int, end: Optional[int] = None) -> None:
+        """Keep only the entries between offsets ``start`` and ``end`` (default: the file's end), in one
+        step: a new file with the target line and them is renamed over this one (appends wait)."""
+        with self._lock:
+            kept = os.pread(self._fd, (self._end if end is None else end) - start, start)
+            temporary = self.path.with_name(self.path.name + ".new")
+            temporary.write_bytes(os.pread(self._fd, self._start, 0) + kept)
+            os.replace(temporary, self.path)
+            fd = _open_locked(self.path, 0.0, create=False)
+            os.close(self._fd)
+            self._fd, self._end, self._owed = fd, self._start + len(kept), b""
 
     def recover(self) -> tuple[int, Optional[str], bool]:
         """From the ``sent`` lines: the offset the store acknowledged, the run's id, and whether a

@@ -13,9 +13,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
 from .artifacts import save_model_to_temp, stage_folder
-from .base import FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, is_main_process, logger
+from .base import FINISHED, Backend, LogRecord, WarnOnce, is_main_process, logger
 from .config import typed
+from .journal import JournaledLogger
 from .secrets import command_line_has_secret, mask_secrets
+from .wandb_files import last_history_step
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
 
@@ -141,7 +143,7 @@ class WandbBackend(Backend):
         """Start the rows of a run: from scratch, or after row ``rewind_to`` of a resumed run (set at
         train begin; ``start`` then rewinds the run to that row with ``wandb.init(resume_from=...)``)."""
         #: W&B's step of the last history row (checkpointed: where a resumed run is rewound to).
-        self.row = -1 if rewind_to is None else rewind_to
+        self.row = self.position = -1 if rewind_to is None else rewind_to
         self.rewind_to = rewind_to
         self._row_training_step: Optional[int] = None  # the row's train/global_step
         self._row_keys: set[str] = set()
@@ -262,24 +264,46 @@ class WandbBackend(Backend):
             else:
                 action(*args)
 
+    def place(self, record: LogRecord, position: Optional[int] = None) -> int:
+        """A record's curves go to a history row: the row of its training step while no key repeats there,
+        else the next row (``train/global_step``, every chart's x axis, still its step)."""
+        if position is not None:  # sent again after a resume: the row it had
+            if position != self.row:
+                self._row_keys = set()
+            self.row, self._row_training_step = position, record.step
+            self._row_keys.update(record.metrics)
+        elif record.metrics:
+            step = record.step
+            if step != self._row_training_step or not self._row_keys.isdisjoint(record.metrics):
+                self.row = max(step, self.row + 1)
+                self._row_training_step, self._row_keys = step, set()
+            self._row_keys.update(record.metrics)
+        record.position = self.position = self.row
+        return self.row
+
     def log(self, records: list[LogRecord], run_id: str) -> None:
-        """Each record's curves go to a history row: the row of its training step while no key repeats
-        there, else the next row (``train/global_step``, every chart's x axis, still its step)."""
+        """Each record's curves into its history row (`place`), its totals into the summary."""
         for record in records:
+            if record.position is None:
+                self.place(record)
             if record.metrics:
-                step = record.step
-                if step != self._row_training_step or not self._row_keys.isdisjoint(record.metrics):
-                    self.row = max(step, self.row + 1)
-                    self._row_training_step, self._row_keys = step, set()
-                self._row_keys.update(record.metrics)
-                self._do(self._log_row, {**record.metrics, STEP_KEY: step}, self.row,
+                self._do(self._log_row, {**record.metrics, STEP_KEY: record.step}, record.position,
                          points=len(record.metrics))
             if record.summary:
                 self._do(self._update_summary, record.summary, points=len(record.summary))
 
-    def last_row(self) -> Optional[int]:
-        """W&B's step of the last history row of this run (None before any)."""
-        return None if self.row < 0 else self.row + self._offset
+    def confirm_durable(self) -> Optional[int]:
+        """The last history row W&B's service wrote to the run's file (it keeps 32 KiB blocks in memory)."""
+        run = self.run
+        path = getattr(getattr(run, "settings", None), "sync_file", None)
+        if run is None or not self._owns_run or not path:
+            return None
+        step = last_history_step(path)
+        return None if step is None else step - self._offset
+
+    def rewind(self, position: int) -> None:
+        """The resumed run's rows follow row ``position`` (``wandb.init(resume_from=...)``)."""
+        self.new_run(position)
 
     def _log_row(self, values: dict[str, Any], row: int) -> None:
         self.run.log(values, step=row + self._offset)
@@ -367,7 +391,7 @@ class WandbBackend(Backend):
         return True
 
 
-class WandbLogger(TrackerLogger):
+class WandbLogger(JournaledLogger):
     """Logs to Weights & Biases through its own service process; one run per training, resumable.
 
     Args:
@@ -440,8 +464,6 @@ class WandbLogger(TrackerLogger):
         #: Why the logger does nothing (``WANDB_DISABLED``, ``mode="disabled"``), or None.
         self.disabled_reason = wandb_disabled_reason(mode)
         self._wandb: Any = None
-        self._rewind_to: Optional[int] = None
-        self._fresh_rows = False
         if self.disabled_reason is not None:
             logger.warning("WandbLogger is disabled because %s: nothing will be logged to W&B. "
                            "Unset it to log.", self.disabled_reason)
@@ -490,27 +512,18 @@ class WandbLogger(TrackerLogger):
         backend.run_name_from_args = run_name if from_args else None
         if is_main_process(state):
             self.check_settings()
-        self._rewind_to, self._fresh_rows = None, True
         super().on_train_begin(args, state, control, model=model, **kwargs)
 
-    def state_attributes(self) -> dict[str, Any]:
-        """The base's, and the W&B step of the last history row (where a resumed run is rewound to)."""
-        row = None if self.backend is None else self.backend.last_row()
-        return {**super().state_attributes(), "wandb_step": row}
-
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
-        """The base's; a resumed run of the checkpoint is rewound to its last row (0.2.0: its last step)."""
-        super().load_state_attributes(attributes)
+        """The base's; a checkpoint of 0.2 names its last row ``wandb_step`` (0.2.0: its last step)."""
         steps = attributes.get("last_steps") or {}
-        row = attributes.get("wandb_step", max(steps.values()) if steps else None)
-        if attributes.get("run_id") and attributes["run_id"] == self.run_id and row is not None:
-            self._rewind_to = int(row)
+        legacy = attributes.get("wandb_step", max(steps.values()) if steps else None)
+        super().load_state_attributes({"position": legacy, **attributes})
 
     def _open_run(self, resume: bool, boundary: bool) -> None:
-        """The run a ``train()`` opens starts its rows from scratch, or after the checkpoint's last row."""
-        if self._fresh_rows:
-            self._fresh_rows = False
-            self.backend.new_run(self._rewind_to)
+        """The run a ``train()`` opens starts its rows from scratch (a resume rewinds them: the journal)."""
+        if self._session_start:
+            self.backend.new_run()
         super()._open_run(resume, boundary)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
