@@ -207,3 +207,242 @@ def test_bema_gives_trl_bema_weights_for_the_same_arguments(tmp_path):
     moved = [n for n, t in ours.average.buffers["average"].items()
              if not torch.equal(t, dict(trainer.model.named_parameters())[n].detach())]
     assert moved  # the average is not the weights
+
+
+# -- a stock Trainer: evaluation on the average, checkpoints, resume, the end ---------------------
+
+
+class StopAt(TrainerCallback):
+    """Ends the run after the checkpoint of ``step`` (standing in for a crash after it)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def lm_trainer(output_dir, callbacks=(), *, trainer_class=None, model=None, bind=True, **overrides):
+    """A stock Trainer (or ``trainer_class``) on the tiny Llama with the local tokenizer."""
+    from transformers import Trainer
+
+    from hf_callbacks_plus.integrations.ordering import run_before_integrations
+    from tests.sharded import lm_rows
+    from tests.tiny_models import training_args
+    from tests.trl_peft import tiny_lm
+
+    values = {"max_steps": 6, "learning_rate": 5e-3, "per_device_train_batch_size": 4,
+              "per_device_eval_batch_size": 4, "eval_strategy": "steps", "eval_steps": 2, "logging_steps": 1,
+              "save_strategy": "steps", "save_steps": 2}
+    values.update(overrides)
+    trainer = (trainer_class or Trainer)(
+        model=model if model is not None else tiny_lm.causal_lm(), args=training_args(output_dir, **values),
+        train_dataset=lm_rows(0, 32), eval_dataset=lm_rows(1000, 8), processing_class=tiny_lm.tokenizer(),
+        callbacks=list(callbacks))
+    if bind:
+        run_before_integrations(trainer)
+    return trainer
+
+
+def without_timing(history):
+    timing = ("runtime", "per_second", "preparation_time")
+    return [{k: v for k, v in record.items() if not any(t in k for t in timing)} for record in history]
+
+
+def weights(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("evaluate_on", ["both", "average"])
+def test_evaluating_on_the_average_trains_exactly_as_without_it(tmp_path, evaluate_on):
+    """With TrainSubsetEvaluation and GenerationSamples beside it: the training records and weights
+    of a run that evaluates on the average are bit-identical to a run without WeightAveraging; the
+    raw evaluations too ("both"); the averaged ones are under ``eval_ema_`` / ``train_subset_ema_`` /
+    ``step-N-ema.jsonl``, measured on the average (the weights at that evaluation equal a float64
+    reference average of the weights after each optimizer step)."""
+    from hf_callbacks_plus import GenerationSamples, TrainSubsetEvaluation
+    from tests.sharded import prompts
+
+    def run(folder, extra):
+        model_recorder = []
+        trainer = lm_trainer(folder, [TrainSubsetEvaluation(size=4), GenerationSamples(prompts(2), max_new_tokens=3),
+                                      *extra, *model_recorder])
+        return trainer
+
+    baseline = run(tmp_path / "without", [])
+    baseline.train()
+    averaging = WeightAveraging(EMA(0.7), evaluate_on=evaluate_on)
+    trainer = run(tmp_path / "with", [averaging])
+    recorder = Recorder(trainer.model)
+    trainer.add_callback(recorder)
+    trainer.add_callback(Initial(recorder))
+    trainer.train()
+    ours, theirs = without_timing(trainer.state.log_history), without_timing(baseline.state.log_history)
+    averaged = [r for r in ours if any(k.startswith(("eval_ema_", "train_subset_ema_")) for k in r)]
+    raw = [r for r in ours if r not in averaged]
+    if evaluate_on == "both":
+        assert raw == theirs
+    else:
+        assert raw == [r for r in theirs if "eval_loss" not in r]
+    assert weights(trainer.model).keys() == weights(baseline.model).keys()
+    for name, tensor in weights(trainer.model).items():
+        assert torch.equal(tensor, weights(baseline.model)[name]), name
+    assert [r["step"] for r in averaged] == [2, 4, 6]
+    for record in averaged:
+        assert {"eval_ema_loss", "train_subset_ema_loss"} <= set(record)
+    assert (tmp_path / "with" / "generations" / "step-4-ema.jsonl").is_file()
+    assert (tmp_path / "with" / "generations" / "step-4.jsonl").is_file() == (evaluate_on == "both")
+    # what was evaluated: the average, as computed here
+    rule = averaging.rule
+    steps = [w for applied, w in recorder.after_step if applied]
+    for step in (2, 4, 6):
+        recorder_cut = Recorder(None)
+        recorder_cut.after_step, recorder_cut.initial = [(True, w) for w in steps[:step]], recorder.initial
+        expected = reference(recorder_cut, rule)
+        evaluated = recorder.at_eval[(step, "eval_ema_loss")]
+        for name, tensor in evaluated.items():
+            torch.testing.assert_close(tensor.double(), expected[name], rtol=1e-6, atol=1e-6)
+    # the trained weights are not the average
+    assert any(not torch.equal(evaluated[n], t) for n, t in weights(trainer.model).items())
+
+
+@pytest.mark.parametrize("stop", [2, 4])
+def test_a_run_resumed_from_any_checkpoint_ends_bit_identical(tmp_path, stop):
+    """A run stopped after checkpoint-``stop`` and resumed by a new trainer (new callbacks) ends
+    with the same average, weights and records as the run that was not interrupted."""
+    whole = WeightAveraging(BEMA(lag=2), update_every=2, update_after=1)
+    uninterrupted = lm_trainer(tmp_path / "whole", [whole])
+    uninterrupted.train()
+    lm_trainer(tmp_path / "cut", [WeightAveraging(BEMA(lag=2), update_every=2, update_after=1),
+                                  StopAt(stop)]).train()
+    files = sorted(p.name for p in (tmp_path / "cut" / f"checkpoint-{stop}").iterdir())
+    assert "weight_average-bema.safetensors" in files
+    resumed = WeightAveraging(BEMA(lag=2), update_every=2, update_after=1)
+    again = lm_trainer(tmp_path / "cut", [resumed])
+    again.train(resume_from_checkpoint=str(tmp_path / "cut" / f"checkpoint-{stop}"))
+    assert (resumed.steps, resumed.updates) == (whole.steps, whole.updates) == (6, 2)
+    for buffer, tensors in whole.average.buffers.items():
+        for name, tensor in tensors.items():
+            assert torch.equal(resumed.average.buffers[buffer][name], tensor), (buffer, name)
+    for name, tensor in weights(uninterrupted.model).items():
+        assert torch.equal(weights(again.model)[name], tensor), name
+    ours, theirs = without_timing(again.state.log_history), without_timing(uninterrupted.state.log_history)
+    for record in (ours[-1], theirs[-1]):  # the mean loss of this train() call's own steps (transformers)
+        record.pop("train_loss")
+    assert ours == theirs
+
+
+def test_restore_best_on_the_averaged_metric_restores_the_averaged_weights(tmp_path):
+    """EarlyStopping(monitor="eval_ema_loss", restore_best=True): the weights at the end are the
+    averaged weights of the best averaged evaluation (``mode="max"``: the first), not the training
+    weights of that step's checkpoint."""
+    from hf_callbacks_plus import EarlyStopping
+
+    stopper = EarlyStopping("eval_ema_loss", mode="max", patience=100, restore_best=True, verbose=False)
+    trainer = lm_trainer(tmp_path, [WeightAveraging(EMA(0.5)), stopper])
+    recorder = Recorder(trainer.model)
+    trainer.add_callback(recorder)
+    trainer.train()
+    assert stopper.best_step == 2
+    final, at_best = weights(trainer.model), recorder.at_eval[(2, "eval_ema_loss")]
+    raw_at_best = recorder.at_eval[(2, "eval_loss")]
+    for name, tensor in final.items():
+        assert torch.equal(tensor, at_best[name]), name
+    assert any(not torch.equal(at_best[n], raw_at_best[n]) for n in final)
+
+
+def test_the_end_keeps_or_puts_the_average_and_exports_a_peft_adapter(tmp_path):
+    """A LoRA model: the average is the adapter's size; ``export_dir`` holds the averaged adapter,
+    which ``PeftModel.from_pretrained`` loads; ``at_end="average"`` puts it in the model."""
+    from peft import PeftModel, get_peft_model
+
+    from tests.trl_peft import tiny_lm
+
+    for at_end in ("keep", "average"):
+        model = get_peft_model(tiny_lm.causal_lm(), tiny_lm.lora_config())
+        averaging = WeightAveraging(EMA(0.6), evaluate_on="raw", at_end=at_end,
+                                    export_dir=tmp_path / at_end / "averaged")
+        trainer = lm_trainer(tmp_path / at_end, [averaging], model=model, eval_strategy="no", save_strategy="no")
+        trainer.train()
+        trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        average = averaging.average.buffers["average"]
+        assert set(average) == set(trained)  # the adapter only
+        assert averaging.average.nbytes == sum(4 * p.numel() for p in trained.values())
+        loaded = PeftModel.from_pretrained(tiny_lm.causal_lm(), str(tmp_path / at_end / "averaged"))
+        exported = dict(loaded.named_parameters())
+        for name, tensor in average.items():
+            assert torch.equal(exported[name].detach(), tensor), name
+            assert torch.equal(trained[name].detach(), tensor) == (at_end == "average"), name
+
+
+def test_checkpoint_files_are_written_inside_the_save(tmp_path):
+    """The average's file is in the checkpoint before its trainer_state.json: a save killed between
+    the two leaves a folder without the state file (incomplete), never one without the average."""
+    from transformers import Trainer
+
+    order = []
+    original = Trainer._save_rng_state
+
+    def save_rng_state(self, output_dir):
+        order.append(sorted(p.name for p in Path(output_dir).iterdir()))
+        return original(self, output_dir)
+
+    Trainer._save_rng_state = save_rng_state
+    try:
+        lm_trainer(tmp_path, [WeightAveraging()], max_steps=2, eval_strategy="no").train()
+    finally:
+        Trainer._save_rng_state = original
+    assert order and all("weight_average-ema.safetensors" in names and "trainer_state.json" not in names
+                         for names in order)
+
+
+# -- bad input at train begin -------------------------------------------------------------------
+
+
+def test_a_stock_trainer_that_did_not_bind_it_is_refused(tmp_path):
+    trainer = lm_trainer(tmp_path, [WeightAveraging()], bind=False, max_steps=1)
+    with pytest.raises(RuntimeError, match=r"run_before_integrations\(trainer\)"):
+        trainer.train()
+
+
+@pytest.mark.parametrize(("averaging", "args", "message"), [
+    (WeightAveraging(at_end="average"), {"load_best_model_at_end": True, "metric_for_best_model": "loss",
+                                         "save_strategy": "steps", "eval_strategy": "steps"},
+     "both set the final weights"),
+    (WeightAveraging(), {"load_best_model_at_end": True, "metric_for_best_model": "ema_loss",
+                         "save_strategy": "steps", "eval_strategy": "steps"}, "restore_best=True"),
+    (WeightAveraging(evaluate_on="average"), {"metric_for_best_model": "loss"}, "use 'ema_loss'"),
+])
+def test_settings_that_cannot_hold_are_refused_at_train_begin(tmp_path, averaging, args, message):
+    values = {"output_dir": str(tmp_path), "max_steps": 2, "disable_tqdm": True, "eval_steps": 1,
+              "save_steps": 1}
+    values.update(args)
+    trainer, _, _ = lightweight(tmp_path, [averaging], **values)
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
+
+
+def test_nothing_trainable_two_instances_and_restore_best_with_the_average_in_the_end(tmp_path):
+    from hf_callbacks_plus import EarlyStopping
+
+    trainer, model, _ = lightweight(tmp_path, [WeightAveraging()])
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameter"):
+        trainer.train()
+    trainer, _, _ = lightweight(tmp_path, [WeightAveraging(), WeightAveraging(label="other")])
+    with pytest.raises(ValueError, match="one average per trainer"):
+        trainer.train()
+    trainer, _, _ = lightweight(tmp_path, [WeightAveraging(at_end="average"),
+                                           EarlyStopping("eval_loss", restore_best=True)],
+                                eval_strategy="steps", eval_steps=1)
+    with pytest.raises(ValueError, match="EarlyStopping"):
+        trainer.train()
+
+
+def test_a_resume_from_a_model_only_checkpoint_is_refused(tmp_path):
+    lm_trainer(tmp_path, [WeightAveraging()], max_steps=2, eval_strategy="no", save_only_model=True).train()
+    again = lm_trainer(tmp_path, [WeightAveraging()], max_steps=4, eval_strategy="no", save_only_model=True)
+    with pytest.raises(ValueError, match="save_only_model=True"):
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
