@@ -203,6 +203,21 @@ def gradient_checkpointing_function(tmp_path: Path) -> None:
     assert functions and all(f.keywords == {"use_reentrant": True} for f in functions)
 
 
+def foreach_updates(tmp_path: Path) -> None:
+    # the fused updates of WeightAveraging: lists of tensors, a float weight, in place
+    import torch
+
+    average, weights, origin = [torch.zeros(3)], [torch.ones(3)], [torch.full((3,), 0.5)]
+    torch._foreach_lerp_(average, weights, 0.25)
+    assert torch.equal(average[0], torch.full((3,), 0.25))
+    out = [torch.empty(3)]
+    torch._foreach_copy_(out, weights)
+    torch._foreach_sub_(out, origin)
+    torch._foreach_mul_(out, 2.0)
+    torch._foreach_add_(out, average)
+    assert torch.equal(out[0], torch.full((3,), 1.25))
+
+
 #: (library, owner, private name, who relies on it and for what, check). One row per name.
 TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
     ("transformers", "Trainer", "_eval_dataloaders",
@@ -269,6 +284,16 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
     ("torch", "torch.ops.aten", "_scaled_dot_product_flash_attention_for_cpu_backward",
      "callbacks/throughput/flops.py: FLOPs of CPU attention", cpu_attention_kernels),
+    ("torch", "torch", "_foreach_lerp_",
+     "callbacks/weight_averaging/shard.py: the average's update, fused over the shard", foreach_updates),
+    ("torch", "torch", "_foreach_copy_",
+     "callbacks/weight_averaging/shard.py: the burn-in's copy and BEMA's correction", foreach_updates),
+    ("torch", "torch", "_foreach_sub_",
+     "callbacks/weight_averaging/shard.py: BEMA's correction", foreach_updates),
+    ("torch", "torch", "_foreach_mul_",
+     "callbacks/weight_averaging/shard.py: BEMA's correction", foreach_updates),
+    ("torch", "torch", "_foreach_add_",
+     "callbacks/weight_averaging/shard.py: BEMA's correction", foreach_updates),
 ]
 
 #: Names in ``TRAINER_ACCUMULATORS`` for releases older than the installed ones: nothing installed

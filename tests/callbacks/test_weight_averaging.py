@@ -6,7 +6,6 @@ restore_best on the average, the end, and bad input. The engines: test_weight_av
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -70,7 +69,8 @@ class Recorder(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         applied = not getattr(optimizer, "step_was_skipped", False)
-        self.after_step.append((applied, {n: p.detach().double().clone() for n, p in self.model.named_parameters()}))
+        now = {n: p.detach().double().clone() for n, p in self.model.named_parameters()}
+        self.after_step.append((applied, now))
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.at_eval[(state.global_step, next(iter(metrics)))] = {
@@ -138,8 +138,8 @@ def reference(recorder, rule, update_every=1, update_after=0):
         if isinstance(rule, EMA):
             decay = rule.decay
             if rule.warmup:
-                decay = 0.0 if t - 1 <= 0 else min(1 - (1 + (t - 1) / rule.warmup_gamma) ** -rule.warmup_power,
-                                                   rule.decay)
+                warm = 1 - (1 + (t - 1) / rule.warmup_gamma) ** -rule.warmup_power
+                decay = 0.0 if t - 1 <= 0 else min(warm, rule.decay)
             average = {k: decay * average[k] + (1 - decay) * now[k] for k in now}
         else:
             beta = max((rule.lag + rule.multiplier * t) ** -rule.ema_power, rule.min_ema_multiplier)
@@ -266,8 +266,8 @@ def test_evaluating_on_the_average_trains_exactly_as_without_it(tmp_path, evalua
 
     def run(folder, extra):
         model_recorder = []
-        trainer = lm_trainer(folder, [TrainSubsetEvaluation(size=4), GenerationSamples(prompts(2), max_new_tokens=3),
-                                      *extra, *model_recorder])
+        samples = GenerationSamples(prompts(2), max_new_tokens=3)
+        trainer = lm_trainer(folder, [TrainSubsetEvaluation(size=4), samples, *extra, *model_recorder])
         return trainer
 
     baseline = run(tmp_path / "without", [])
@@ -363,7 +363,8 @@ def test_the_end_keeps_or_puts_the_average_and_exports_a_peft_adapter(tmp_path):
         model = get_peft_model(tiny_lm.causal_lm(), tiny_lm.lora_config())
         averaging = WeightAveraging(EMA(0.6), evaluate_on="raw", at_end=at_end,
                                     export_dir=tmp_path / at_end / "averaged")
-        trainer = lm_trainer(tmp_path / at_end, [averaging], model=model, eval_strategy="no", save_strategy="no")
+        trainer = lm_trainer(tmp_path / at_end, [averaging], model=model, eval_strategy="no",
+                             save_strategy="no")
         trainer.train()
         trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
         average = averaging.average.buffers["average"]

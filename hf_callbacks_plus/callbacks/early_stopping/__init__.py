@@ -338,7 +338,8 @@ class EarlyStopping(SelfRestoringState):
             decision.wait, decision.best_value, decision.best_step, decision.best_epoch)
         if decision.improved and self.restore_best:
             trainer = self._trainer() if self._trainer is not None else None
-            self._best_weights.take_snapshot(model, step, optimizer, averaged=evaluated_weights(trainer) is not None)
+            averaged = evaluated_weights(trainer) is not None  # WeightAveraging's average is in the model
+            self._best_weights.take_snapshot(model, step, optimizer, averaged=averaged)
         if decision.should_stop:
             self.stopped, self.stopped_step, self.reason = True, step, decision.reason
             self.message = stop_message(decision.reason, self.monitor_name, value, step, wait=self.wait,

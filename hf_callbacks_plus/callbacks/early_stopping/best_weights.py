@@ -299,7 +299,8 @@ class BestWeights:
             save_file(self.snapshot, os.path.join(folder, self.rank_file_name(rank)),
                       metadata={"step": str(best_step), "key": self.key, "rank": str(rank),
                                 "world_size": str(world), **averaged})
-        elif ((state.global_step != best_step or self.averaged) and getattr(state, "is_world_process_zero", True)
+        elif ((state.global_step != best_step or self.averaged)
+              and getattr(state, "is_world_process_zero", True)
               and all(hasattr(value, "contiguous") for value in self.snapshot.values())):  # tensors
             save_file(self.snapshot, os.path.join(folder, self.file_name),
                       metadata={"step": str(best_step), "key": self.key, **averaged})

@@ -8,8 +8,8 @@ the first update after the start is at ``t = update_every``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 __all__ = ["BEMA", "EMA", "Rule", "rule_of"]
@@ -140,6 +140,7 @@ def rule_of(method: Union[str, Rule, Mapping[str, Any]]) -> Rule:
     if isinstance(method, str) and method.lower() in ("ema", "bema"):
         return EMA() if method.lower() == "ema" else BEMA()
     if isinstance(method, (str, Mapping)):
-        raise ValueError(f"WeightAveraging: method must be 'ema', 'bema', EMA(...) or BEMA(...), got {method!r}.")
+        raise ValueError("WeightAveraging: method must be 'ema', 'bema', EMA(...) or BEMA(...), got "
+                         f"{method!r}.")
     raise TypeError(f"WeightAveraging: method must be 'ema', 'bema', EMA(...) or BEMA(...), got "
                     f"{type(method).__name__}.")

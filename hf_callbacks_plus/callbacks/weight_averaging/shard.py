@@ -68,8 +68,9 @@ class LocalAverage:
         with torch.no_grad():
             if not self.buffers:
                 self.buffers = {
-                    buffer: {name: tensor.detach().to(device=self.device or tensor.device, dtype=torch.float32,
-                                                      copy=True) for name, tensor in self._live.items()}
+                    buffer: {name: tensor.detach().to(device=self.device or tensor.device,
+                                                      dtype=torch.float32, copy=True)
+                             for name, tensor in self._live.items()}
                     for buffer in self.rule.buffers}
                 return
             for buffer in self.buffers.values():
@@ -81,7 +82,8 @@ class LocalAverage:
 
         with torch.no_grad():
             if isinstance(self.rule, BEMA) and self.rule.bias_power is not None:
-                ema, origin, average = (list(self.buffers[name].values()) for name in ("ema", "origin", "average"))
+                ema, origin, average = (list(self.buffers[name].values())
+                                        for name in ("ema", "origin", "average"))
                 weights = self._weights(self.buffers["ema"])
                 torch._foreach_lerp_(ema, weights, self.rule.weight(t))
                 torch._foreach_copy_(average, weights)  # average = ema + alpha * (weights - origin)
@@ -126,7 +128,8 @@ class LocalAverage:
                     for buffer in self.rule.buffers for name, t in self._live.items()}
         if layout(flat) != expected:
             differ = sorted(set(layout(flat).items()) ^ set(expected.items()))[:4]
-            raise ValueError(f"WeightAveraging: {path} was written for another model, rule or sharding (world "
+            raise ValueError(f"WeightAveraging: {path} was written for another model, rule or sharding "
+                             "(world "
                              f"size {metadata.get('world_size')}); first differences: {differ}.")
         self.buffers = {buffer: {name: flat[f"{buffer}/{name}"].to(self.device or self._live[name].device,
                                                                   dtype=torch.float32)
