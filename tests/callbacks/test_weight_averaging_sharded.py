@@ -8,20 +8,29 @@ averaged evaluation ran on equal that reference within float32 rounding (point 2
 keeps its own part (``4 * P / W`` bytes: the sizes of both ranks add up to the trainable fp32
 bytes, half each), with no gather; evaluating on the average leaves the training bit-identical
 (records and final weights equal the run without WeightAveraging, point 3); every checkpoint has
-each rank's file, and a run stopped after checkpoint-4 and resumed by a new trainer ends with
-each rank's average, the weights and the records bit-identical to the uninterrupted run (point 4).
+each rank's file, the one the uninterrupted run wrote; a run stopped after checkpoint-4 and resumed
+by a new trainer reads it back exactly and ends with each rank's average, the weights and the
+records bit-identical to the uninterrupted run (point 4; FSDP1: see `RESUME_DIFFERS`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.callbacks.weight_averaging_sharded import EVERY, STEPS, averaging_under_engine
+from hf_callbacks_plus.metrics.keys import RUN_COUNTERS
+from tests.callbacks.weight_averaging_sharded import EVERY, STEPS, STOP_AT, averaging_under_engine
 from tests.sharded import engine_scenarios
 
 pytestmark = [pytest.mark.transformers, pytest.mark.slow]
 pytest.importorskip("deepspeed")
 pytest.importorskip("trl")
+
+
+#: Engines whose own resume does not reproduce the uninterrupted run on the CPU harness (FSDP1: its
+#: weights after the resume differ from the uninterrupted run's, with or without WeightAveraging;
+#: docs/distributed.md): there the test stops at the hand-over (the average each rank reads back
+#: is the checkpoint's, which is the uninterrupted run's).
+RESUME_DIFFERS = ("fsdp1_full", "fsdp1_sharded")
 
 
 def _trainable(name: str, trainer: str) -> bool:
@@ -38,6 +47,8 @@ def check(folder, engine: str, trainer: str, ranks: list[dict]) -> None:
     assert raw == rank0["without"]  # the trainer's own records, bit for bit
     averaged = [r for r in rank0["with"] if "eval_ema_loss" in r]
     assert [r["step"] for r in averaged] == list(range(EVERY, STEPS + 1, EVERY))
+    for record in averaged:  # trl's own eval_ metrics of the averaged evaluation carry the label too
+        assert all(k.startswith("eval_ema_") for k in record if k.startswith("eval_")), record
     final_with, final_without = (torch.load(folder / f"final-{name}.pt", weights_only=True)
                                  for name in ("with", "without"))
     for name, tensor in final_without.items():
@@ -67,6 +78,19 @@ def check(folder, engine: str, trainer: str, ranks: list[dict]) -> None:
             assert kinds == {"zero_fp32_partition"}
         elif engine.startswith("fsdp1"):
             assert kinds == {"fsdp1_flat_param"}
+    # each rank reads back exactly the average of the checkpoint; its file equals the uninterrupted run's
+    from safetensors.torch import load_file
+
+    for rank in (0, 1):
+        name = "weight_average-ema" + ("" if engine == "ddp" else f"-rank{rank}") + ".safetensors"
+        saved = load_file(folder / "cut" / f"checkpoint-{STOP_AT}" / name)
+        uninterrupted = load_file(folder / "with" / f"checkpoint-{STOP_AT}" / name)
+        read = torch.load(folder / f"average-read-rank{rank}.pt", weights_only=True)
+        assert saved.keys() == read.keys() == uninterrupted.keys()
+        for key, tensor in saved.items():
+            assert torch.equal(read[key], tensor) and torch.equal(uninterrupted[key], tensor), (rank, key)
+    if engine in RESUME_DIFFERS:
+        return
     # a resumed run ends bit-identical: each rank's average, the weights, the records
     for rank in (0, 1):
         whole = torch.load(folder / f"average-with-rank{rank}.pt", weights_only=True)
@@ -79,10 +103,10 @@ def check(folder, engine: str, trainer: str, ranks: list[dict]) -> None:
     final_resumed = torch.load(folder / "final-resumed.pt", weights_only=True)
     for name, tensor in final_with.items():
         assert torch.equal(final_resumed[name], tensor), name
-    resumed = [dict(r) for r in rank0["resumed"]]
-    uninterrupted = [dict(r) for r in rank0["with"]]
-    for record in (resumed[-1], uninterrupted[-1]):
-        record.pop("train_loss", None)  # the mean loss of each train() call's own steps
+    # the mean loss of each train() call's own steps; trl's token counter, which restarts at a resume
+    drop = ("train_loss", *RUN_COUNTERS)
+    resumed = [{k: v for k, v in r.items() if k not in drop} for r in rank0["resumed"]]
+    uninterrupted = [{k: v for k, v in r.items() if k not in drop} for r in rank0["with"]]
     assert resumed == uninterrupted
 
 

@@ -10,7 +10,7 @@ Under ``engine`` and a trainer kind, on the 2 ranks of the suite's launch, the t
   optimizer step (``sharded.full_weights``, a collective), averaged in float64; at each evaluation
   on the average it gathers the weights being evaluated;
 * ``cut``: the same, stopped after checkpoint ``STOP_AT``, then a new trainer with a new callback
-  resumes from it (``resumed``).
+  resumes from it (``resumed``; ``average-read-rank<R>.pt``: what each rank read back).
 
 Each rank writes ``outcome-rank<R>.json`` (records of every run, its average's size and kind) and
 ``average-<run>-rank<R>.pt`` (its buffers); rank 0 writes ``reference.pt`` (the float64 reference
@@ -60,6 +60,19 @@ class Reference(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if any(key.startswith("eval_ema_") for key in metrics or {}):
             self.evaluated[state.global_step] = self._gather()
+
+
+class AtTrainBegin(TrainerCallback):
+    """Saves this rank's average as ``averaging`` holds it right after its train begin (after a
+    resume: read back from the checkpoint)."""
+
+    def __init__(self, averaging: Any, path: Path) -> None:
+        self.averaging, self.path = averaging, path
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import torch
+
+        torch.save(self.averaging.average.flat(), self.path)
 
 
 class StopAt(TrainerCallback):
@@ -117,7 +130,7 @@ def averaging_under_engine(out: Path, engine: str, trainer: str = "trainer") -> 
 
         build("cut", [WeightAveraging(EMA(DECAY)), StopAt(STOP_AT)]).train()
         averaging = WeightAveraging(EMA(DECAY))
-        resumed = build("cut", [averaging])
+        resumed = build("cut", [averaging, AtTrainBegin(averaging, out / f"average-read-rank{rank()}.pt")])
         resumed.train(resume_from_checkpoint=str(out / "cut" / f"checkpoint-{STOP_AT}"))
         finish("resumed", resumed, averaging)
     sharded.write_json(out, outcome)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Union
 
 from ...core.callback import weak_reference
 from ...core.checkpoint_folders import checkpoint_folder
+from ...core.handler import sync_history
 from ...core.stateful import SelfRestoringState
 from ...metrics.keys import grammar_for
 from ...runtime.distributed import distributed_rank, distributed_world_size, sum_over_ranks
@@ -212,8 +213,9 @@ class WeightAveraging(SelfRestoringState):
             roots = (getattr(trainer, "data_collator", None), getattr(trainer, "train_dataset", None),
                      getattr(trainer, "eval_dataset", None))
             kept = random_state_kept(*roots) if self.evaluate_on == "both" else contextlib.nullcontext()
-            with kept, evaluating_weights(trainer, self.label), self.average.swapped_in(self._model,
-                                                                                      self._optimizer):
+            labelled = f"{prefix}_{self.label}"
+            with kept, evaluating_weights(trainer, self.label), _relabelled(trainer, labelled), \
+                    self.average.swapped_in(self._model, self._optimizer):
                 averaged = dict(evaluate(*args, **kwargs))
         finally:
             self._inside = False
@@ -372,3 +374,35 @@ class WeightAveraging(SelfRestoringState):
         if self.average is None or not self._training:
             raise RuntimeError("WeightAveraging.swapped_in(): only during training (after train begin).")
         return self.average.swapped_in(self._model, self._optimizer)
+
+
+@contextlib.contextmanager
+def _relabelled(trainer: Any, prefix: str) -> Any:
+    """Within the block, a record the trainer logs has its other ``eval_*`` keys under ``prefix``:
+    trainers with ``"eval_"`` hard-coded in their ``log`` (every trl trainer: ``eval_entropy``,
+    ``eval_rewards/chosen``...) label the averaged evaluation's metrics as the raw one's. Renamed
+    before any callback sees the record, and in ``state.log_history``."""
+    handler = getattr(trainer, "callback_handler", None)
+    if handler is None:
+        yield
+        return
+    original, own = handler.on_log, vars(handler).get("on_log")
+
+    def on_log(args: Any, state: Any, control: Any, logs: Any, **kwargs: Any) -> Any:
+        if isinstance(logs, dict) and f"{prefix}_runtime" in logs:
+            before = dict(logs)
+            for key in [k for k in logs if isinstance(k, str) and k.startswith("eval_")
+                        and not k.startswith(f"{prefix}_")]:
+                logs.setdefault(f"{prefix}_{key[len('eval_'):]}", logs.pop(key))
+            if logs != before:
+                sync_history(state, before, logs)
+        return original(args, state, control, logs, **kwargs)
+
+    handler.on_log = on_log
+    try:
+        yield
+    finally:
+        if own is None:
+            del handler.on_log
+        else:
+            handler.on_log = own
