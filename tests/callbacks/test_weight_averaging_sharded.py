@@ -104,9 +104,10 @@ def check(folder, engine: str, trainer: str, ranks: list[dict]) -> None:
     for name, tensor in final_with.items():
         assert torch.equal(final_resumed[name], tensor), name
     # the mean loss of each train() call's own steps; trl's token counter, which restarts at a resume
-    drop = ("train_loss", *RUN_COUNTERS)
-    resumed = [{k: v for k, v in r.items() if k not in drop} for r in rank0["resumed"]]
-    uninterrupted = [{k: v for k, v in r.items() if k not in drop} for r in rank0["with"]]
+    def kept(record: dict) -> dict:
+        return {k: v for k, v in record.items() if k != "train_loss" and not k.endswith(RUN_COUNTERS)}
+
+    resumed, uninterrupted = [kept(r) for r in rank0["resumed"]], [kept(r) for r in rank0["with"]]
     assert resumed == uninterrupted
 
 

@@ -260,10 +260,9 @@ class WeightAveraging(SelfRestoringState):
         trainer = self._trainer()
         if trainer is None:
             raise RuntimeError("WeightAveraging is not bound to its trainer, so its evaluations and "
-                               "checkpoints "
-                               "cannot hold the average. TrainerPlus and LightweightTrainer bind their "
-                               "callbacks; "
-                               "with a stock transformers.Trainer (or a trl trainer) call "
+                               "checkpoints cannot hold the average. TrainerPlus and LightweightTrainer "
+                               "bind their callbacks; with a stock transformers.Trainer (or a trl "
+                               "trainer) call "
                                "run_before_integrations(trainer) once after building it.")
         others = [cb for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ())
                   if isinstance(cb, WeightAveraging) and cb is not self]
@@ -275,35 +274,31 @@ class WeightAveraging(SelfRestoringState):
                             f"{type(model).__name__}.")
         if state.global_step > 0 and getattr(args, "save_only_model", False):
             raise ValueError("WeightAveraging: this run resumes from a checkpoint saved with "
-                             "save_only_model=True, "
-                             "which holds no optimizer, scheduler or RNG state, so neither the training "
-                             "nor its "
-                             "average can go on as they were. Resume from a full checkpoint "
+                             "save_only_model=True, which holds no optimizer, scheduler or RNG state, so "
+                             "neither the training nor its average can go on as they were. Resume from a "
+                             "full checkpoint "
                              "(save_only_model=False), or start a fresh run.")
         best = getattr(args, "metric_for_best_model", None)
         if self.at_end == "average" and getattr(args, "load_best_model_at_end", False):
             raise ValueError("WeightAveraging(at_end='average') and load_best_model_at_end=True both set "
-                             "the final "
-                             "weights; keep one (at_end='keep' to end on the best checkpoint).")
+                             "the final weights; keep one (at_end='keep' to end on the best checkpoint).")
         if getattr(args, "load_best_model_at_end", False) and best and self.label in str(best).split("_"):
             raise ValueError(f"WeightAveraging: metric_for_best_model={best!r} ranks the average, but "
                              "load_best_model_at_end loads the checkpoint's training weights. Use "
                              f"EarlyStopping(monitor='eval_{self.label}_...', restore_best=True), which "
-                             "restores "
-                             "the averaged weights of the best evaluation.")
+                             "restores the averaged weights of the best evaluation.")
         if self.evaluate_on == "average" and best and not str(best).startswith(f"{self.label}_") \
                 and f"_{self.label}_" not in f"_{best}":
             raise ValueError("WeightAveraging(evaluate_on='average'): evaluations report "
-                             f"eval_{self.label}_* "
-                             f"keys, so metric_for_best_model={best!r} never shows up; use "
+                             f"eval_{self.label}_* keys, so metric_for_best_model={best!r} never shows "
+                             "up; use "
                              f"'{self.label}_{str(best).removeprefix('eval_')}' or evaluate_on='both'.")
         if self.at_end == "average":
             restoring = [type(cb).__name__ for cb in getattr(trainer.callback_handler, "callbacks", ())
                          if getattr(cb, "restore_best", False) is True]
             if restoring:
                 raise ValueError("WeightAveraging(at_end='average') and "
-                                 f"{restoring[0]}(restore_best=True) both "
-                                 "set the final weights; keep one.")
+                                 f"{restoring[0]}(restore_best=True) both set the final weights; keep one.")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
@@ -316,28 +311,23 @@ class WeightAveraging(SelfRestoringState):
         self.average = LocalAverage(self.rule, self.device)
         if not self.average.attach(model, optimizer):
             raise ValueError("WeightAveraging: the model has no trainable parameter (requires_grad) on "
-                             "this rank; "
-                             "unfreeze what you train, or drop WeightAveraging.")
+                             "this rank; unfreeze what you train, or drop WeightAveraging.")
         if saved:
             sharded = per_rank(model, optimizer)
             path = os.path.join(self._resume_folder(args, state),
                                 file_name(self.label, distributed_rank() if sharded else None))
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"WeightAveraging: the run resumed at step {state.global_step} "
-                                        "was averaging, "
-                                        f"but {path} is missing (the checkpoint was copied without it?); "
-                                        "put it "
-                                        "back, or resume from a checkpoint that has it.")
+                                        f"was averaging, but {path} is missing (the checkpoint was copied "
+                                        "without it?); put it back, or resume from a checkpoint that has it.")
             metadata = self.average.load(path)
             if metadata.get("step") != str(state.global_step):
                 raise ValueError(f"WeightAveraging: {path} holds the average of step "
-                                 f"{metadata.get('step')}, not "
-                                 f"of the resumed step {state.global_step}.")
+                                 f"{metadata.get('step')}, not of the resumed step {state.global_step}.")
         else:
             if state.global_step > 0:
                 logger.warning("WeightAveraging: the checkpoint resumed (step %s) holds no average; "
-                               "averaging starts "
-                               "from its weights.", state.global_step)
+                               "averaging starts from its weights.", state.global_step)
             self.average.reset()
         self._training = True
 
