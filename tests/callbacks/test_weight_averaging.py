@@ -254,7 +254,7 @@ def weights(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("evaluate_on", ["both", "average"])
+@pytest.mark.parametrize("evaluate_on", ["both", pytest.param("average", marks=pytest.mark.second_tier)])
 def test_evaluating_on_the_average_trains_exactly_as_without_it(tmp_path, evaluate_on):
     """With TrainSubsetEvaluation and GenerationSamples beside it: the training records and weights
     of a run that evaluates on the average are bit-identical to a run without WeightAveraging; the
@@ -307,7 +307,7 @@ def test_evaluating_on_the_average_trains_exactly_as_without_it(tmp_path, evalua
     assert any(not torch.equal(evaluated[n], t) for n, t in weights(trainer.model).items())
 
 
-@pytest.mark.parametrize("stop", [2, 4])
+@pytest.mark.parametrize("stop", [pytest.param(2, marks=pytest.mark.second_tier), 4])
 def test_a_run_resumed_from_any_checkpoint_ends_bit_identical(tmp_path, stop):
     """A run stopped after checkpoint-``stop`` and resumed by a new trainer (new callbacks) ends
     with the same average, weights and records as the run that was not interrupted."""
@@ -442,8 +442,71 @@ def test_nothing_trainable_two_instances_and_restore_best_with_the_average_in_th
         trainer.train()
 
 
+@pytest.mark.second_tier
 def test_a_resume_from_a_model_only_checkpoint_is_refused(tmp_path):
     lm_trainer(tmp_path, [WeightAveraging()], max_steps=2, eval_strategy="no", save_only_model=True).train()
     again = lm_trainer(tmp_path, [WeightAveraging()], max_steps=4, eval_strategy="no", save_only_model=True)
     with pytest.raises(ValueError, match="save_only_model=True"):
         again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+
+
+# -- every trainer the package runs in ------------------------------------------------------------
+
+
+def reward_words(completions, **kwargs):
+    return [float(len(completion.split())) for completion in completions]
+
+
+def trainer_of(kind, output_dir, callbacks):
+    """A short run of ``kind`` on the tiny LM, bound with ``run_before_integrations``."""
+    from hf_callbacks_plus import TrainerPlus
+    from hf_callbacks_plus.integrations.ordering import run_before_integrations
+    from tests.trl_peft import runs
+
+    if kind == "trainer_plus":
+        return lm_trainer(output_dir, callbacks, trainer_class=TrainerPlus, max_steps=4, save_strategy="no")
+    if kind == "grpo":
+        import trl
+        from datasets import Dataset
+
+        prompts = [" ".join(text.split()[:3]) for text in runs.tiny_lm.texts()]
+        args = trl.GRPOConfig(output_dir=str(output_dir), max_steps=4, eval_strategy="steps", eval_steps=2,
+                              logging_steps=2, per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                              num_generations=2, num_generations_eval=2, max_completion_length=4,
+                              learning_rate=1e-2, report_to="none", use_cpu=True, disable_tqdm=True, seed=0,
+                              save_strategy="no")
+        trainer = trl.GRPOTrainer(model=runs.tiny_lm.causal_lm(), reward_funcs=reward_words, args=args,
+                                  train_dataset=Dataset.from_list([{"prompt": p} for p in prompts[:16]]),
+                                  eval_dataset=Dataset.from_list([{"prompt": p} for p in prompts[1000:1004]]),
+                                  processing_class=runs.tiny_lm.tokenizer(), callbacks=list(callbacks))
+    else:
+        trainer = runs.trainer(kind.removesuffix("_lora"), output_dir, callbacks=callbacks,
+                               peft=kind.endswith("_lora"))
+    run_before_integrations(trainer)
+    return trainer
+
+
+@pytest.mark.second_tier
+@pytest.mark.parametrize("kind", ["trainer_plus", "sft_lora", "dpo", "grpo"])
+def test_every_trainer_trains_as_without_and_evaluates_the_average(tmp_path, kind):
+    """TrainerPlus, trl's SFT (LoRA), DPO and GRPO (which samples at each evaluation): the records
+    of the training and of the raw evaluations are those of the run without WeightAveraging; each
+    evaluation set gets an averaged evaluation whose every eval key carries the label (trl's own
+    ``eval_`` metrics too)."""
+    from tests.trl_peft import runs
+
+    baseline = trainer_of(kind, tmp_path / "without", [])
+    baseline.train()
+    averaging = WeightAveraging(EMA(0.5))
+    trainer = trainer_of(kind, tmp_path / "with", [averaging])
+    trainer.train()
+    ours = runs.history(trainer)
+    averaged = [r for r in ours if any("ema_" in k for k in r if k.startswith("eval_"))]
+    assert [r for r in ours if r not in averaged] == runs.history(baseline)
+    assert averaged and averaging.updates == 4
+    for record in trainer.state.log_history:
+        if not any("ema_" in k for k in record if k.startswith("eval_")):
+            continue
+        labelled = [k for k in record if k.startswith("eval_")]
+        prefix = next(k for k in labelled if k.endswith("_runtime"))[: -len("_runtime")]
+        assert prefix.endswith("_ema") and all(k.startswith(prefix + "_") for k in labelled), record
