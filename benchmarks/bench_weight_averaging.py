@@ -17,7 +17,7 @@ step's overhead at ``update_every`` 1 and 10, beside trl's ``BEMACallback`` and 
    / 10)``; the seconds per step of each against the run without, median over ``--rounds``.
 
 ``python benchmarks/bench_weight_averaging.py [--hidden 512] [--layers 4] [--steps 30] [--rounds 3]
-[--device cpu]``; ``--quick`` for tiny sizes (the code path only).
+[--device cpu] [--threads 1] [--skip-trainer]``; ``--quick`` for tiny sizes (the code path only).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", help="the parameters' dtype (the average is fp32)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a "
+                        "shared machine)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-trainer", action="store_true")
     args = parser.parse_args(argv)
@@ -194,6 +196,7 @@ def lightning_step(args: argparse.Namespace) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    torch.set_num_threads(args.threads)
     costs = update_costs(args)
     step = costs["adamw_step"]
     params = int(costs["parameters"])
