@@ -117,6 +117,7 @@ class WeightAveraging(SelfRestoringState):
         self._optimizer: Any = None
         self._training = False
         self._inside = False  # an evaluation on the average is running
+        self._each_node = False  # args.save_on_each_node
         self._resumed_from: Optional[str] = None
 
     # -- state ------------------------------------------------------------------------------
@@ -233,7 +234,8 @@ class WeightAveraging(SelfRestoringState):
         rank, world = distributed_rank(), distributed_world_size()
         metadata = {"step": str(self._global_step()), "steps": str(self.steps), "rank": str(rank),
                     "world_size": str(world), "label": self.label, "rule": repr(self.rule)}
-        if sharded or rank == 0:
+        local_zero = int(os.environ.get("LOCAL_RANK", "0") or 0) == 0  # save_on_each_node: each node's
+        if sharded or rank == 0 or (self._each_node and local_zero):
             name = file_name(self.label, rank if sharded else None)
             self.average.save(os.path.join(folder, name), metadata)
         if world > 1:
@@ -308,6 +310,7 @@ class WeightAveraging(SelfRestoringState):
         saved = state.global_step > 0 and self.find_saved_state(state) is not None
         super().on_train_begin(args, state, control, **kwargs)
         self._model, self._optimizer = model, optimizer
+        self._each_node = bool(getattr(args, "save_on_each_node", False))
         self.average = LocalAverage(self.rule, self.device)
         if not self.average.attach(model, optimizer):
             raise ValueError("WeightAveraging: the model has no trainable parameter (requires_grad) on "
@@ -342,6 +345,10 @@ class WeightAveraging(SelfRestoringState):
         elif (self.steps - self.update_after) % self.update_every == 0:
             self.average.update(self.steps - self.update_after)
             self.updates += 1
+
+    def on_exception(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """(TrainerPlus / LightweightTrainer) training failed: evaluations no longer swap the average in."""
+        self._training = False
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Export the averaged model when asked; put the average in the model with ``at_end="average"``."""
