@@ -28,8 +28,8 @@ pytest.importorskip("trl")
 
 #: Engines whose own resume does not reproduce the uninterrupted run on the CPU harness (FSDP1: its
 #: weights after the resume differ from the uninterrupted run's from step 5 on, its loss at step 6
-#: too; docs/distributed.md says so of KeepBestCheckpoints' resumes): there the test stops at the hand-over (the average each rank reads back
-#: is the checkpoint's, which is the uninterrupted run's).
+#: too; docs/distributed.md says so of KeepBestCheckpoints' resumes): there the test stops at the
+#: hand-over (the average each rank reads back is the checkpoint's, the uninterrupted run's).
 RESUME_DIFFERS = ("fsdp1_full", "fsdp1_sharded")
 
 
