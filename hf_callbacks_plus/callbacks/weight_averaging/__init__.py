@@ -334,9 +334,13 @@ class WeightAveraging(SelfRestoringState):
             self.average.reset()
         self._training = True
 
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
-                          **kwargs: Any) -> None:
-        """After an applied optimizer step: the burn-in's copy, or every ``update_every`` steps an update."""
+    def on_step_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        """After an applied optimizer step: the burn-in's copy, or every ``update_every`` steps an update.
+
+        At ``on_step_end`` (the weights are the step's; the schedule stepped, the gradients zeroed)
+        rather than ``on_optimizer_step``: every callback's ``on_optimizer_step`` has run, so a skip a
+        callback marks there (``SpikeGuard`` under a ``GradScaler``, whose step resets the flag) is
+        read whatever the order of the callbacks."""
         if self.average is None or getattr(optimizer, "step_was_skipped", False):
             return
         self.steps += 1
