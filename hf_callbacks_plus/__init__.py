@@ -43,6 +43,9 @@ _EXPORTS = {
     "ThroughputMonitor": "hf_callbacks_plus.callbacks.throughput",
     "Deadline": "hf_callbacks_plus.callbacks.deadline",
     "ConsoleSummary": "hf_callbacks_plus.callbacks.console_summary",
+    "WeightAveraging": "hf_callbacks_plus.callbacks.weight_averaging",
+    "EMA": "hf_callbacks_plus.callbacks.weight_averaging.rules",
+    "BEMA": "hf_callbacks_plus.callbacks.weight_averaging.rules",
     "standard_metrics": "hf_callbacks_plus.metrics.streaming",
     # loggers
     "JsonlLogger": "hf_callbacks_plus.loggers.jsonl",

@@ -259,6 +259,21 @@ def health_deepspeed(tmp_path: Path) -> None:
     assert "def get_hp_fragment_address" in inspect.getsource(fragments.tensor_fragment)
 
 
+def foreach_updates(tmp_path: Path) -> None:
+    # the fused updates of WeightAveraging: lists of tensors, a float weight, in place
+    import torch
+
+    average, weights, origin = [torch.zeros(3)], [torch.ones(3)], [torch.full((3,), 0.5)]
+    torch._foreach_lerp_(average, weights, 0.25)
+    assert torch.equal(average[0], torch.full((3,), 0.25))
+    out = [torch.empty(3)]
+    torch._foreach_copy_(out, weights)
+    torch._foreach_sub_(out, origin)
+    torch._foreach_mul_(out, 2.0)
+    torch._foreach_add_(out, average)
+    assert torch.equal(out[0], torch.full((3,), 1.25))
+
+
 #: (library, owner, private name, who relies on it and for what, check). One row per name.
 TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
     ("transformers", "Trainer", "_eval_dataloaders",
@@ -354,6 +369,16 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
     ("deepspeed", "ZeRO-1/2 parameters", "_hp_mapping",
      "runtime/engines.py: local_segments (each parameter's fragment of the master partition)",
      health_deepspeed),
+    ("torch", "torch", "_foreach_lerp_",
+     "callbacks/weight_averaging/shard.py: the average's update, fused over the shard", foreach_updates),
+    ("torch", "torch", "_foreach_copy_",
+     "callbacks/weight_averaging/shard.py: the burn-in's copy and BEMA's correction", foreach_updates),
+    ("torch", "torch", "_foreach_sub_",
+     "callbacks/weight_averaging/shard.py: BEMA's correction", foreach_updates),
+    ("torch", "torch", "_foreach_mul_",
+     "callbacks/weight_averaging/shard.py: BEMA's correction", foreach_updates),
+    ("torch", "torch", "_foreach_add_",
+     "callbacks/weight_averaging/shard.py: BEMA's correction", foreach_updates),
 ]
 
 #: Names in ``TRAINER_ACCUMULATORS`` for releases older than the installed ones: nothing installed

@@ -24,6 +24,7 @@ from typing import Any, Optional, Union
 from ..core.callback import TrainerCallback
 from ..runtime.distributed import all_gather_objects, distributed_rank, distributed_world_size
 from ..runtime.engines import generation_model
+from ..runtime.isolated_evaluation import evaluated_weights
 
 __all__ = ["GenerationSamples"]
 
@@ -94,7 +95,7 @@ class GenerationSamples(TrainerCallback):
         self.log_to_trackers = log_to_trackers
         self.trainer: Any = None
         self.files: list[Path] = []
-        self._generated_step: Optional[int] = None
+        self._generated_step: Optional[tuple[int, Optional[str]]] = None
 
     def bind(self, trainer: Any) -> GenerationSamples:
         """Give the callback its trainer (for the eval dataset and the loggers)."""
@@ -127,14 +128,15 @@ class GenerationSamples(TrainerCallback):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         """Generate for every prompt (split across the ranks) and write the file (rank 0)."""
-        if model is None or not self.prompts or self._generated_step == state.global_step:
+        label = evaluated_weights(self.trainer) if self.trainer is not None else None
+        if model is None or not self.prompts or self._generated_step == (state.global_step, label):
             return
         tokenizer = kwargs.get("processing_class") or kwargs.get("tokenizer")
         if tokenizer is None:
             raise ValueError(
                 "GenerationSamples: the trainer has no processing_class (tokenizer) to encode prompts."
             )
-        self._generated_step = state.global_step
+        self._generated_step = (state.global_step, label)
         completions = self._generate_share(model, tokenizer, args)
         if distributed_world_size() > 1:
             for share in all_gather_objects(completions):
@@ -147,14 +149,15 @@ class GenerationSamples(TrainerCallback):
         ]
         folder = self.output_dir or Path(args.output_dir) / "generations"
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"step-{state.global_step}.jsonl"
+        name = f"step-{state.global_step}" + (f"-{label}" if label else "")
+        path = folder / f"{name}.jsonl"
         path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
         self.files.append(path)
         if self.log_to_trackers:
             for callback in getattr(getattr(self.trainer, "callback_handler", None), "callbacks", []):
                 log_file = getattr(callback, "log_file", None)
                 if callable(log_file):
-                    log_file(path, f"generations_step-{state.global_step}", "generations")
+                    log_file(path, f"generations_{name}", "generations")
 
     def _generate_share(self, model: Any, tokenizer: Any, args: Any) -> dict[int, str]:
         """This rank's completions, by prompt index (under sharding, every rank calls it together)."""

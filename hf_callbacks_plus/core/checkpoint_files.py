@@ -57,6 +57,9 @@ class Kind:
     #: What only a resume needs besides: ``scheduler.pt``, ``scaler.pt``, ``rng_state*.pth``,
     #: `EarlyStopping(restore_best=True)`'s ``best_weights-*.safetensors``.
     RESUME = "resume"
+    #: `WeightAveraging`'s average (``weight_average-<label>[-rank<R>].safetensors``): kept with every
+    #: copy, the weights a ranking on the averaged evaluation refers to, and what a resume reads.
+    AVERAGE = "average"
     #: DeepSpeed's ``latest`` and its conversion scripts: needed with its other files only.
     ENGINE_INDEX = "engine index"
     #: Everything else: config, generation config, tokenizer files, ``training_args.bin``, README.
@@ -75,10 +78,12 @@ _PATTERNS = (
                       "global_step*/*optim_states.pt")),
     (Kind.RESUME, ("scheduler.pt", "scaler.pt", "rng_state*.pth", "best_weights-*.safetensors")),
     (Kind.ENGINE_INDEX, ("latest", "zero_to_fp32.py", "zero_to_torch.py")),
+    (Kind.AVERAGE, ("weight_average-*.safetensors",)),
 )
 _OWNERS = (re.compile(r"(?:^|/)rng_state_(\d+)\.pth$"), re.compile(r"(?:^|/)zero_pp_rank_(\d+)_[^/]*$"),
            re.compile(r"/__(\d+)_\d+\.distcp$"),
-           re.compile(r"(?:^|/)best_weights-.*-rank(\d+)\.safetensors$"))
+           re.compile(r"(?:^|/)best_weights-.*-rank(\d+)\.safetensors$"),
+           re.compile(r"(?:^|/)weight_average-.*-rank(\d+)\.safetensors$"))
 _ZERO_OPTIMIZER = "global_step*/*optim_states.pt"
 
 
@@ -92,7 +97,8 @@ def classify(path: str) -> str:
 
 def owner(path: str, world_size: int = 1) -> int:
     """The rank that wrote ``path``: its own RNG state, ZeRO partition, distributed-checkpoint
-    shard or `EarlyStopping(restore_best=True)`'s copy of its shard of the best weights; rank 0
+    shard, `EarlyStopping(restore_best=True)`'s copy of its shard of the best weights or its part of
+    `WeightAveraging`'s average; rank 0
     for everything else (and for a rank this run does not have)."""
     for pattern in _OWNERS:
         match = pattern.search(path)
@@ -125,7 +131,8 @@ class Entry:
 def kept_entries(folder: str, resumable: bool, world_size: int = 1) -> list[Entry]:
     """What a kept copy of the checkpoint ``folder`` holds.
 
-    * Always: ``trainer_state.json`` and the metadata (config, tokenizer, ``training_args.bin``).
+    * Always: ``trainer_state.json``, the metadata (config, tokenizer, ``training_args.bin``) and
+      `WeightAveraging`'s average.
     * The model only (``resumable=False``): the weights in the form a user loads, when the
       trainer wrote them (one process, DDP, ZeRO-1/2, ZeRO-3 with 16-bit gathering, FSDP full, any
       peft adapter), and nothing of the engine's; else the engine's weights: FSDP's sharded
@@ -152,7 +159,7 @@ def kept_entries(folder: str, resumable: bool, world_size: int = 1) -> list[Entr
     entries = []
     for path, kind in kinds.items():
         weights_only = False
-        if kind in (Kind.STATE, Kind.METADATA):
+        if kind in (Kind.STATE, Kind.METADATA, Kind.AVERAGE):
             keep = True
         elif resumable:
             keep = kind != Kind.WEIGHTS or not engine

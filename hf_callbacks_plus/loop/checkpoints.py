@@ -119,6 +119,14 @@ class CheckpointMixin:
             with open(os.path.join(output_dir, MODEL_STATE_NAME), "wb") as handle:
                 pickle.dump(self.model.state_dict(), handle)
 
+    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
+        """Save the model into ``output_dir`` (defaults to ``args.output_dir``), as ``Trainer.save_model``:
+        through ``save_model_fn``, a peft adapter, or ``model_state.pkl``. The trainer's checkpoints call
+        it with ``_internal_call=True``."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        self._save_model(output_dir)
+
     def _load_model(self, checkpoint: str) -> None:
         if self.load_model_fn is not None:
             self.load_model_fn(checkpoint)
@@ -152,8 +160,7 @@ class CheckpointMixin:
         run_dir = self.args.output_dir
         output_dir = checkpoint_folder(run_dir, self.state.global_step)
         self.store_flos()
-        os.makedirs(output_dir, exist_ok=True)
-        self._save_model(output_dir)
+        self.save_model(output_dir, _internal_call=True)
 
         if self.args.save_strategy in ("steps", "epoch", "best") and self.state.best_global_step:
             best_dir = checkpoint_folder(run_dir, self.state.best_global_step)

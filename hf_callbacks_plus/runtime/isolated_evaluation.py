@@ -57,6 +57,8 @@ __all__ = [
     "accumulators_set_aside",
     "close_prediction_bars",
     "evaluate_call",
+    "evaluated_weights",
+    "evaluating_weights",
     "evaluation_arguments",
     "isolated_evaluate",
     "record_evaluate_calls",
@@ -64,6 +66,7 @@ __all__ = [
     "isolated_dataloader",
     "relabel_metrics",
     "trainer_sandbox",
+    "WEIGHTS_LABEL",
 ]
 
 #: Trainer attributes that accumulate metrics (or other per-log data) between two logs.
@@ -480,3 +483,30 @@ def relabel_metrics(raw: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         key: value for key, value in result.items()
         if key[len(own):] not in TIMING_NAMES and key[len(own):] not in RUN_COUNTERS
     }
+
+
+#: Set on a trainer while its evaluation runs on other weights than the trained ones: their label
+#: (``"ema"``: `WeightAveraging` swapped its average in). Read with `evaluated_weights`.
+WEIGHTS_LABEL = "hf_callbacks_plus_weights_label"
+
+
+def evaluated_weights(trainer: Any) -> Optional[str]:
+    """The label of the weights the evaluation of ``trainer`` in progress runs on (``"ema"`` for
+    `WeightAveraging`'s average), or None for the trained weights. An evaluation on other weights
+    names what it reports after them (``eval_ema_loss``, ``train_subset_ema_loss``, the generation
+    file ``step-N-ema.jsonl``)."""
+    return vars(trainer).get(WEIGHTS_LABEL) if hasattr(trainer, "__dict__") else None
+
+
+@contextlib.contextmanager
+def evaluating_weights(trainer: Any, label: str) -> Iterator[None]:
+    """Within this block `evaluated_weights` of ``trainer`` is ``label``."""
+    previous = evaluated_weights(trainer)
+    setattr(trainer, WEIGHTS_LABEL, label)
+    try:
+        yield
+    finally:
+        if previous is None:
+            vars(trainer).pop(WEIGHTS_LABEL, None)
+        else:
+            setattr(trainer, WEIGHTS_LABEL, previous)

@@ -77,6 +77,7 @@ def test_a_kept_copy_holds_the_model_once_or_what_a_resume_reads(tmp_path, engin
     ("optimizer_0/.metadata", Kind.OPTIMIZER), ("optimizer.pt", Kind.OPTIMIZER),
     ("optimizer.bin", Kind.OPTIMIZER), ("rng_state_1.pth", Kind.RESUME), ("scaler.pt", Kind.RESUME),
     ("best_weights-eval_loss.safetensors", Kind.RESUME),
+    ("weight_average-ema.safetensors", Kind.AVERAGE), ("weight_average-bema-rank1.safetensors", Kind.AVERAGE),
     ("latest", Kind.ENGINE_INDEX), ("zero_to_fp32.py", Kind.ENGINE_INDEX), ("trainer_state.json", Kind.STATE),
     ("config.json", Kind.METADATA), ("training_args.bin", Kind.METADATA),
     ("special_tokens_map.json", Kind.METADATA),
@@ -91,6 +92,7 @@ def test_classify(path, kind):
     ("global_step4/mp_rank_00_model_states.pt", 2, 0), ("pytorch_model_fsdp_0/__1_0.distcp", 2, 1),
     ("pytorch_model_fsdp_0/.metadata", 2, 0), ("model.safetensors", 2, 0),
     ("best_weights-eval_loss-rank1.safetensors", 2, 1), ("best_weights-eval_loss.safetensors", 2, 0),
+    ("weight_average-ema-rank1.safetensors", 2, 1), ("weight_average-ema.safetensors", 2, 0),
 ])
 def test_each_file_is_copied_by_the_rank_that_wrote_it(path, world, rank):
     assert owner(path, world) == rank
@@ -106,3 +108,15 @@ def test_resume_problems_name_what_is_missing(tmp_path):
     assert "lacks its model or optimizer states" in resume_problem(zero)
     sharded = {"trainer_state.json", "rng_state_0.pth"} | DCP
     assert "no FSDP optimizer state" in resume_problem(make(tmp_path / "d", sharded))
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+def test_the_average_is_kept_with_every_copy(tmp_path, resumable):
+    """WeightAveraging's files (each rank's under an engine) go with a model-only copy too: the
+    weights a ranking on the averaged evaluation refers to."""
+    averages = {"weight_average-ema-rank0.safetensors", "weight_average-ema-rank1.safetensors"}
+    folder = make(tmp_path / "c", {"trainer_state.json", "model.safetensors", "optimizer.pt",
+                                   "rng_state_0.pth",
+                                   *averages})
+    kept = {entry.path: entry.owner for entry in kept_entries(folder, resumable, world_size=2)}
+    assert {path: kept[path] for path in averages} == {path: int(path[-13]) for path in averages}

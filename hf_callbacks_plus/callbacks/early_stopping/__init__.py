@@ -24,6 +24,7 @@ from ...metrics.monitor import Monitor, check_mode
 from ...metrics.numbers import to_float
 from ...runtime.console import tell
 from ...runtime.distributed import distributed_world_size, from_rank0
+from ...runtime.isolated_evaluation import evaluated_weights
 from .best_weights import BestWeights, step_checkpoint
 from .policy import (
     Decision,
@@ -336,7 +337,9 @@ class EarlyStopping(SelfRestoringState):
         self.wait, self.best_value, self.best_step, self.best_epoch = (
             decision.wait, decision.best_value, decision.best_step, decision.best_epoch)
         if decision.improved and self.restore_best:
-            self._best_weights.take_snapshot(model, step, optimizer)
+            trainer = self._trainer() if self._trainer is not None else None
+            averaged = evaluated_weights(trainer) is not None  # WeightAveraging's average is in the model
+            self._best_weights.take_snapshot(model, step, optimizer, averaged=averaged)
         if decision.should_stop:
             self.stopped, self.stopped_step, self.reason = True, step, decision.reason
             self.message = stop_message(decision.reason, self.monitor_name, value, step, wait=self.wait,

@@ -229,6 +229,9 @@ class BestWeights:
         self.snapshot_step: Optional[int] = None
         #: True when the copy is this rank's part (set by `take_snapshot` and `on_train_begin`).
         self.per_rank = False
+        #: True when the copy holds other weights than a checkpoint of its step (taken during an
+        #: evaluation on `WeightAveraging`'s average): kept to the end, in every checkpoint.
+        self.averaged = False
 
     @property
     def file_name(self) -> str:
@@ -244,12 +247,12 @@ class BestWeights:
     def _safe_key(self) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key).strip("_") or "default"
 
-    def take_snapshot(self, model: Any, step: int, optimizer: Any = None) -> None:
+    def take_snapshot(self, model: Any, step: int, optimizer: Any = None, averaged: bool = False) -> None:
         """Copy the trainable parameters and persistent buffers to CPU (this rank's part of them
-        under a sharding engine: no collective)."""
+        under a sharding engine: no collective); ``averaged``: the model holds an average now."""
         if model is None or not hasattr(model, "state_dict"):
             return
-        self.per_rank = keeps_shards(model, optimizer)
+        self.per_rank, self.averaged = keeps_shards(model, optimizer), averaged
         self.snapshot = copy_local(model, optimizer) if self.per_rank else trainable_state(model)
         self.snapshot_step = step
 
@@ -257,6 +260,7 @@ class BestWeights:
         """Free the in-memory copy."""
         self.snapshot = None
         self.snapshot_step = None
+        self.averaged = False
 
     @staticmethod
     def checkpoint_for(step: int, args: Any, state: Any, known: Optional[str]) -> Optional[str]:
@@ -278,7 +282,8 @@ class BestWeights:
         path = None
         if state.global_step == best_step:
             path = self.checkpoint_for(best_step, args, state, None)
-            if path is not None and getattr(args, "save_total_limit", None) is None and not self.per_rank:
+            if path is not None and getattr(args, "save_total_limit", None) is None and not self.per_rank \
+                    and not self.averaged:
                 self.drop_snapshot()
                 return path
         if self.snapshot is None or self.snapshot_step != best_step:
@@ -288,15 +293,17 @@ class BestWeights:
             return path
         from safetensors.torch import save_file
 
+        averaged = {"averaged": "1"} if self.averaged else {}
         if self.per_rank:  # every rank owns its file
             rank, world = distributed_rank(), distributed_world_size()
             save_file(self.snapshot, os.path.join(folder, self.rank_file_name(rank)),
                       metadata={"step": str(best_step), "key": self.key, "rank": str(rank),
-                                "world_size": str(world)})
-        elif (state.global_step != best_step and getattr(state, "is_world_process_zero", True)
+                                "world_size": str(world), **averaged})
+        elif ((state.global_step != best_step or self.averaged)
+              and getattr(state, "is_world_process_zero", True)
               and all(hasattr(value, "contiguous") for value in self.snapshot.values())):  # tensors
             save_file(self.snapshot, os.path.join(folder, self.file_name),
-                      metadata={"step": str(best_step), "key": self.key})
+                      metadata={"step": str(best_step), "key": self.key, **averaged})
         return path
 
     def on_train_begin(self, args: Any, state: Any, model: Any, best_step: Optional[int],
@@ -322,13 +329,13 @@ class BestWeights:
             local_tensors(model, optimizer)  # refuses an engine whose part cannot be copied, now
         if best_step is None or self.snapshot_step == best_step or not getattr(args, "output_dir", None):
             return False
-        if state.global_step == best_step and model is not None:
-            self.take_snapshot(model, best_step, optimizer)
-            return True
         folder = checkpoint_folder(args.output_dir, state.global_step)
         name = self.rank_file_name(distributed_rank()) if self.per_rank else self.file_name
         path = os.path.join(folder, name)
-        if not os.path.isfile(path):
+        if not os.path.isfile(path):  # the checkpoint of the best step itself holds its weights
+            if state.global_step == best_step and model is not None:
+                self.take_snapshot(model, best_step, optimizer)
+                return True
             return False
         from safetensors import safe_open
 
@@ -345,6 +352,7 @@ class BestWeights:
                                "back.", best_step, path, metadata.get("world_size"), world)
                 return False
         self.snapshot, self.snapshot_step = snapshot, best_step
+        self.averaged = metadata.get("averaged") == "1"
         return True
 
     def restore(self, model: Any, step: int, checkpoint: Optional[str], optimizer: Any = None) -> str:
@@ -366,7 +374,7 @@ class BestWeights:
                 return ""
             load_local(model, optimizer, self.snapshot or {})
             return "memory"
-        if checkpoint is not None and load_checkpoint_weights(model, checkpoint):
+        if checkpoint is not None and not self.averaged and load_checkpoint_weights(model, checkpoint):
             return checkpoint
         if self.snapshot is not None and self.snapshot_step == step:
             _load_state(model, self.snapshot, "memory")

@@ -31,6 +31,7 @@ from ...core.callback import TrainerCallback
 from ...metrics.monitor import gap_is_meaningful
 from ...runtime.isolated_evaluation import (
     accumulators_set_aside,
+    evaluated_weights,
     evaluation_arguments,
     isolated_evaluate,
     record_evaluate_calls,
@@ -235,8 +236,9 @@ class TrainSubsetEvaluation(TrainerCallback):
         return None
 
     # -- evaluation --------------------------------------------------------------------------
-    def compute(self) -> dict[str, float]:
-        """Evaluate the subset now and return ``{"<prefix>_<metric>": value}``.
+    def compute(self, prefix: Optional[str] = None) -> dict[str, float]:
+        """Evaluate the subset now and return ``{"<prefix>_<metric>": value}`` (``prefix`` defaults to
+        the callback's own).
 
         The metrics are the trainer's own evaluation metrics on the subset (for trl's
         ``SFTTrainer``: loss, mean token accuracy, entropy...), computed without any trace in
@@ -249,14 +251,14 @@ class TrainSubsetEvaluation(TrainerCallback):
         """
         trainer = self._require_trainer()
         subset = self.subset()
+        prefix = prefix or self.prefix
         self._running = True
         try:
             if callable(getattr(trainer, "get_eval_dataloader", None)):  # a transformers.Trainer
-                metrics = isolated_evaluate(trainer, subset, self.prefix, prepared=True,
+                metrics = isolated_evaluate(trainer, subset, prefix, prepared=True,
                                             **evaluation_arguments(trainer))
             else:  # LightweightTrainer: whatever it returns keeps only what a subset reports
-                metrics = relabel_metrics(trainer.isolated_evaluate(subset, metric_key_prefix=self.prefix),
-                                          self.prefix)
+                metrics = relabel_metrics(trainer.isolated_evaluate(subset, metric_key_prefix=prefix), prefix)
         finally:
             self._running = False
         if not metrics and not self._warned_empty:
@@ -282,32 +284,36 @@ class TrainSubsetEvaluation(TrainerCallback):
             return f"eval_{next(iter(eval_data))}"
         return "eval"
 
-    def _gaps(self, train: Mapping[str, Any], logs: Mapping[str, Any], eval_prefix: str) -> dict[str, float]:
+    def _gaps(self, train: Mapping[str, Any], logs: Mapping[str, Any], eval_prefix: str,
+              prefix: str, suffix: str = "") -> dict[str, float]:
         if not self.gap_metrics:
             return {}
-        names = [key[len(self.prefix) + 1:] for key in train]
+        names = [key[len(prefix) + 1:] for key in train]
         if self.gap_metrics is True:
             names = [name for name in names if gap_is_meaningful(name)]
         else:
             names = [name for name in names if name in self.gap_metrics]
         gaps = {}
         for name in names:
-            train_value, eval_value = train.get(f"{self.prefix}_{name}"), logs.get(f"{eval_prefix}_{name}")
+            train_value, eval_value = train.get(f"{prefix}_{name}"), logs.get(f"{eval_prefix}_{name}")
             if _is_number(train_value) and _is_number(eval_value):
-                gaps[f"gap_{name}"] = float(train_value) - float(eval_value)
+                gaps[f"gap{suffix}_{name}"] = float(train_value) - float(eval_value)
         return gaps
 
     # -- events ------------------------------------------------------------------------------
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any):
-        """Add the train-subset (and gap) metrics to an evaluation's log record."""
+        """Add the train-subset (and gap) metrics to an evaluation's log record (on averaged weights,
+        `WeightAveraging`'s, under ``<prefix>_<label>_`` and ``gap_<label>_``)."""
         if self.every != "eval" or self._running or not isinstance(logs, dict) or self.trainer is None:
             return None
-        eval_prefix = self._trigger_prefix()
+        label = evaluated_weights(self.trainer)
+        suffix = f"_{label}" if label else ""
+        eval_prefix = self._trigger_prefix() + suffix
         if f"{eval_prefix}_runtime" not in logs:
             return None
-        train = self.compute()
+        train = self.compute(self.prefix + suffix)
         logs.update(train)
-        logs.update(self._gaps(train, logs, eval_prefix))
+        logs.update(self._gaps(train, logs, eval_prefix, self.prefix + suffix, suffix))
         self._handled = logs
         return None
 
