@@ -1,0 +1,118 @@
+"""Argument checks with one message shape: the callback, the argument, the value, what is valid.
+
+``EarlyStopping: patience must be an int >= 0 (evaluations without improvement before
+stopping), got 2.5 (float).`` A wrong type raises ``TypeError``, a value out of range or not
+among the choices ``ValueError``. ``owner`` starts every message (the class the user built).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+__all__ = ["check_bool", "check_choice", "check_int", "check_name", "check_names", "check_number"]
+
+
+def _got(value: Any) -> str:
+    return f"got {value!r} ({type(value).__name__})"
+
+
+def check_bool(owner: str, name: str, value: Any) -> bool:
+    """``value`` is True or False (not 0/1, not a string).
+
+    Raises:
+        TypeError: Anything else.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: {name} must be True or False, got {value!r}.")
+    return value
+
+
+def check_choice(owner: str, name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` is one of ``choices``.
+
+    Raises:
+        ValueError: It is not; the message lists the choices.
+    """
+    choices = list(choices)
+    if value not in choices:
+        raise ValueError(f"{owner}: {name} must be one of {choices}, got {value!r}.")
+    return value
+
+
+def check_int(owner: str, name: str, value: Any, minimum: Optional[int] = None, meaning: str = "") -> int:
+    """``value`` is an int (not a bool), at least ``minimum`` when given.
+
+    Args:
+        owner: The class the user built.
+        name: The argument.
+        value: What was passed.
+        minimum: The smallest valid value. Defaults to None (any int).
+        meaning: What the number counts, said in the message (``"warm-up steps"``). Defaults to "".
+
+    Raises:
+        TypeError: Not an int.
+        ValueError: Below ``minimum``.
+    """
+    wanted = f"an int >= {minimum}" if minimum is not None else "an int"
+    why = f" ({meaning})" if meaning else ""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be {wanted}{why}, {_got(value)}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner}: {name} must be {wanted}{why}, got {value!r}.")
+    return value
+
+
+def check_number(owner: str, name: str, value: Any, *, allow_none: bool = False,
+                 minimum: Optional[float] = None) -> Optional[float]:
+    """``value`` is a finite int or float (not a bool), at least ``minimum`` when given; or None
+    when ``allow_none``.
+
+    Raises:
+        TypeError: Not a number (or None when allowed).
+        ValueError: Not finite, or below ``minimum``.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}: {name} must be {'a number or None' if allow_none else 'a number'}, "
+                        f"{_got(value)}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}: {name} must be finite, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value!r}.")
+    return float(value)
+
+
+def check_name(owner: str, name: str, value: Any, *, example: str = "", none: str = "") -> Optional[str]:
+    """``value`` is a non-empty string; or None when ``none`` says what None means.
+
+    Args:
+        owner: The class the user built.
+        name: The argument.
+        value: What was passed.
+        example: A valid value, shown in the message. Defaults to "".
+        none: What None stands for (None is refused when empty). Defaults to "".
+
+    Raises:
+        TypeError: Not a non-empty string (or None when allowed).
+    """
+    if (value is None and none) or (isinstance(value, str) and value):
+        return value
+    example = f" (e.g. {example!r})" if example else ""
+    alternative = f" or None ({none})" if none else ""
+    raise TypeError(f"{owner}: {name} must be a non-empty string{example}{alternative}, got {value!r}.")
+
+
+def check_names(owner: str, name: str, value: Any, what: str = "a list of non-empty strings") -> tuple[str, ...]:
+    """``value`` is a sequence of non-empty strings (a bare string is refused: "did you mean [it]?").
+
+    Raises:
+        TypeError: Anything else; ``what`` describes the valid values.
+    """
+    if isinstance(value, Sequence) and not isinstance(value, str) \
+            and all(isinstance(item, str) and item for item in value):
+        return tuple(value)
+    hint = f"; did you mean [{value!r}]?" if isinstance(value, str) else "."
+    raise TypeError(f"{owner}: {name} must be {what}, got {value!r}{hint}")
