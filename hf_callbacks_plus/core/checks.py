@@ -105,7 +105,8 @@ def check_name(owner: str, name: str, value: Any, *, example: str = "", none: st
     raise TypeError(f"{owner}: {name} must be a non-empty string{example}{alternative}, got {value!r}.")
 
 
-def check_names(owner: str, name: str, value: Any, what: str = "a list of non-empty strings") -> tuple[str, ...]:
+def check_names(owner: str, name: str, value: Any,
+                what: str = "a list of non-empty strings") -> tuple[str, ...]:
     """``value`` is a sequence of non-empty strings (a bare string is refused: "did you mean [it]?").
 
     Raises:

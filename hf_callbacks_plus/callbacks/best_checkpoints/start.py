@@ -29,7 +29,9 @@ prefix of the resumed one. A ranked step whose folder cannot be found or made ke
 marked missing, and is told once: as *gone* when it should have been there, as *evicted later*
 when the line left behind evicted it after the resumed step.
 
-A fresh run refuses a ``<dirname>/`` holding kept checkpoints: its ranking would mix with them.
+A fresh run into an ``output_dir`` whose ``<dirname>/`` holds kept checkpoints (a script run
+again: the usual habit) sets them aside the same way, with a warning, unless
+``earlier_runs="refuse"``: then it refuses to start (its ranking would mix with them).
 
 `plan_start` reads the disk and changes nothing: the callback applies the plan on the processes
 that write, so every rank takes rank 0's plan.
@@ -47,9 +49,11 @@ from ...core.checkpoint_folders import checkpoint_folder, checkpoint_steps
 from .files import history_matches, leftovers, read_manifest
 from .ranking import Kept
 
-__all__ = ["SetAside", "Start", "plan_start"]
+__all__ = ["EARLIER_RUNS", "SetAside", "Start", "plan_start"]
 
 _OWNER = "KeepBestCheckpoints"
+#: What a fresh run does with the kept checkpoints of an earlier run in its folder.
+EARLIER_RUNS = ("set_aside", "refuse")
 
 
 @dataclass
@@ -103,7 +107,8 @@ def _new_line() -> str:
 
 
 def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[Any],
-               candidate: Optional[Kept], output_dir: str, directory: str) -> Start:
+               candidate: Optional[Kept], output_dir: str, directory: str,
+               earlier_runs: str = "set_aside") -> Start:
     """Plan the start of a run's ranking (see the module docstring).
 
     Args:
@@ -113,6 +118,8 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
         candidate: The values of the resumed step in its ``log_history``, or None.
         output_dir: The run's ``output_dir`` (resolved).
         directory: Our folder in it.
+        earlier_runs: ``"set_aside"`` or ``"refuse"``: what a fresh run does with the kept
+            checkpoints of an earlier run in ``directory``. Defaults to ``"set_aside"``.
 
     Returns:
         The `Start`.
@@ -120,7 +127,7 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
     manifest = read_manifest(directory) or {}
     folders = checkpoint_steps(directory)
     if step == 0:
-        return _fresh(output_dir, directory, manifest, folders)
+        return _fresh(output_dir, directory, manifest, folders, earlier_runs)
     line = saved.get("run_id") if saved is not None else None
     moved = None
     if line and saved.get("output_dir") != output_dir and manifest.get("run_id") != line:
@@ -190,14 +197,25 @@ def _set_aside(directory: str, manifest: Mapping[str, Any], folders: Sequence[in
                     dict(manifest) if manifest else None)
 
 
-def _fresh(output_dir: str, directory: str, manifest: Mapping[str, Any], steps: Sequence[int]) -> Start:
+def _fresh(output_dir: str, directory: str, manifest: Mapping[str, Any], steps: Sequence[int],
+           earlier_runs: str) -> Start:
     start = Start(_new_line(), output_dir, 0)
-    if steps:
-        owner = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
+    if not steps:
+        return start
+    owner = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
+    if earlier_runs == "refuse":
         start.problem = (
-            f"{_OWNER}: {directory} holds kept checkpoints of {owner} (steps {sorted(steps)}). A new "
-            f"ranking would mix with them. Move or delete that folder, use another output_dir or dirname, "
-            f"or resume that run (train(resume_from_checkpoint=True)).")
+            f"{_OWNER}: {directory} holds kept checkpoints of {owner} (steps {sorted(steps)}) and "
+            f"earlier_runs='refuse'. A new ranking would mix with them. Move or delete that folder, use "
+            f"another output_dir or dirname, resume that run (train(resume_from_checkpoint=True)), or pass "
+            f"earlier_runs='set_aside'.")
+        return start
+    start.cleanup = leftovers(directory)
+    start.set_aside = _set_aside(directory, manifest, steps, set())
+    start.warnings.append(
+        f"{_OWNER}: {directory} holds the kept checkpoints of {owner} (steps {sorted(steps)}), an earlier "
+        f"run into this output_dir; this run starts a new ranking (run {start.run_id}). They are set aside, "
+        f"not deleted: in {start.set_aside.path}. Pass earlier_runs='refuse' to refuse such a start instead.")
     return start
 
 

@@ -36,6 +36,7 @@ from ...runtime.isolated_evaluation import (
     record_evaluate_calls,
     relabel_metrics,
 )
+from ..monitoring import announce_metrics
 from .sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
@@ -193,6 +194,7 @@ class TrainSubsetEvaluation(TrainerCallback):
                     "(e.g. prefix='train_subset_small')."
                 )
         self.subset()
+        announce_metrics(state, [self.prefix, "gap"] if self.gap_metrics else [self.prefix])
         strategy = getattr(args, "eval_strategy", None)
         strategy = getattr(strategy, "value", strategy)
         if self.every == "eval" and strategy == "no" and not self._warned_no_eval:

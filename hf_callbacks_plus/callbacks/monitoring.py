@@ -1,0 +1,279 @@
+"""`MonitoringCallback`: what every callback that watches a metric shares, written once.
+
+`EarlyStopping`, `KeepBestCheckpoints`, `ConsoleSummary` and `TerminateOnNonFinite` watch metrics
+through `Monitor` objects (``metrics/monitor.py``: which key, which direction, did you mean, can
+this run produce it). This base owns the rest:
+
+* the binding: the trainer (held weakly) and its key grammar, shared with every monitor;
+* the checks at train begin (`watch_begin`): each monitor's `Monitor.check_run`, the callback's own
+  `run_problem`, and the state-key claim (two instances with one key are refused); then, before
+  the first step, the producers (`producer_problem`): a ``train_subset_``/``gap_`` metric needs a
+  `TrainSubsetEvaluation` among the callbacks, and an evaluation whose metric names are all known
+  in advance (`announce_metrics`) must hold the name;
+* the first record that should hold each metric (`check_record`, `Monitor.missing_problem`) and
+  the rule that a bare name means ``eval_<name>`` in a run that evaluates (`lookup`);
+* strict or not (`fail`): raise, or warn once and go on;
+* a refusal that only the first evaluation can make (`refuse`): the trainer saves a checkpoint
+  first and stops, and the error, raised at the end of training (`watch_end`), names the
+  checkpoint to resume from once the name is fixed;
+* one observation per record (`observe_record`): at ``on_pre_log`` when the trainer fires it,
+  else at ``on_log`` (a stock Trainer).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Optional
+
+from ..core.callback import TrainerCallback, weak_reference
+from ..core.checkpoint_folders import checkpoint_folder, get_last_checkpoint
+from ..core.claims import TrainBeginClaims
+from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, grammar_for
+from ..metrics.monitor import Monitor
+
+__all__ = ["MonitoringCallback", "announce_metrics"]
+
+logger = logging.getLogger("hf_callbacks_plus")
+
+#: The state keys claimed at the train begin of the current ``train()`` (duplicates refused).
+_CLAIMS = TrainBeginClaims()
+#: Sections of metrics a callback makes, and the callback that makes them.
+_SECTION_PRODUCERS = {TRAIN_SUBSET_PREFIX: "TrainSubsetEvaluation(...)",
+                      "gap": "TrainSubsetEvaluation(gap_metrics=True)"}
+
+
+class _Announced:
+    """What producers announced at the train begin of the run whose ``TrainerState`` is held:
+    the sections they add (``train_subset``, ``gap``), and the complete list of an evaluation's
+    metric names when one knows it (None: unknown)."""
+
+    def __init__(self) -> None:
+        self.state: Any = None
+        self.sections: set[str] = set()
+        self.names: Optional[frozenset[str]] = None
+
+    def of(self, state: Any) -> _Announced:
+        held = self.state() if isinstance(self.state, weakref.ref) else self.state
+        if held is not state:
+            try:
+                self.state = weakref.ref(state)
+            except TypeError:
+                self.state = state
+            self.sections, self.names = set(), None
+        return self
+
+
+_ANNOUNCED = _Announced()
+
+
+def announce_metrics(state: Any, sections: Iterable[str] = (), names: Optional[Iterable[str]] = None) -> None:
+    """Tell the monitoring callbacks of this run what a producer adds (call it in ``on_train_begin``).
+
+    Args:
+        state: The run's ``TrainerState`` (shared by all its callbacks).
+        sections: Sections whose keys the producer adds (``"train_subset"``, ``"gap"``).
+        names: Every metric name an evaluation returns besides the loss, when that list is
+            complete (``StreamingMetrics`` as the trainer's only ``compute_metrics``). Defaults
+            to None (not known).
+    """
+    announced = _ANNOUNCED.of(state)
+    announced.sections.update(sections)
+    if names is not None:
+        announced.names = frozenset(names)
+
+
+def _choice(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+class MonitoringCallback(TrainerCallback):
+    """Base of the callbacks that watch metrics (see the module docstring).
+
+    Subclasses fill ``self._monitors`` (their `Monitor` objects, sharing ``self.grammar``), call
+    `watch_begin` in ``on_train_begin`` and `watch_end` first in ``on_train_end``, and implement
+    `observe_record` when they read log records. ``strict`` (True here) says whether a metric
+    that cannot show up raises or warns.
+    """
+
+    #: Raise (True) or warn once (False) when a metric cannot show up.
+    strict: bool = True
+    #: Said after a missing metric's message: what the callback cannot do without it.
+    without_it: str = ""
+
+    def __init__(self) -> None:
+        self.grammar = KeyGrammar()
+        self._trainer: Callable[[], Any] = lambda: None
+        self._monitors: list[Monitor] = []
+        self._confirmed: set[str] = set()
+        self._warned: set[str] = set()
+        self._pre_logged: Any = None
+        self._refusal: Optional[tuple[type, str]] = None
+        self._refusal_checkpoint: Optional[str] = None
+        self._producers_checked = True
+        self._training = False
+        self._evaluates = False
+
+    # -- binding ---------------------------------------------------------------------------
+    def bind(self, trainer: Any) -> MonitoringCallback:
+        """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
+        self._trainer = weak_reference(trainer)
+        self.grammar = grammar_for(trainer)
+        for monitor in self._monitors:
+            monitor.grammar = self.grammar
+        return self
+
+    @property
+    def trainer(self) -> Any:
+        """The bound trainer, or None."""
+        return self._trainer()
+
+    # -- train begin and end ---------------------------------------------------------------
+    def watch_begin(self, args: Any, state: Any, *, claim: Optional[str] = None) -> None:
+        """At train begin: forget the last run, check every monitor against the run (strict raises
+        ``ValueError``), claim ``self.state_key`` when ``claim`` says why two instances clash."""
+        self._confirmed, self._pre_logged = set(), None
+        self._refusal = self._refusal_checkpoint = None
+        self._training, self._producers_checked = True, False
+        self._evaluates = _choice(getattr(args, "eval_strategy", "no")) != "no"
+        trainer = self.trainer
+        for monitor in self._monitors:
+            problem = monitor.check_run(args, trainer) or self.run_problem(args, monitor)
+            if problem is not None:
+                self.fail(ValueError, problem)
+        if claim is not None:
+            _CLAIMS.claim(state, self.state_key, self, claim)  # type: ignore[attr-defined]
+
+    def run_problem(self, args: Any, monitor: Monitor) -> Optional[str]:
+        """Why this callback cannot work with ``monitor`` in the run ``args`` configures, or None."""
+        return None
+
+    def watch_end(self, args: Any, state: Any, claim: bool = False) -> None:
+        """At train end: release the claim; raise the refusal the run stopped for (see `refuse`)."""
+        self._training = False
+        if claim:
+            _CLAIMS.release(state, self.state_key, self)  # type: ignore[attr-defined]
+        if self._refusal is None:
+            return
+        (error, message), self._refusal = self._refusal, None
+        step, checkpoint = int(getattr(state, "global_step", 0)), self._refusal_checkpoint
+        if checkpoint is not None:
+            raise error(f"{message} Training stopped at step {step} after saving {checkpoint}: fix it, then "
+                        f"resume with trainer.train(resume_from_checkpoint={checkpoint!r}).")
+        last = get_last_checkpoint(args.output_dir) if getattr(args, "output_dir", None) else None
+        newest = f"the newest checkpoint is {last}." if last else "there is no checkpoint to resume from."
+        raise error(f"{message} Training stopped at step {step}, unsaved (save_strategy="
+                    f"{_choice(getattr(args, 'save_strategy', None))!r} saved no checkpoint there); {newest}")
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The checkpoint a refusal waited for is saved: remember it for the error."""
+        super().on_save(args, state, control, **kwargs)
+        if self._refusal is not None and self._refusal_checkpoint is None:
+            self._refusal_checkpoint = checkpoint_folder(args.output_dir, int(state.global_step))
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Before the first step: every producer announced itself at train begin (see `producer_problem`)."""
+        if not self._producers_checked:
+            self._producers_checked = True
+            for monitor in self._monitors:
+                problem = self.producer_problem(monitor, state)
+                if problem is not None:
+                    self.fail(ValueError, problem)
+
+    on_step_begin = on_epoch_begin
+
+    def producer_problem(self, monitor: Monitor, state: Any) -> Optional[str]:
+        """Why no callback of this run produces ``monitor``, or None: a ``train_subset_``/``gap_``
+        metric without the `TrainSubsetEvaluation` that makes it, or a name an evaluation whose
+        names are all announced (`announce_metrics`) does not return."""
+        announced = _ANNOUNCED.of(state)
+        raw = self.grammar.canonical(self.grammar.candidates(monitor.monitor)[0])
+        section = next((section for section in _SECTION_PRODUCERS if raw.startswith(f"{section}_")), None)
+        if section is not None and not any(raw.startswith(f"{made}_") for made in announced.sections):
+            return (f"{type(self).__name__}: monitor={monitor.monitor!r} is a {section}_* metric, which only "
+                    f"{_SECTION_PRODUCERS[section]} reports, and no callback of this trainer does. Add "
+                    f"{_SECTION_PRODUCERS[section]} to the trainer's callbacks (with a stock Trainer, "
+                    f"run_before_integrations(trainer) too).")
+        parsed = self.grammar.parse(raw)
+        names = announced.names
+        if parsed.section != "eval" or names is None or parsed.name in names or parsed.name == "loss":
+            return None
+        close = difflib.get_close_matches(parsed.name, sorted(names), n=1, cutoff=0.6)
+        meant = f" Did you mean {raw[: len(raw) - len(parsed.name)] + close[0]!r}?" if close else ""
+        return (f"{type(self).__name__}: monitor={monitor.monitor!r} is never produced: this trainer's "
+                f"evaluations return the loss and {sorted(names)} only.{meant}")
+
+    # -- failures --------------------------------------------------------------------------
+    def fail(self, error: type, message: str) -> None:
+        """Raise ``error(message)`` when strict; else warn once (per message) and go on."""
+        if self.strict:
+            raise error(message)
+        if message not in self._warned:
+            self._warned.add(message)
+            logger.warning("%s (strict=False: continuing.)", message)
+
+    def refuse(self, error: type, message: str, state: Any, control: Any) -> None:
+        """A refusal decided during training (the first evaluation): save first, then stop.
+
+        When strict and training, the trainer saves a checkpoint at this step and stops; the error
+        is raised at the end of training (`watch_end`) and names the checkpoint. Otherwise as
+        `fail` (outside training: a warning).
+        """
+        if not self.strict:
+            self.fail(error, message)
+        elif not self._training:
+            logger.warning("%s (outside training: not raised.)", message)
+        elif self._refusal is None:
+            self._refusal = (error, message)
+            control.should_save = True
+            control.should_training_stop = True
+            logger.warning("%s Stopping: the trainer saves checkpoint-%s first, then train() raises.",
+                           message, int(getattr(state, "global_step", 0)))
+
+    # -- records ---------------------------------------------------------------------------
+    def lookup(self, monitor: Monitor, values: Mapping[str, Any],
+               from_evaluate: bool) -> tuple[Optional[str], Any]:
+        """``(key, raw value)`` of ``monitor`` in a record, or ``(None, None)``. A bare name
+        (``"accuracy"``) means ``eval_<name>`` in a run that evaluates, never a training record's
+        key of that name (trl's running ``mean_token_accuracy``)."""
+        key, raw = monitor.lookup(values)
+        if key is not None and not from_evaluate and self._evaluates and key == monitor.monitor \
+                and not self.grammar.has_section(monitor.monitor):
+            return None, None
+        return key, raw
+
+    def check_record(self, values: Any, from_evaluate: bool, state: Any, control: Any) -> None:
+        """The first record that should hold a monitored metric and does not: `refuse` (the keys
+        present, a "did you mean"). A record that holds it settles that metric: later records
+        without it are skipped observations."""
+        if not isinstance(values, Mapping):
+            return
+        for monitor in self._monitors:
+            if monitor.monitor in self._confirmed:
+                continue
+            if self.lookup(monitor, values, from_evaluate)[0] is not None:
+                self._confirmed.add(monitor.monitor)
+                continue
+            problem = monitor.missing_problem(values, from_evaluate)
+            if problem is not None:
+                self._confirmed.add(monitor.monitor)
+                self.refuse(RuntimeError, problem + self.without_it, state, control)
+
+    def observe_record(self, args: Any, state: Any, control: Any, logs: dict, **kwargs: Any) -> None:
+        """Read one log record (once: at ``on_pre_log``, or at ``on_log`` when the trainer fires
+        no ``on_pre_log``)."""
+
+    def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """(TrainerPlus / LightweightTrainer / our handler) `observe_record` before any ``on_log``."""
+        if isinstance(logs, dict):
+            self._pre_logged = logs
+            self.observe_record(args, state, control, logs, **kwargs)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        """`observe_record` when ``on_pre_log`` did not (a stock Trainer)."""
+        if isinstance(logs, dict) and logs is not self._pre_logged:
+            self.observe_record(args, state, control, logs, **kwargs)
+        self._pre_logged = None
+
