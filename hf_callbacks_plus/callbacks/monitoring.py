@@ -7,9 +7,9 @@ this run produce it). This base owns the rest:
 * the binding: the trainer (held weakly) and its key grammar, shared with every monitor;
 * the checks at train begin (`watch_begin`): each monitor's `Monitor.check_run`, the callback's own
   `run_problem`, and the state-key claim (two instances with one key are refused); then, before
-  the first step, the producers (`producer_problem`): a ``train_subset_``/``gap_`` metric needs a
-  `TrainSubsetEvaluation` among the callbacks, and an evaluation whose metric names are all known
-  in advance (`announce_metrics`) must hold the name;
+  the first step, the producer (`producer_problem`): a ``train_subset_``/``gap_`` metric needs a
+  `TrainSubsetEvaluation` among the callbacks (it announces its sections, `announce_metrics`, at
+  train begin: a stock Trainer shows no callback its list);
 * the first record that should hold each metric (`check_record`, `Monitor.missing_problem`) and
   the rule that a bare name means ``eval_<name>`` in a run that evaluates (`lookup`);
 * strict or not (`fail`): raise, or warn once and go on;
@@ -22,7 +22,6 @@ this run produce it). This base owns the rest:
 
 from __future__ import annotations
 
-import difflib
 import logging
 import weakref
 from collections.abc import Iterable, Mapping
@@ -46,43 +45,31 @@ _SECTION_PRODUCERS = {TRAIN_SUBSET_PREFIX: "TrainSubsetEvaluation(...)",
 
 
 class _Announced:
-    """What producers announced at the train begin of the run whose ``TrainerState`` is held:
-    the sections they add (``train_subset``, ``gap``), and the complete list of an evaluation's
-    metric names when one knows it (None: unknown)."""
+    """The sections producers announced at the train begin of the run whose ``TrainerState`` is held."""
 
     def __init__(self) -> None:
         self.state: Any = None
         self.sections: set[str] = set()
-        self.names: Optional[frozenset[str]] = None
 
-    def of(self, state: Any) -> _Announced:
+    def of(self, state: Any) -> set[str]:
         held = self.state() if isinstance(self.state, weakref.ref) else self.state
         if held is not state:
             try:
                 self.state = weakref.ref(state)
             except TypeError:
                 self.state = state
-            self.sections, self.names = set(), None
-        return self
+            self.sections = set()
+        return self.sections
 
 
 _ANNOUNCED = _Announced()
 
 
-def announce_metrics(state: Any, sections: Iterable[str] = (), names: Optional[Iterable[str]] = None) -> None:
-    """Tell the monitoring callbacks of this run what a producer adds (call it in ``on_train_begin``).
-
-    Args:
-        state: The run's ``TrainerState`` (shared by all its callbacks).
-        sections: Sections whose keys the producer adds (``"train_subset"``, ``"gap"``).
-        names: Every metric name an evaluation returns besides the loss, when that list is
-            complete (``StreamingMetrics`` as the trainer's only ``compute_metrics``). Defaults
-            to None (not known).
-    """
-    announced = _ANNOUNCED.of(state)
-    announced.sections.update(sections)
-    if names is not None:
-        announced.names = frozenset(names)
+def announce_metrics(state: Any, sections: Iterable[str]) -> None:
+    """Tell the monitoring callbacks of this run which sections a producer adds (``"train_subset"``,
+    ``"gap"``); call it in ``on_train_begin``, with the run's ``TrainerState`` (shared by all its
+    callbacks)."""
+    _ANNOUNCED.of(state).update(sections)
 
 
 def _choice(value: Any) -> str:
@@ -186,24 +173,15 @@ class MonitoringCallback(TrainerCallback):
 
     def producer_problem(self, monitor: Monitor, state: Any) -> Optional[str]:
         """Why no callback of this run produces ``monitor``, or None: a ``train_subset_``/``gap_``
-        metric without the `TrainSubsetEvaluation` that makes it, or a name an evaluation whose
-        names are all announced (`announce_metrics`) does not return."""
-        announced = _ANNOUNCED.of(state)
+        metric without the `TrainSubsetEvaluation` that makes it (none announced its section)."""
         raw = self.grammar.canonical(self.grammar.candidates(monitor.monitor)[0])
         section = next((section for section in _SECTION_PRODUCERS if raw.startswith(f"{section}_")), None)
-        if section is not None and not any(raw.startswith(f"{made}_") for made in announced.sections):
-            return (f"{type(self).__name__}: monitor={monitor.monitor!r} is a {section}_* metric, which only "
-                    f"{_SECTION_PRODUCERS[section]} reports, and no callback of this trainer does. Add "
-                    f"{_SECTION_PRODUCERS[section]} to the trainer's callbacks (with a stock Trainer, "
-                    f"run_before_integrations(trainer) too).")
-        parsed = self.grammar.parse(raw)
-        names = announced.names
-        if parsed.section != "eval" or names is None or parsed.name in names or parsed.name == "loss":
+        if section is None or any(raw.startswith(f"{made}_") for made in _ANNOUNCED.of(state)):
             return None
-        close = difflib.get_close_matches(parsed.name, sorted(names), n=1, cutoff=0.6)
-        meant = f" Did you mean {raw[: len(raw) - len(parsed.name)] + close[0]!r}?" if close else ""
-        return (f"{type(self).__name__}: monitor={monitor.monitor!r} is never produced: this trainer's "
-                f"evaluations return the loss and {sorted(names)} only.{meant}")
+        return (f"{type(self).__name__}: monitor={monitor.monitor!r} is a {section}_* metric, which only "
+                f"{_SECTION_PRODUCERS[section]} reports, and no callback of this trainer does. Add "
+                f"{_SECTION_PRODUCERS[section]} to the trainer's callbacks (with a stock Trainer, "
+                f"run_before_integrations(trainer) too).")
 
     # -- failures --------------------------------------------------------------------------
     def fail(self, error: type, message: str) -> None:

@@ -330,7 +330,8 @@ def test_a_plain_metric_with_a_dict_of_eval_sets_is_refused_before_any_save(tmp_
     with pytest.raises(error, match=words) as refused:
         trainer.train()
     assert trainer.state.global_step == (2 if wiring == "stock Trainer" else 0)
-    assert checkpoint_steps(tmp_path) == ([2] if wiring == "stock Trainer" else []) and kept_steps(tmp_path) == []
+    assert checkpoint_steps(tmp_path) == ([2] if wiring == "stock Trainer" else [])
+    assert kept_steps(tmp_path) == []
     if wiring == "stock Trainer":
         assert f"resume_from_checkpoint='{tmp_path / 'checkpoint-2'}'" in str(refused.value)
 

@@ -198,8 +198,8 @@ def test_a_fresh_run_into_the_same_output_dir_sets_the_earlier_kept_checkpoints_
 def test_earlier_runs_refuse_refuses_a_folder_holding_another_runs_kept_checkpoints(tmp_path):
     scripted_run(tmp_path, [keeper()], score=SCORE).train()
     before = tree_snapshot(tmp_path / KEPT)
-    again = scripted_run(tmp_path, [KeepBestCheckpoints("eval_score", k=2, mode="min", earlier_runs="refuse")],
-                         score=SCORE)
+    refusing = KeepBestCheckpoints("eval_score", k=2, mode="min", earlier_runs="refuse")
+    again = scripted_run(tmp_path, [refusing], score=SCORE)
     with pytest.raises(RuntimeError, match="holds kept checkpoints of run .*earlier_runs='refuse'"):
         again.train()
     assert again.state.global_step == 0 and tree_snapshot(tmp_path / KEPT) == before
