@@ -8,6 +8,7 @@ among the choices ``ValueError``. ``owner`` starts every message (the class the 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
@@ -42,7 +43,7 @@ def check_choice(owner: str, name: str, value: Any, choices: Iterable[Any]) -> A
 
 
 def check_int(owner: str, name: str, value: Any, minimum: Optional[int] = None, meaning: str = "") -> int:
-    """``value`` is an int (not a bool), at least ``minimum`` when given.
+    """``value`` is an int (any integral number, not a bool), at least ``minimum`` when given.
 
     Args:
         owner: The class the user built.
@@ -57,7 +58,7 @@ def check_int(owner: str, name: str, value: Any, minimum: Optional[int] = None, 
     """
     wanted = f"an int >= {minimum}" if minimum is not None else "an int"
     why = f" ({meaning})" if meaning else ""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{owner}: {name} must be {wanted}{why}, {_got(value)}.")
     if minimum is not None and value < minimum:
         raise ValueError(f"{owner}: {name} must be {wanted}{why}, got {value!r}.")
@@ -66,7 +67,7 @@ def check_int(owner: str, name: str, value: Any, minimum: Optional[int] = None, 
 
 def check_number(owner: str, name: str, value: Any, *, allow_none: bool = False,
                  minimum: Optional[float] = None) -> Optional[float]:
-    """``value`` is a finite int or float (not a bool), at least ``minimum`` when given; or None
+    """``value`` is a finite real number (not a bool), at least ``minimum`` when given; or None
     when ``allow_none``.
 
     Raises:
@@ -75,7 +76,7 @@ def check_number(owner: str, name: str, value: Any, *, allow_none: bool = False,
     """
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}: {name} must be {'a number or None' if allow_none else 'a number'}, "
                         f"{_got(value)}.")
     if not math.isfinite(value):
