@@ -1,29 +1,19 @@
-"""`MonitoringCallback`: what every callback that watches a metric shares, written once.
+"""`MonitoringCallback`: what the callbacks watching a metric share (`EarlyStopping`,
+`KeepBestCheckpoints`, `ConsoleSummary`, `TerminateOnNonFinite`), as Keras's ``MonitorCallback``.
 
-`EarlyStopping`, `KeepBestCheckpoints`, `ConsoleSummary` and `TerminateOnNonFinite` watch metrics
-through `Monitor` objects (``metrics/monitor.py``: which key, which direction, did you mean, can
-this run produce it). This base owns the rest:
-
-* the binding: the trainer (held weakly) and its key grammar, shared with every monitor;
-* the checks at train begin (`watch_begin`): each monitor's `Monitor.check_run`, the callback's own
-  `run_problem`, and the state-key claim (two instances with one key are refused); then, before
-  the first step, the producer (`producer_problem`): a ``train_subset_``/``gap_`` metric needs a
-  `TrainSubsetEvaluation` among the callbacks (it announces its sections, `announce_metrics`, at
-  train begin: a stock Trainer shows no callback its list);
-* the first record that should hold each metric (`check_record`, `Monitor.missing_problem`) and
-  the rule that a bare name means ``eval_<name>`` in a run that evaluates (`lookup`);
-* strict or not (`fail`): raise, or warn once and go on;
-* a refusal that only the first evaluation can make (`refuse`): the trainer saves a checkpoint
-  first and stops, and the error, raised at the end of training (`watch_end`), names the
-  checkpoint to resume from once the name is fixed;
-* one observation per record (`observe_record`): at ``on_pre_log`` when the trainer fires it,
-  else at ``on_log`` (a stock Trainer).
+Their `Monitor` objects (``metrics/monitor.py``) say which key, which direction, did you mean and
+can this run produce it; this base owns the rest: the binding (the trainer, weakly, and its key
+grammar), the checks at train begin (`watch_begin`) and before the first step (the producer of a
+``train_subset_``/``gap_`` metric, which announces itself at train begin: `announce_metrics`),
+strict or not (`fail`), the first record that should hold each metric (`check_record`), the
+bare-name rule (`lookup`), a refusal only the first evaluation can make (`refuse`: the trainer
+saves that step first, and `watch_end` raises naming the checkpoint), and one observation per log
+record (`observe_record`: at ``on_pre_log``, or at ``on_log`` in a stock Trainer).
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
@@ -37,39 +27,18 @@ __all__ = ["MonitoringCallback", "announce_metrics"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
-#: The state keys claimed at the train begin of the current ``train()`` (duplicates refused).
 _CLAIMS = TrainBeginClaims()
-#: Sections of metrics a callback makes, and the callback that makes them.
-_SECTION_PRODUCERS = {TRAIN_SUBSET_PREFIX: "TrainSubsetEvaluation(...)",
-                      "gap": "TrainSubsetEvaluation(gap_metrics=True)"}
-
-
-class _Announced:
-    """The sections producers announced at the train begin of the run whose ``TrainerState`` is held."""
-
-    def __init__(self) -> None:
-        self.state: Any = None
-        self.sections: set[str] = set()
-
-    def of(self, state: Any) -> set[str]:
-        held = self.state() if isinstance(self.state, weakref.ref) else self.state
-        if held is not state:
-            try:
-                self.state = weakref.ref(state)
-            except TypeError:
-                self.state = state
-            self.sections = set()
-        return self.sections
-
-
-_ANNOUNCED = _Announced()
+#: Sections of metrics a callback makes, and that callback.
+_PRODUCERS = {TRAIN_SUBSET_PREFIX: "TrainSubsetEvaluation(...)",
+              "gap": "TrainSubsetEvaluation(gap_metrics=True)"}
+#: Where the run's ``TrainerState`` (one per ``train()``, shared by its callbacks) holds the
+#: announced sections; not a dataclass field, so never saved.
+SECTIONS = "hf_callbacks_plus_sections"
 
 
 def announce_metrics(state: Any, sections: Iterable[str]) -> None:
-    """Tell the monitoring callbacks of this run which sections a producer adds (``"train_subset"``,
-    ``"gap"``); call it in ``on_train_begin``, with the run's ``TrainerState`` (shared by all its
-    callbacks)."""
-    _ANNOUNCED.of(state).update(sections)
+    """Say, in ``on_train_begin``, which sections of keys this callback adds (``"train_subset"``)."""
+    vars(state).setdefault(SECTIONS, set()).update(sections)
 
 
 def _choice(value: Any) -> str:
@@ -79,13 +48,11 @@ def _choice(value: Any) -> str:
 class MonitoringCallback(TrainerCallback):
     """Base of the callbacks that watch metrics (see the module docstring).
 
-    Subclasses fill ``self._monitors`` (their `Monitor` objects, sharing ``self.grammar``), call
-    `watch_begin` in ``on_train_begin`` and `watch_end` first in ``on_train_end``, and implement
-    `observe_record` when they read log records. ``strict`` (True here) says whether a metric
-    that cannot show up raises or warns.
+    Subclasses fill ``self._monitors`` (sharing ``self.grammar``), call `watch_begin` in
+    ``on_train_begin`` and `watch_end` in ``on_train_end``, and implement `observe_record` to read
+    log records. ``strict``: a metric that cannot show up raises (True) or warns once.
     """
 
-    #: Raise (True) or warn once (False) when a metric cannot show up.
     strict: bool = True
     #: Said after a missing metric's message: what the callback cannot do without it.
     without_it: str = ""
@@ -99,11 +66,8 @@ class MonitoringCallback(TrainerCallback):
         self._pre_logged: Any = None
         self._refusal: Optional[tuple[type, str]] = None
         self._refusal_checkpoint: Optional[str] = None
-        self._producers_checked = True
-        self._training = False
-        self._evaluates = False
+        self._producers_checked, self._training, self._evaluates = True, False, False
 
-    # -- binding ---------------------------------------------------------------------------
     def bind(self, trainer: Any) -> MonitoringCallback:
         """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
         self._trainer = weak_reference(trainer)
@@ -119,15 +83,13 @@ class MonitoringCallback(TrainerCallback):
 
     # -- train begin and end ---------------------------------------------------------------
     def watch_begin(self, args: Any, state: Any, *, claim: Optional[str] = None) -> None:
-        """At train begin: forget the last run, check every monitor against the run (strict raises
-        ``ValueError``), claim ``self.state_key`` when ``claim`` says why two instances clash."""
-        self._confirmed, self._pre_logged = set(), None
-        self._refusal = self._refusal_checkpoint = None
-        self._training, self._producers_checked = True, False
+        """Forget the last run; check each monitor against this one (`Monitor.check_run`,
+        `run_problem`); claim ``self.state_key`` when ``claim`` says why two instances clash."""
+        self._confirmed, self._pre_logged, self._refusal, self._refusal_checkpoint = set(), None, None, None
+        self._producers_checked, self._training = False, True
         self._evaluates = _choice(getattr(args, "eval_strategy", "no")) != "no"
-        trainer = self.trainer
         for monitor in self._monitors:
-            problem = monitor.check_run(args, trainer) or self.run_problem(args, monitor)
+            problem = monitor.check_run(args, self.trainer) or self.run_problem(args, monitor)
             if problem is not None:
                 self.fail(ValueError, problem)
         if claim is not None:
@@ -138,7 +100,7 @@ class MonitoringCallback(TrainerCallback):
         return None
 
     def watch_end(self, args: Any, state: Any, claim: bool = False) -> None:
-        """At train end: release the claim; raise the refusal the run stopped for (see `refuse`)."""
+        """Release the claim; raise the refusal the run stopped for (see `refuse`)."""
         self._training = False
         if claim:
             _CLAIMS.release(state, self.state_key, self)  # type: ignore[attr-defined]
@@ -155,13 +117,13 @@ class MonitoringCallback(TrainerCallback):
                     f"{_choice(getattr(args, 'save_strategy', None))!r} saved no checkpoint there); {newest}")
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """The checkpoint a refusal waited for is saved: remember it for the error."""
+        """Remember the checkpoint a refusal waited for."""
         super().on_save(args, state, control, **kwargs)
         if self._refusal is not None and self._refusal_checkpoint is None:
             self._refusal_checkpoint = checkpoint_folder(args.output_dir, int(state.global_step))
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Before the first step: every producer announced itself at train begin (see `producer_problem`)."""
+        """Before the first step, every producer has announced itself: `producer_problem`."""
         if not self._producers_checked:
             self._producers_checked = True
             for monitor in self._monitors:
@@ -172,20 +134,19 @@ class MonitoringCallback(TrainerCallback):
     on_step_begin = on_epoch_begin
 
     def producer_problem(self, monitor: Monitor, state: Any) -> Optional[str]:
-        """Why no callback of this run produces ``monitor``, or None: a ``train_subset_``/``gap_``
-        metric without the `TrainSubsetEvaluation` that makes it (none announced its section)."""
+        """A ``train_subset_``/``gap_`` metric that no callback of the run announced, or None."""
         raw = self.grammar.canonical(self.grammar.candidates(monitor.monitor)[0])
-        section = next((section for section in _SECTION_PRODUCERS if raw.startswith(f"{section}_")), None)
-        if section is None or any(raw.startswith(f"{made}_") for made in _ANNOUNCED.of(state)):
+        section = next((section for section in _PRODUCERS if raw.startswith(f"{section}_")), None)
+        if section is None or any(raw.startswith(f"{made}_") for made in vars(state).get(SECTIONS, ())):
             return None
         return (f"{type(self).__name__}: monitor={monitor.monitor!r} is a {section}_* metric, which only "
-                f"{_SECTION_PRODUCERS[section]} reports, and no callback of this trainer does. Add "
-                f"{_SECTION_PRODUCERS[section]} to the trainer's callbacks (with a stock Trainer, "
+                f"{_PRODUCERS[section]} reports, and no callback of this trainer does. Add "
+                f"{_PRODUCERS[section]} to the trainer's callbacks (with a stock Trainer, "
                 f"run_before_integrations(trainer) too).")
 
     # -- failures --------------------------------------------------------------------------
     def fail(self, error: type, message: str) -> None:
-        """Raise ``error(message)`` when strict; else warn once (per message) and go on."""
+        """Raise ``error(message)`` when strict; else warn once per message and go on."""
         if self.strict:
             raise error(message)
         if message not in self._warned:
@@ -193,29 +154,23 @@ class MonitoringCallback(TrainerCallback):
             logger.warning("%s (strict=False: continuing.)", message)
 
     def refuse(self, error: type, message: str, state: Any, control: Any) -> None:
-        """A refusal decided during training (the first evaluation): save first, then stop.
-
-        When strict and training, the trainer saves a checkpoint at this step and stops; the error
-        is raised at the end of training (`watch_end`) and names the checkpoint. Otherwise as
-        `fail` (outside training: a warning).
-        """
+        """A refusal during training (strict): the trainer saves this step and stops; `watch_end`
+        raises. Not strict, as `fail`; outside training, a warning."""
         if not self.strict:
             self.fail(error, message)
         elif not self._training:
             logger.warning("%s (outside training: not raised.)", message)
         elif self._refusal is None:
             self._refusal = (error, message)
-            control.should_save = True
-            control.should_training_stop = True
+            control.should_save = control.should_training_stop = True
             logger.warning("%s Stopping: the trainer saves checkpoint-%s first, then train() raises.",
                            message, int(getattr(state, "global_step", 0)))
 
     # -- records ---------------------------------------------------------------------------
     def lookup(self, monitor: Monitor, values: Mapping[str, Any],
                from_evaluate: bool) -> tuple[Optional[str], Any]:
-        """``(key, raw value)`` of ``monitor`` in a record, or ``(None, None)``. A bare name
-        (``"accuracy"``) means ``eval_<name>`` in a run that evaluates, never a training record's
-        key of that name (trl's running ``mean_token_accuracy``)."""
+        """``(key, raw value)`` of ``monitor`` in a record, or ``(None, None)``. A bare name means
+        ``eval_<name>`` in a run that evaluates, never a training record's key of that name."""
         key, raw = monitor.lookup(values)
         if key is not None and not from_evaluate and self._evaluates and key == monitor.monitor \
                 and not self.grammar.has_section(monitor.monitor):
@@ -224,27 +179,26 @@ class MonitoringCallback(TrainerCallback):
 
     def check_record(self, values: Any, from_evaluate: bool, state: Any, control: Any) -> None:
         """The first record that should hold a monitored metric and does not: `refuse` (the keys
-        present, a "did you mean"). A record that holds it settles that metric: later records
-        without it are skipped observations."""
+        present, a "did you mean"). Once a record held it, later ones may lack it."""
         if not isinstance(values, Mapping):
             return
         for monitor in self._monitors:
             if monitor.monitor in self._confirmed:
                 continue
-            if self.lookup(monitor, values, from_evaluate)[0] is not None:
-                self._confirmed.add(monitor.monitor)
-                continue
-            problem = monitor.missing_problem(values, from_evaluate)
+            problem = None
+            if self.lookup(monitor, values, from_evaluate)[0] is None:
+                problem = monitor.missing_problem(values, from_evaluate)
+                if problem is None:
+                    continue
+            self._confirmed.add(monitor.monitor)
             if problem is not None:
-                self._confirmed.add(monitor.monitor)
                 self.refuse(RuntimeError, problem + self.without_it, state, control)
 
     def observe_record(self, args: Any, state: Any, control: Any, logs: dict, **kwargs: Any) -> None:
-        """Read one log record (once: at ``on_pre_log``, or at ``on_log`` when the trainer fires
-        no ``on_pre_log``)."""
+        """Read one log record, once (at ``on_pre_log``, else at ``on_log``)."""
 
     def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        """(TrainerPlus / LightweightTrainer / our handler) `observe_record` before any ``on_log``."""
+        """`observe_record`, before any ``on_log`` reads the record."""
         if isinstance(logs, dict):
             self._pre_logged = logs
             self.observe_record(args, state, control, logs, **kwargs)
@@ -254,4 +208,3 @@ class MonitoringCallback(TrainerCallback):
         if isinstance(logs, dict) and logs is not self._pre_logged:
             self.observe_record(args, state, control, logs, **kwargs)
         self._pre_logged = None
-

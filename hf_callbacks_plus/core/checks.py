@@ -1,8 +1,9 @@
 """Argument checks with one message shape: the callback, the argument, the value, what is valid.
 
 ``EarlyStopping: patience must be an int >= 0 (evaluations without improvement before
-stopping), got 2.5 (float).`` A wrong type raises ``TypeError``, a value out of range or not
-among the choices ``ValueError``. ``owner`` starts every message (the class the user built).
+stopping), got 2.5 (float).`` A wrong type raises ``TypeError``; a value out of range or not
+among the choices, ``ValueError``. ``owner`` (the class the user built) starts every message;
+each check returns the value.
 """
 
 from __future__ import annotations
@@ -20,22 +21,14 @@ def _got(value: Any) -> str:
 
 
 def check_bool(owner: str, name: str, value: Any) -> bool:
-    """``value`` is True or False (not 0/1, not a string).
-
-    Raises:
-        TypeError: Anything else.
-    """
+    """True or False (not 0/1, not a string)."""
     if not isinstance(value, bool):
         raise TypeError(f"{owner}: {name} must be True or False, got {value!r}.")
     return value
 
 
 def check_choice(owner: str, name: str, value: Any, choices: Iterable[Any]) -> Any:
-    """``value`` is one of ``choices``.
-
-    Raises:
-        ValueError: It is not; the message lists the choices.
-    """
+    """One of ``choices``."""
     choices = list(choices)
     if value not in choices:
         raise ValueError(f"{owner}: {name} must be one of {choices}, got {value!r}.")
@@ -43,37 +36,19 @@ def check_choice(owner: str, name: str, value: Any, choices: Iterable[Any]) -> A
 
 
 def check_int(owner: str, name: str, value: Any, minimum: Optional[int] = None, meaning: str = "") -> int:
-    """``value`` is an int (any integral number, not a bool), at least ``minimum`` when given.
-
-    Args:
-        owner: The class the user built.
-        name: The argument.
-        value: What was passed.
-        minimum: The smallest valid value. Defaults to None (any int).
-        meaning: What the number counts, said in the message (``"warm-up steps"``). Defaults to "".
-
-    Raises:
-        TypeError: Not an int.
-        ValueError: Below ``minimum``.
-    """
+    """An integral number (not a bool), at least ``minimum``; ``meaning`` says what it counts."""
     wanted = f"an int >= {minimum}" if minimum is not None else "an int"
-    why = f" ({meaning})" if meaning else ""
+    wanted += f" ({meaning})" if meaning else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{owner}: {name} must be {wanted}{why}, {_got(value)}.")
+        raise TypeError(f"{owner}: {name} must be {wanted}, {_got(value)}.")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{owner}: {name} must be {wanted}{why}, got {value!r}.")
+        raise ValueError(f"{owner}: {name} must be {wanted}, got {value!r}.")
     return value
 
 
 def check_number(owner: str, name: str, value: Any, *, allow_none: bool = False,
                  minimum: Optional[float] = None) -> Optional[float]:
-    """``value`` is a finite real number (not a bool), at least ``minimum`` when given; or None
-    when ``allow_none``.
-
-    Raises:
-        TypeError: Not a number (or None when allowed).
-        ValueError: Not finite, or below ``minimum``.
-    """
+    """A finite real number (not a bool), at least ``minimum``; or None when ``allow_none``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -87,18 +62,7 @@ def check_number(owner: str, name: str, value: Any, *, allow_none: bool = False,
 
 
 def check_name(owner: str, name: str, value: Any, *, example: str = "", none: str = "") -> Optional[str]:
-    """``value`` is a non-empty string; or None when ``none`` says what None means.
-
-    Args:
-        owner: The class the user built.
-        name: The argument.
-        value: What was passed.
-        example: A valid value, shown in the message. Defaults to "".
-        none: What None stands for (None is refused when empty). Defaults to "".
-
-    Raises:
-        TypeError: Not a non-empty string (or None when allowed).
-    """
+    """A non-empty string; or None when ``none`` says what None means. ``example``: a valid value."""
     if (value is None and none) or (isinstance(value, str) and value):
         return value
     example = f" (e.g. {example!r})" if example else ""
@@ -108,11 +72,7 @@ def check_name(owner: str, name: str, value: Any, *, example: str = "", none: st
 
 def check_names(owner: str, name: str, value: Any,
                 what: str = "a list of non-empty strings") -> tuple[str, ...]:
-    """``value`` is a sequence of non-empty strings (a bare string is refused: "did you mean [it]?").
-
-    Raises:
-        TypeError: Anything else; ``what`` describes the valid values.
-    """
+    """A sequence of non-empty strings (a bare string gets "did you mean [it]?"); ``what`` says so."""
     if isinstance(value, Sequence) and not isinstance(value, str) \
             and all(isinstance(item, str) and item for item in value):
         return tuple(value)

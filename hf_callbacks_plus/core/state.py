@@ -89,16 +89,9 @@ def callback_states(callbacks: Iterable[Any]) -> dict[str, Any]:
 
 
 def saved_states(source: Any, name: str) -> list[Mapping[str, Any]]:
-    """The saved states of class ``name`` (``{"args": ..., "attributes": ...}``), oldest first.
-
-    The one reader of ``stateful_callbacks``, the layout `callback_states` writes (a class's
-    entry is a dict, or a list for several instances).
-
-    Args:
-        source: A ``TrainerState`` (ours or transformers'), the content of a
-            ``trainer_state.json``, or its ``stateful_callbacks`` dict.
-        name: The callback's class name.
-    """
+    """The saved states (``{"args", "attributes"}``) of class ``name``, oldest first: the one reader
+    of ``stateful_callbacks`` (`callback_states`' layout), from a ``TrainerState``, the content of a
+    ``trainer_state.json`` or its ``stateful_callbacks`` dict."""
     if isinstance(source, Mapping):
         saved = source["stateful_callbacks"] if "stateful_callbacks" in source else source
     else:
@@ -109,12 +102,8 @@ def saved_states(source: Any, name: str) -> list[Mapping[str, Any]]:
 
 
 def saved_attributes(source: Any, name: str, key: str) -> Optional[dict[str, Any]]:
-    """The saved attributes of the instance of class ``name`` whose ``state_key`` is ``key``, or None.
-
-    transformers' ``_save_checkpoint`` appends to a class's list at every save when the class has
-    several instances, so one checkpoint holds stale entries before the current one: the last
-    entry with the key wins.
-    """
+    """The saved attributes of the instance of class ``name`` whose ``state_key`` is ``key``, or None;
+    the last entry wins (transformers appends one at each save for a class with several instances)."""
     for entry in reversed(saved_states(source, name)):
         attributes = entry.get("attributes")
         if isinstance(attributes, Mapping) and attributes.get(STATE_KEY_FIELD) == key:

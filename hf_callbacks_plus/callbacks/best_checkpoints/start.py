@@ -126,8 +126,13 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
     """
     manifest = read_manifest(directory) or {}
     folders = checkpoint_steps(directory)
-    if step == 0:
-        return _fresh(output_dir, directory, manifest, folders, earlier_runs)
+    if step == 0 and folders and earlier_runs == "refuse":
+        whose = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
+        return Start(_new_line(), output_dir, 0, problem=(
+            f"{_OWNER}: {directory} holds kept checkpoints of {whose} (steps {sorted(folders)}) and "
+            f"earlier_runs='refuse'. A new ranking would mix with them. Move or delete that folder, use "
+            f"another output_dir or dirname, resume that run (train(resume_from_checkpoint=True)), or pass "
+            f"earlier_runs='set_aside'."))
     line = saved.get("run_id") if saved is not None else None
     moved = None
     if line and saved.get("output_dir") != output_dir and manifest.get("run_id") != line:
@@ -162,6 +167,9 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
                    f"{manifest_step}; the steps after {step} are trained again")
         elif line:
             why = f"this run resumes from step {step} of run {line}, and {directory} holds {whose}'s"
+        elif step == 0:
+            why = (f"this fresh run's {directory} holds {whose}'s, an earlier run into this output_dir "
+                   f"(pass earlier_runs='refuse' to refuse such a start)")
         else:
             why = (f"the checkpoint this run resumes from (step {step}) holds no ranking of {directory}, "
                    f"which holds {whose}'s")
@@ -195,28 +203,6 @@ def _set_aside(directory: str, manifest: Mapping[str, Any], folders: Sequence[in
         path = f"{name}.{number}"
     return SetAside(path, sorted(n for n in folders if n not in shared), sorted(shared),
                     dict(manifest) if manifest else None)
-
-
-def _fresh(output_dir: str, directory: str, manifest: Mapping[str, Any], steps: Sequence[int],
-           earlier_runs: str) -> Start:
-    start = Start(_new_line(), output_dir, 0)
-    if not steps:
-        return start
-    owner = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
-    if earlier_runs == "refuse":
-        start.problem = (
-            f"{_OWNER}: {directory} holds kept checkpoints of {owner} (steps {sorted(steps)}) and "
-            f"earlier_runs='refuse'. A new ranking would mix with them. Move or delete that folder, use "
-            f"another output_dir or dirname, resume that run (train(resume_from_checkpoint=True)), or pass "
-            f"earlier_runs='set_aside'.")
-        return start
-    start.cleanup = leftovers(directory)
-    start.set_aside = _set_aside(directory, manifest, steps, set())
-    start.warnings.append(
-        f"{_OWNER}: {directory} holds the kept checkpoints of {owner} (steps {sorted(steps)}), an earlier "
-        f"run into this output_dir; this run starts a new ranking (run {start.run_id}). They are set aside, "
-        f"not deleted: in {start.set_aside.path}. Pass earlier_runs='refuse' to refuse such a start instead.")
-    return start
 
 
 def _source(output_dir: str, directory: str, step: int, history: Sequence[Any]) -> Optional[str]:

@@ -89,10 +89,8 @@ class EarlyStopping(MonitoringCallback, SelfRestoringState):
             weights). Under DeepSpeed ZeRO-1/2/3 and FSDP each rank keeps a CPU copy of its
             own part (its ZeRO master partition, its FSDP shards: no gather, one shard of
             memory) and puts it back at the end; the model then holds the best step's
-            weights as the engine saved them (see ``docs/distributed.md``). They are loaded
-            after ``load_best_model_at_end``'s, so the model ends with these; when the two (or
-            several instances) watch different metrics, one warning at train begin says which
-            weights the model keeps. Defaults to False.
+            weights as the engine saved them (see ``docs/distributed.md``). Loaded after
+            ``load_best_model_at_end``'s: on different metrics, a warning says so. Defaults to False.
         reset_on_resume: When resuming from a checkpoint written after this callback
             stopped training, forget the stop and the counter (keep the best) and train on.
             Defaults to False: stop again (no step in TrainerPlus/LightweightTrainer, one in a Trainer).
@@ -404,26 +402,22 @@ class EarlyStopping(MonitoringCallback, SelfRestoringState):
 
     def _say_which_weights_win(self, args: Any) -> None:
         """One warning (by the first restorer) when ``load_best_model_at_end`` and ``restore_best``
-        of instances watching other metrics all load "the best" weights at train end: the last one
-        loaded (this callback, after the trainer's; the last instance in the list) stays."""
+        instances load the best weights of different metrics at train end; the last loaded stays."""
         callbacks = getattr(getattr(self.trainer, "callback_handler", None), "callbacks", None) or [self]
         restorers = [cb for cb in callbacks if isinstance(cb, EarlyStopping) and cb.restore_best] or [self]
-        if restorers[0] is not self:
-            return
         best = [(f"restore_best of EarlyStopping({cb.monitor_name!r}, mode={cb.resolved_mode!r})",
                  (self.grammar.canonical(cb.monitor_name or ""), cb.resolved_mode)) for cb in restorers]
         wanted = getattr(args, "metric_for_best_model", None)
         if getattr(args, "load_best_model_at_end", False) and isinstance(wanted, str) and wanted:
-            trainers = Monitor.from_args(args, grammar=self.grammar, owner=_OWNER)
-            best.insert(0, (f"load_best_model_at_end (metric_for_best_model={wanted!r}, "
-                            f"greater_is_better={bool(getattr(args, 'greater_is_better', False))})",
-                            (self.grammar.canonical(trainers.monitor), trainers.mode)))
-        if len({metric for _, metric in best}) > 1:
-            order = "; then ".join(said for said, _ in best)
+            trainer = Monitor.from_args(args, grammar=self.grammar)
+            best.insert(0, (f"load_best_model_at_end (metric_for_best_model={wanted!r}, greater_is_better="
+                            f"{bool(getattr(args, 'greater_is_better', False))})",
+                            (self.grammar.canonical(trainer.monitor), trainer.mode)))
+        if restorers[0] is self and len({metric for _, metric in best}) > 1:
             logger.warning("EarlyStopping: %d mechanisms load their best weights at the end of training, "
                            "by different metrics, in this order: %s. The model ends with the weights of the "
                            "last: %s. Keep one of them (or let them watch the same metric and mode).",
-                           len(best), order, best[-1][0])
+                           len(best), "; then ".join(said for said, _ in best), best[-1][0])
 
     def observe_record(self, args: Any, state: Any, control: Any, logs: dict, **kwargs: Any) -> None:
         """Observe the record and add the report to it (at ``on_pre_log``: every ``on_log`` sees it;
