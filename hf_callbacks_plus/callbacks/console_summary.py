@@ -124,11 +124,10 @@ class ConsoleSummary(MonitoringCallback):
         TypeError: An argument has the wrong type.
 
     Note:
-        A name the run cannot produce (``args.eval_strategy="no"``...) is a warning at train
-        begin; one missing from the first evaluation's record a warning there, with the keys
-        present and a "did you mean" (the line goes on without it: a display refuses nothing).
-        The line goes to stdout, where the dict went (through ``tqdm.write`` under a progress
-        bar), on the main process only. The record itself is unchanged: trackers,
+        A name the run cannot produce is a warning at train begin; one missing from the first
+        evaluation, a warning there (the keys present, a "did you mean"). The line goes to
+        stdout, where the dict went (through ``tqdm.write`` under a progress bar), on the main
+        process only. The record itself is unchanged: trackers,
         ``state.log_history`` and the other callbacks get every key. Quieting the printer needs
         the trainer: with a stock or trl trainer call ``run_before_integrations(trainer)`` (else
         both are printed and one warning says so).

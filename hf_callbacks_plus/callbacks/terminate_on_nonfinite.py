@@ -54,12 +54,11 @@ class TerminateOnNonFinite(MonitoringCallback):
             WARNING only. Defaults to True.
 
     Raises:
-        ValueError: ``action`` is not one of ``["stop", "raise"]``; at train begin, a watched metric
-            the run can never produce (``eval_*`` with ``eval_strategy="no"``...).
+        ValueError: ``action`` is not one of ``["stop", "raise"]``; a watched metric the run can
+            never produce (at train begin, as `EarlyStopping`'s monitor).
         TypeError: ``monitor`` or ``check_training_loss`` has the wrong type.
-        RuntimeError: From ``train()``, after the trainer saved a checkpoint of that step, when the
-            first record that should hold a watched metric lacks it (a misspelt name watches
-            nothing); the message lists the keys present and the checkpoint to resume from.
+        RuntimeError: A watched metric missing from the first record that should hold it (after
+            the trainer saved that step; the message names the checkpoint).
 
     Example:
         >>> guard = TerminateOnNonFinite(action="raise", monitor="eval_loss")

@@ -76,13 +76,11 @@ class EarlyStopping(MonitoringCallback, SelfRestoringState):
         check_finite: Stop when the value is NaN/Inf. A non-finite value is never best
             either way. Defaults to True.
         strict: Refuse a metric that cannot show up, as early as that is known: at train begin
-            (from ``args``, the bound trainer, and before the first step the callbacks that
-            produce it: a ``train_subset_*`` metric without `TrainSubsetEvaluation`), else at
-            the first evaluation that should hold it (listing the keys present, with a "did you
-            mean"): then the trainer saves a checkpoint of that step first, training stops, and
-            ``train()`` raises naming the checkpoint to resume from once the name is fixed.
-            Later evaluations without it are skipped observations; nothing raises outside
-            training (a warning instead). False warns once and keeps training. Defaults to True.
+            (``args``, the bound trainer), before the first step (no `TrainSubsetEvaluation` for
+            a ``train_subset_*`` metric), else at the first evaluation that should hold it (the
+            keys present, a "did you mean"): the trainer saves that step first and ``train()``
+            raises naming the checkpoint to resume from. Later evaluations without it are
+            skipped observations. False warns once and keeps training. Defaults to True.
         restore_best: At the end of training, load the best weights: from the checkpoint of
             the best step when it exists, else from an in-memory CPU copy (one copy of the
             ``state_dict``, kept until a checkpoint safe from rotation holds the same
