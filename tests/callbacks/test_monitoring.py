@@ -57,14 +57,16 @@ def saves(watcher: str) -> dict:
     return {"save_strategy": "steps", "save_steps": 4} if watcher == "KeepBestCheckpoints" else {}
 
 
-TIER_1 = {("EarlyStopping", "stock"), ("EarlyStopping", "TrainerPlus"), ("EarlyStopping", "lightweight"),
-          ("KeepBestCheckpoints", "stock"), ("TerminateOnNonFinite", "lightweight")}
-MATRIX = [pytest.param(watcher, runner, marks=() if (watcher, runner) in TIER_1 else pytest.mark.second_tier)
-          for watcher in WATCHERS for runner in ("stock", "TrainerPlus", "lightweight")]
+def matrix(first_tier: set) -> list:
+    """Every watcher in every runner; the pairs outside ``first_tier`` in the second tier."""
+    pairs = [(watcher, runner) for watcher in WATCHERS for runner in ("stock", "TrainerPlus", "lightweight")]
+    return [pytest.param(*pair, marks=() if pair in first_tier else pytest.mark.second_tier)
+            for pair in pairs]
 
 
 # -- knowable before the first step -----------------------------------------------------------------
-@pytest.mark.parametrize(("watcher", "runner"), MATRIX)
+@pytest.mark.parametrize(("watcher", "runner"), matrix({("EarlyStopping", "stock"), (
+    "KeepBestCheckpoints", "TrainerPlus"), ("TerminateOnNonFinite", "lightweight")}))
 @pytest.mark.parametrize("monitor", ["train_subset_score", "gap_score"])
 def test_a_metric_no_callback_produces_is_refused_before_the_first_step(tmp_path, watcher, runner, monitor):
     trainer = run(runner, tmp_path, [WATCHERS[watcher](monitor)], **saves(watcher))
@@ -103,7 +105,9 @@ def test_strict_false_warns_before_the_first_step_and_at_the_end_and_the_model_c
 
 
 # -- knowable at the first evaluation only: save first, then refuse -----------------------------------
-@pytest.mark.parametrize(("watcher", "runner"), MATRIX)
+@pytest.mark.parametrize(("watcher", "runner"), matrix({
+    ("EarlyStopping", "stock"), ("EarlyStopping", "TrainerPlus"), ("EarlyStopping", "lightweight"),
+    ("KeepBestCheckpoints", "stock"), ("TerminateOnNonFinite", "lightweight")}))
 def test_a_misspelt_metric_is_refused_after_a_save_and_the_run_resumes_from_it(tmp_path, watcher, runner):
     first = run(runner, tmp_path, [WATCHERS[watcher]("eval_scor")], **saves(watcher))
     with pytest.raises(RuntimeError, match=r"Did you mean 'eval_score'") as refused:
