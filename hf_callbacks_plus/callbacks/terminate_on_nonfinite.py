@@ -101,7 +101,7 @@ class TerminateOnNonFinite(MonitoringCallback):
         if "*" in self.monitor:
             items = list(values.items())
         else:
-            found = (self.lookup(monitor, values, where == "evaluation") for monitor in self._monitors)
+            found = (monitor.lookup(values) for monitor in self._monitors)  # a bare name: any record's key
             items = [(key, raw) for key, raw in found if key is not None]
         if self.check_training_loss and "loss" in values and "train_runtime" not in values:
             items.append(("loss", values["loss"]))
