@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ._compat import require
+from .core.state import saved_states
 from .metrics.keys import (
     BEST_CHECKPOINTS_SECTION,
     RUN_COUNTERS,
@@ -342,13 +343,9 @@ def _ranked_monitor(key: str) -> str:
 
 def _monitors_from_state(state: Mapping[str, Any]) -> list[str]:
     """The metrics the saved `EarlyStopping` and `KeepBestCheckpoints` states name."""
-    saved = state.get("stateful_callbacks") or {}
     found: list[str] = []
     for name in ("EarlyStopping", "KeepBestCheckpoints"):
-        entries = saved.get(name) or []
-        for entry in entries if isinstance(entries, list) else [entries]:
-            if not isinstance(entry, Mapping):
-                continue
+        for entry in saved_states(state, name):
             attributes = entry.get("attributes") or {}
             key = attributes.get("state_key")
             if name == "EarlyStopping" and isinstance(key, str) and key.startswith("EarlyStopping["):
@@ -381,10 +378,9 @@ def _is_kept_step(grammar: KeyGrammar, key: Any, value: Any) -> bool:
 
 def _kept_steps_from_state(state: Mapping[str, Any]) -> set[int]:
     """The kept steps saved in a checkpoint's state by ``KeepBestCheckpoints`` (every instance)."""
-    saved = (state.get("stateful_callbacks") or {}).get("KeepBestCheckpoints") or []
     steps: set[int] = set()
-    for entry in saved if isinstance(saved, list) else [saved]:
-        attributes = entry.get("attributes", {}) if isinstance(entry, Mapping) else {}
+    for entry in saved_states(state, "KeepBestCheckpoints"):
+        attributes = entry.get("attributes") or {}
         if isinstance(attributes.get("kept"), list):  # the steps kept once that checkpoint is ranked
             steps.update(int(step) for step in attributes["kept"])
             continue

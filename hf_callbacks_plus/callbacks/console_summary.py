@@ -33,11 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..core.callback import TrainerCallback, weak_reference
-from ..metrics.keys import TRAIN_SUBSET_PREFIX, KeyGrammar, evaluation_prefix, grammar_for, is_training_record
-from ..metrics.monitor import gap_is_meaningful, infer_mode
+from ..core.checks import check_bool, check_name, check_names
+from ..core.wrapping import wrap_method
+from ..metrics.keys import TRAIN_SUBSET_PREFIX, evaluation_prefix, is_training_record
+from ..metrics.monitor import Monitor, gap_is_meaningful, infer_mode
 from ..metrics.numbers import to_float
 from ..runtime.console import tell
+from .monitoring import MonitoringCallback
 
 __all__ = ["ConsoleSummary", "EvaluationLine"]
 
@@ -46,8 +48,9 @@ logger = logging.getLogger("hf_callbacks_plus")
 #: The ``throughput/`` figures a line shows, in this order, with their labels.
 THROUGHPUT_SHOWN = (("sequences_per_second", "sequences/s"), ("tokens_per_second", "tokens/s"),
                     ("mfu", "MFU"))
-#: Marks a printer whose ``on_log`` a summary wrapped (one wrapper per printer).
-_QUIETED = "_hf_callbacks_plus_quieted_by"
+#: Marks a printer's ``on_log`` that a summary wrapped (one wrapper per printer).
+_QUIETED = "_hf_callbacks_plus_quieted"
+_OWNER = "ConsoleSummary"
 
 
 @dataclass
@@ -100,7 +103,7 @@ class EvaluationLine:
         return out
 
 
-class ConsoleSummary(TrainerCallback):
+class ConsoleSummary(MonitoringCallback):
     """Print one compact line per evaluation (and per training log) in place of the record's dict.
 
     Args:
@@ -121,8 +124,10 @@ class ConsoleSummary(TrainerCallback):
         TypeError: An argument has the wrong type.
 
     Note:
-        The line goes to stdout, where the dict went (through ``tqdm.write`` under a progress
-        bar), on the main process only. The record itself is unchanged: trackers,
+        A name the run cannot produce is a warning at train begin; one missing from the first
+        evaluation, a warning there (the keys present, a "did you mean"). The line goes to
+        stdout, where the dict went (through ``tqdm.write`` under a progress bar), on the main
+        process only. The record itself is unchanged: trackers,
         ``state.log_history`` and the other callbacks get every key. Quieting the printer needs
         the trainer: with a stock or trl trainer call ``run_before_integrations(trainer)`` (else
         both are printed and one warning says so).
@@ -137,20 +142,12 @@ class ConsoleSummary(TrainerCallback):
 
     def __init__(self, monitor: Optional[str] = None, *, metrics: Sequence[str] = (), training: bool = True,
                  quiet_printer: bool = True) -> None:
-        if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            raise TypeError(f"ConsoleSummary: monitor must be a metric name (e.g. 'eval_accuracy') or None, "
-                            f"got {monitor!r}.")
-        if isinstance(metrics, str) or not isinstance(metrics, Sequence) or \
-                not all(isinstance(name, str) and name for name in metrics):
-            raise TypeError(f"ConsoleSummary: metrics must be a list of metric names, got {metrics!r}"
-                            + (f"; did you mean [{metrics!r}]?" if isinstance(metrics, str) else "."))
-        for name, value in (("training", training), ("quiet_printer", quiet_printer)):
-            if not isinstance(value, bool):
-                raise TypeError(f"ConsoleSummary: {name} must be True or False, got {value!r}.")
-        self.monitor, self.metrics = monitor, tuple(metrics)
-        self.training, self.quiet_printer = training, quiet_printer
-        self.grammar = KeyGrammar()
-        self._trainer: Callable[[], Any] = lambda: None
+        self.monitor = check_name(_OWNER, "monitor", monitor, example="eval_accuracy",
+                                  none="what EarlyStopping watches, else metric_for_best_model")
+        self.metrics = check_names(_OWNER, "metrics", metrics, "a list of metric names")
+        self.training = check_bool(_OWNER, "training", training)
+        self.quiet_printer = check_bool(_OWNER, "quiet_printer", quiet_printer)
+        super().__init__()
         self._best: dict[str, tuple[float, int]] = {}
         self._throughput: dict[str, float] = {}
         self._last: Optional[tuple[Any, EvaluationLine]] = None
@@ -159,22 +156,19 @@ class ConsoleSummary(TrainerCallback):
     # -- wiring ----------------------------------------------------------------------------
     def bind(self, trainer: Any) -> ConsoleSummary:
         """Take the trainer's key grammar and quiet its printer (called by every runner)."""
-        self._trainer = weak_reference(trainer)
-        self.grammar = grammar_for(trainer)
+        super().bind(trainer)
         self._quiet_printers()
         return self
 
     def _callbacks(self) -> list[Any]:
-        trainer = self._trainer()
-        return list(getattr(getattr(trainer, "callback_handler", None), "callbacks", ()))
+        return list(getattr(getattr(self.trainer, "callback_handler", None), "callbacks", ()))
 
     def _quiet_printers(self) -> None:
         if not self.quiet_printer:
             return
         for callback in self._callbacks():
-            if _prints_logs(callback) and vars(callback).get(_QUIETED) is None:
-                callback.on_log = _quieted(callback.on_log, self)
-                setattr(callback, _QUIETED, weakref.ref(self))
+            if _prints_logs(callback):
+                wrap_method(callback, "on_log", lambda on_log: _quieted(on_log, self), marker=_QUIETED)
 
     def _in_notebook(self) -> bool:
         return any(type(callback).__name__ == "NotebookProgressCallback" for callback in self._callbacks())
@@ -191,8 +185,14 @@ class ConsoleSummary(TrainerCallback):
     # -- events ----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start the bests from the run's history (empty for a fresh ``train()``, the records up to
-        the checkpoint for a resumed one); quiet a printer added since ``bind``."""
+        the checkpoint for a resumed one); quiet a printer added since ``bind``; warn about a name
+        the run cannot produce."""
         self._best, self._throughput, self._last = {}, {}, None
+        self._confirmed = set()
+        for name in (self.monitor, *self.metrics):
+            problem = name and Monitor(name, "min", grammar=self.grammar, owner=_OWNER).check_run(args)
+            if problem:
+                logger.warning("%s (the line goes on without it.)", problem)
         for record in getattr(state, "log_history", None) or ():
             if not isinstance(record, Mapping):
                 continue
@@ -211,6 +211,7 @@ class ConsoleSummary(TrainerCallback):
             self._throughput = _throughput(logs) or self._throughput
         prefix = evaluation_prefix(logs)
         if prefix is not None:
+            self._check_names(logs, prefix)
             line = self.evaluation_line(logs, state, args, prefix, remember=True)
             text = self.format_evaluation(line, state)
         elif self.training and is_training_record(logs):
@@ -222,9 +223,18 @@ class ConsoleSummary(TrainerCallback):
         self._warn_if_printed_twice()
         tell(text, state, verbose=True, file=sys.stdout)
 
+    def _check_names(self, logs: Mapping[str, Any], prefix: str) -> None:
+        """The first evaluation record: warn once for each name asked for that it does not hold."""
+        for name in (self.monitor, *self.metrics):
+            if name and name not in self._confirmed:
+                self._confirmed.add(name)
+                if self._key_in(name, logs, prefix) is None:
+                    logger.warning("ConsoleSummary: %s (the line goes on without it.)",
+                                   self.grammar.explain_missing(name, logs))
+
     def _warn_if_printed_twice(self) -> None:
         """Unbound (a stock trainer without ``run_before_integrations``), the printer is out of reach."""
-        if not self.quiet_printer or self._warned_unquiet or self._trainer() is not None:
+        if not self.quiet_printer or self._warned_unquiet or self.trainer is not None:
             return
         self._warned_unquiet = True
         logger.warning(

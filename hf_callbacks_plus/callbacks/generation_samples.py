@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..core.callback import TrainerCallback
+from ..core.checks import check_int
 from ..runtime.distributed import all_gather_objects, distributed_rank, distributed_world_size
 from ..runtime.engines import generation_model
 from ..runtime.isolated_evaluation import evaluated_weights
@@ -81,12 +82,9 @@ class GenerationSamples(TrainerCallback):
                 raise ValueError(
                     "GenerationSamples: prompts is empty; pass prompts or None (from the eval set)."
                 )
-        numbers = [("num_samples", num_samples), ("max_new_tokens", max_new_tokens)]
-        if batch_size is not None:
-            numbers.append(("batch_size", batch_size))
-        for name, value in numbers:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GenerationSamples: {name} must be an int >= 1, got {value!r}.")
+        for name, value in (("num_samples", num_samples), ("max_new_tokens", max_new_tokens),
+                            ("batch_size", 1 if batch_size is None else batch_size)):
+            check_int("GenerationSamples", name, value, minimum=1)
         self.prompts = list(prompts) if prompts is not None else None
         self.num_samples = num_samples
         self.max_new_tokens = max_new_tokens

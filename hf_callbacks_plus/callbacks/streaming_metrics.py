@@ -23,7 +23,6 @@ training metrics reach the report_to integrations in the same record).
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import logging
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..core.callback import TrainerCallback
+from ..core.wrapping import wrap_method
 from ..metrics.streaming import (
     IGNORE_INDEX,
     MetricSet,
@@ -161,7 +161,7 @@ class StreamingMetrics(TrainerCallback):
         self._hook: Any = None
         self._warned: set[str] = set()
         self._writer: Optional[_PredictionWriter] = None
-        self._unnamed: list[tuple[Path, dict[str, float]]] = []
+        self._prefix = "eval"  # the metric_key_prefix of the evaluation in progress
 
     # -- binding ---------------------------------------------------------------------------
     def bind(self, trainer: Any) -> StreamingMetrics:
@@ -195,8 +195,9 @@ class StreamingMetrics(TrainerCallback):
 
     def _count_train_steps(self, trainer: Any) -> None:
         """Wrap the loop's ``train_step``: its returned logits and labels update the training metrics."""
-        user_step = trainer.train_step
+        wrap_method(trainer, "train_step", self._counting, marker=_INSTALLED_BY, owner=self)
 
+    def _counting(self, user_step: Callable[..., Any]) -> Callable[..., Any]:
         def train_step(batch: Any) -> Any:
             output = user_step(batch)
             if isinstance(output, Mapping) and "logits" in output and "labels" in output:
@@ -210,8 +211,7 @@ class StreamingMetrics(TrainerCallback):
                 )
             return output
 
-        setattr(train_step, _INSTALLED_BY, self)
-        trainer.train_step = train_step
+        return train_step
 
     def _adopt(self, user: Optional[Callable[..., Any]], args: Any, name: str) -> None:
         """Keep the user's metrics function (called as the trainer would call it) and settle
@@ -236,19 +236,18 @@ class StreamingMetrics(TrainerCallback):
 
     def _reset_at_evaluation_start(self, trainer: Any) -> None:
         """Wrap the trainer's evaluation loop so every evaluation starts from empty metrics (no
-        callback event marks the start of an evaluation)."""
+        callback event marks the start of an evaluation) and names its predictions file after
+        its ``metric_key_prefix``."""
         for name in _EVALUATION_STARTS:
-            method = getattr(trainer, name, None)
-            if not callable(method):
-                continue
+            signature = _signature(getattr(trainer, name, None))
 
-            @functools.wraps(method)
-            def evaluation(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
-                self._reset_eval()
-                return _method(*args, **kwargs)
+            def starting(loop: Callable[..., Any], signature: Any = signature) -> Callable[..., Any]:
+                def evaluation(*args: Any, **kwargs: Any) -> Any:
+                    self._reset_eval(_prefix(signature, args, kwargs))
+                    return loop(*args, **kwargs)
+                return evaluation
 
-            setattr(evaluation, _INSTALLED_BY, self)
-            setattr(trainer, name, evaluation)
+            wrap_method(trainer, name, starting, marker=_INSTALLED_BY, owner=self)
 
     # -- evaluation ------------------------------------------------------------------------
     def _compute_metrics(self, eval_pred: Any, compute_result: Optional[bool]) -> dict[str, Any]:
@@ -295,8 +294,9 @@ class StreamingMetrics(TrainerCallback):
                 self._writer = _PredictionWriter(self._predictions_folder(), self.max_predictions)
             self._writer.add(logits, labels, self.task, self.ignore_index)
 
-    def _reset_eval(self) -> None:
+    def _reset_eval(self, prefix: str) -> None:
         """Forget a previous, interrupted evaluation: its counts and its predictions file."""
+        self._prefix = prefix
         self.eval_metrics.reset()
         if self._writer is not None:
             self._writer.discard()
@@ -307,10 +307,12 @@ class StreamingMetrics(TrainerCallback):
         self.eval_metrics.reset()
         if self._writer is not None:
             step = getattr(getattr(self.trainer, "state", None), "global_step", 0)
-            path = self._writer.close(step)
+            path = self._writer.close(f"{self._prefix}-step-{step}.jsonl")  # a re-run replaces it
             self._writer = None
-            self.prediction_files.append(path)
-            self._unnamed.append((path, values))
+            if path not in self.prediction_files:
+                self.prediction_files.append(path)
+            if self.log_predictions:
+                self._upload(path)
         return values
 
     @staticmethod
@@ -328,27 +330,6 @@ class StreamingMetrics(TrainerCallback):
             return self.predictions_dir
         output_dir = getattr(getattr(self.trainer, "args", None), "output_dir", None) or "."
         return Path(output_dir) / "predictions"
-
-    def _name_prediction_files(self, metrics: Mapping[str, Any]) -> None:
-        """Rename each new predictions file after the prefix its metrics were logged under."""
-        still = []
-        for path, values in self._unnamed:
-            prefix = _prefix_of(values, metrics)
-            if prefix is None:
-                still.append((path, values))
-                continue
-            step = path.stem.split("-step-")[1].split("-")[0]
-            target = path.with_name(f"{prefix}-step-{step}.jsonl")  # a re-run of this evaluation replaces it
-            if path.exists():
-                path.replace(target)
-                index = self.prediction_files.index(path)
-                if target in self.prediction_files:  # replaced: listed once, where it first was
-                    del self.prediction_files[index]
-                else:
-                    self.prediction_files[index] = target
-                if self.log_predictions:
-                    self._upload(target)
-        self._unnamed = still[-8:]
 
     def _upload(self, path: Path) -> None:
         """Hand a predictions file to every logger of the trainer that keeps files."""
@@ -416,16 +397,6 @@ class StreamingMetrics(TrainerCallback):
         if self.trainer is None:
             self._unbound()
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        """Name the predictions files after the prefix of the record their metrics are in."""
-        if self._unnamed and isinstance(logs, Mapping):
-            self._name_prediction_files(logs)
-
-    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
-        """Name the predictions file of a ``predict()``."""
-        if self._unnamed and isinstance(metrics, Mapping):
-            self._name_prediction_files(metrics)
-
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Remove the forward hook."""
         if self._hook is not None:
@@ -446,11 +417,28 @@ class StreamingMetrics(TrainerCallback):
             logger.warning(message)
 
 
-def _parameters(function: Callable[..., Any]) -> Mapping[str, Any]:
+def _signature(function: Any) -> Optional[inspect.Signature]:
     try:
-        return inspect.signature(function).parameters
+        return inspect.signature(function)
     except (TypeError, ValueError):
-        return {}
+        return None
+
+
+def _parameters(function: Callable[..., Any]) -> Mapping[str, Any]:
+    signature = _signature(function)
+    return signature.parameters if signature is not None else {}
+
+
+def _prefix(signature: Optional[inspect.Signature], args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """The ``metric_key_prefix`` of one call of an evaluation loop (transformers' names it so, the
+    lightweight loop ``prefix``)."""
+    try:
+        bound = signature.bind(*args, **kwargs)  # type: ignore[union-attr]
+        bound.apply_defaults()
+    except (AttributeError, TypeError):
+        return "eval"
+    prefix = bound.arguments.get("metric_key_prefix", bound.arguments.get("prefix"))
+    return prefix if isinstance(prefix, str) and prefix else "eval"
 
 
 def _first(values: Any) -> Any:
@@ -469,20 +457,6 @@ def _held_batches(predictions: Any, labels: Any, concatenated: bool, size: Optio
     size = size or len(target) or 1
     for start in range(0, len(target), size):
         yield logits[start : start + size], target[start : start + size]
-
-
-def _prefix_of(values: Mapping[str, float], logged: Mapping[str, Any]) -> Optional[str]:
-    """The prefix ``p`` under which ``values`` appear in ``logged`` as ``p_<name>``, or None."""
-    if not values:
-        return None
-    name, value = next(iter(values.items()))
-    suffix = f"_{name}"
-    for key, item in logged.items():
-        if isinstance(key, str) and key.endswith(suffix) and item == value:
-            prefix = key[: -len(suffix)]
-            if all(logged.get(f"{prefix}_{other}") == v for other, v in values.items()):
-                return prefix
-    return None
 
 
 class _PredictionWriter:
@@ -520,12 +494,10 @@ class _PredictionWriter:
         self.file.close()
         self.path.unlink(missing_ok=True)
 
-    def close(self, step: int) -> Path:
+    def close(self, name: str) -> Path:
+        """Close the file and give it its ``name`` (replacing a file of that name)."""
         self.file.close()
-        index = 0
-        while (self.folder / f"evaluation-step-{step}-{index}.jsonl").exists():
-            index += 1
-        target = self.folder / f"evaluation-step-{step}-{index}.jsonl"
+        target = self.folder / name
         self.path.replace(target)
         if self.seen > self.rows:
             logger.info(

@@ -20,10 +20,11 @@ import math
 from collections.abc import Iterable
 from typing import Any, Optional, Union
 
-from ..core.callback import TrainerCallback
-from ..metrics.keys import KeyGrammar, grammar_for
+from ..core.checks import check_bool, check_choice, check_names
+from ..metrics.monitor import Monitor
 from ..metrics.numbers import to_float
 from ..runtime.console import tell
+from .monitoring import MonitoringCallback
 
 __all__ = ["NonFiniteError", "TerminateOnNonFinite"]
 
@@ -36,7 +37,7 @@ class NonFiniteError(RuntimeError):
     """Raised by ``TerminateOnNonFinite(action="raise")``; names the key, the value and the step."""
 
 
-class TerminateOnNonFinite(TrainerCallback):
+class TerminateOnNonFinite(MonitoringCallback):
     """Stop or raise when the training loss or a watched metric becomes NaN or infinite.
 
     Args:
@@ -53,8 +54,11 @@ class TerminateOnNonFinite(TrainerCallback):
             WARNING only. Defaults to True.
 
     Raises:
-        ValueError: ``action`` is not one of ``["stop", "raise"]``.
+        ValueError: ``action`` is not one of ``["stop", "raise"]``; a watched metric the run can
+            never produce (at train begin, as `EarlyStopping`'s monitor).
         TypeError: ``monitor`` or ``check_training_loss`` has the wrong type.
+        RuntimeError: A watched metric missing from the first record that should hold it (after
+            the trainer saved that step; the message names the checkpoint).
 
     Example:
         >>> guard = TerminateOnNonFinite(action="raise", monitor="eval_loss")
@@ -64,41 +68,19 @@ class TerminateOnNonFinite(TrainerCallback):
 
     def __init__(self, action: str = "stop", monitor: Union[str, Iterable[str], None] = None,
                  check_training_loss: bool = True, verbose: bool = True) -> None:
-        if action not in ACTIONS:
-            raise ValueError(f"TerminateOnNonFinite: action must be one of {list(ACTIONS)}, got {action!r}.")
-        if isinstance(monitor, str):
-            monitors: tuple[str, ...] = (monitor,)
-        elif monitor is None:
-            monitors = ()
-        else:
-            try:
-                monitors = tuple(monitor)
-            except TypeError:
-                monitors = (None,)  # type: ignore[assignment]
-            if not all(isinstance(name, str) and name for name in monitors):
-                raise TypeError(
-                    f"TerminateOnNonFinite: monitor must be None, a metric name, a list of names or '*', "
-                    f"got {monitor!r}."
-                )
-        if not isinstance(check_training_loss, bool):
-            raise TypeError(
-                "TerminateOnNonFinite: check_training_loss must be True or False, "
-                f"got {check_training_loss!r}."
-            )
-        if not isinstance(verbose, bool):
-            raise TypeError(f"TerminateOnNonFinite: verbose must be True or False, got {verbose!r}.")
-        self.verbose = verbose
-        self.action = action
-        self.monitor = monitors
-        self.check_training_loss = check_training_loss
-        self.grammar = KeyGrammar()
+        owner = "TerminateOnNonFinite"
+        self.action = check_choice(owner, "action", action, ACTIONS)
+        if isinstance(monitor, Iterable) and not isinstance(monitor, str):
+            monitor = list(monitor)
+        self.monitor = () if monitor is None else (monitor,) if isinstance(monitor, str) else check_names(
+            owner, "monitor", monitor, "None, a metric name, a list of names or '*'")
+        self.check_training_loss = check_bool(owner, "check_training_loss", check_training_loss)
+        self.verbose = check_bool(owner, "verbose", verbose)
+        super().__init__()
+        self._monitors = [Monitor(name, "min", grammar=self.grammar, owner=owner) for name in self.monitor
+                          if name != "*"]
         #: ``(step, key, value)`` of the first non-finite value seen, else None.
         self.triggered: Optional[tuple[int, str, float]] = None
-
-    def bind(self, trainer: Any) -> TerminateOnNonFinite:
-        """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        self.grammar = grammar_for(trainer)
-        return self
 
     def _trigger(self, state: Any, control: Any, key: str, value: float, where: str, ahead: int = 0) -> None:
         step = int(getattr(state, "global_step", 0)) + ahead
@@ -112,20 +94,15 @@ class TerminateOnNonFinite(TrainerCallback):
             tell(message, state, verbose=self.verbose, level=logging.WARNING)
         control.should_training_stop = True
 
-    def _watched(self, values: dict) -> list[tuple[str, Any]]:
-        if "*" in self.monitor:
-            return list(values.items())
-        found = []
-        for name in self.monitor:
-            key = self.grammar.resolve(name, values)
-            if key is not None:
-                found.append((key, values[key]))
-        return found
-
     def _check(self, values: Any, state: Any, control: Any, where: str) -> None:
         if not isinstance(values, dict):
             return
-        items = self._watched(values)
+        self.check_record(values, where == "evaluation", state, control)
+        if "*" in self.monitor:
+            items = list(values.items())
+        else:
+            found = (monitor.lookup(values) for monitor in self._monitors)  # a bare name: any record's key
+            items = [(key, raw) for key, raw in found if key is not None]
         if self.check_training_loss and "loss" in values and "train_runtime" not in values:
             items.append(("loss", values["loss"]))
         for key, raw in items:
@@ -135,11 +112,13 @@ class TerminateOnNonFinite(TrainerCallback):
                 return
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Forget a previous trigger."""
+        """Forget a previous trigger; check the run can produce every watched metric."""
         self.triggered = None
+        self.watch_begin(args, state)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """(verbose) Say at the end that this callback stopped the run, and why."""
+        self.watch_end(args, state)
         if self.verbose and self.triggered is not None and self.action == "stop":
             step, key, value = self.triggered
             tell(f"TerminateOnNonFinite summary: stopped training at step {step} because {key} was "

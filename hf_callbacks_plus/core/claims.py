@@ -8,23 +8,19 @@ from typing import Any
 
 __all__ = ["TrainBeginClaims"]
 
+#: Where the claims live: on the run's ``TrainerState`` (one per ``train()``, shared by all its
+#: callbacks; not a dataclass field, so never saved).
+CLAIMS = "hf_callbacks_plus_claims"
+
 
 class TrainBeginClaims:
-    """Which instance claimed each ``state_key`` at the train begin of one ``train()`` call.
+    """The ``state_key`` claims of one ``train()`` call, kept on its ``TrainerState``.
 
-    A stateful callback (``EarlyStopping``, the loggers) claims its key in ``on_train_begin``
-    (no trainer object needed, so it works in a stock Trainer too); all callbacks of one
-    ``train()`` share one ``TrainerState`` object, so a second claim of a key on the same
-    state is either a second instance with the same key or the same instance listed twice.
+    A stateful callback (``EarlyStopping``, ``Deadline``) claims its key in ``on_train_begin`` (no
+    trainer object needed, so it works in a stock Trainer too); all callbacks of one ``train()``
+    share one ``TrainerState`` object, so a second claim of a key on the same state is either a
+    second instance with the same key or the same instance listed twice.
     """
-
-    def __init__(self) -> None:
-        self._state: Any = None
-        self._claims: dict[str, Any] = {}
-
-    def _current(self) -> Any:
-        state = self._state
-        return state() if isinstance(state, weakref.ref) else state
 
     def claim(self, state: Any, key: str, instance: Any, conflict: str) -> None:
         """Claim ``key`` for ``instance`` in the run whose state is ``state``.
@@ -40,14 +36,8 @@ class TrainBeginClaims:
             ValueError: The key is already claimed in this run: by ``instance`` (listed twice
                 in ``callbacks``) or by another instance.
         """
-        if self._current() is not state:
-            try:
-                self._state = weakref.ref(state)
-            except TypeError:  # a state type without weak references
-                self._state = state
-            self._claims = {}
-        owner = self._claims.get(key)
-        owner = owner() if owner is not None else None
+        claims = vars(state).setdefault(CLAIMS, {})
+        owner = claims[key]() if key in claims else None
         name = type(instance).__name__
         if owner is instance:
             raise ValueError(
@@ -56,10 +46,10 @@ class TrainBeginClaims:
             )
         if owner is not None:
             raise ValueError(f"{name}: 2 instances share state_key={key!r}, {conflict}")
-        self._claims[key] = weakref.ref(instance)
+        claims[key] = weakref.ref(instance)
 
     def release(self, state: Any, key: str, instance: Any) -> None:
         """Forget ``instance``'s claim (at train end: a later ``train()`` may reuse the state)."""
-        owner = self._claims.get(key)
-        if self._current() is state and owner is not None and owner() is instance:
-            del self._claims[key]
+        claims = vars(state).get(CLAIMS, {})
+        if key in claims and claims[key]() is instance:
+            del claims[key]

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -21,11 +21,15 @@ __all__ = [
     "TrainerControl",
     "TrainerState",
     "callback_states",
+    "saved_attributes",
+    "saved_states",
     "write_json_atomically",
 ]
 
 #: File name of the serialized state inside a checkpoint folder (same as transformers).
 TRAINER_STATE_NAME = "trainer_state.json"
+#: The attribute under which a stateful callback saves the key that tells its instances apart.
+STATE_KEY_FIELD = "state_key"
 
 
 class ExportableState(ExportableStateBase):
@@ -82,6 +86,29 @@ def callback_states(callbacks: Iterable[Any]) -> dict[str, Any]:
         else:
             grouped[name] = callback.state()
     return grouped
+
+
+def saved_states(source: Any, name: str) -> list[Mapping[str, Any]]:
+    """The saved states (``{"args", "attributes"}``) of class ``name``, oldest first: the one reader
+    of ``stateful_callbacks`` (`callback_states`' layout), from a ``TrainerState``, the content of a
+    ``trainer_state.json`` or its ``stateful_callbacks`` dict."""
+    if isinstance(source, Mapping):
+        saved = source["stateful_callbacks"] if "stateful_callbacks" in source else source
+    else:
+        saved = getattr(source, "stateful_callbacks", None)
+    entries = saved.get(name) if isinstance(saved, Mapping) else None
+    entries = entries if isinstance(entries, list) else [entries]
+    return [entry for entry in entries if isinstance(entry, Mapping)]
+
+
+def saved_attributes(source: Any, name: str, key: str) -> Optional[dict[str, Any]]:
+    """The saved attributes of the instance of class ``name`` whose ``state_key`` is ``key``, or None;
+    the last entry wins (transformers appends one at each save for a class with several instances)."""
+    for entry in reversed(saved_states(source, name)):
+        attributes = entry.get("attributes")
+        if isinstance(attributes, Mapping) and attributes.get(STATE_KEY_FIELD) == key:
+            return dict(attributes)
+    return None
 
 
 def exportable_state_types() -> tuple[type, ...]:

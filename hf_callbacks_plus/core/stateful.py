@@ -20,7 +20,13 @@ from typing import Any, Optional
 from .._compat import trainer_saves_callback_states_per_checkpoint
 from .callback import TrainerCallback
 from .checkpoint_folders import checkpoint_folder
-from .state import TRAINER_STATE_NAME, ExportableState, write_json_atomically
+from .state import (
+    STATE_KEY_FIELD,
+    TRAINER_STATE_NAME,
+    ExportableState,
+    saved_attributes,
+    write_json_atomically,
+)
 
 __all__ = ["SelfRestoringState"]
 
@@ -37,7 +43,7 @@ class SelfRestoringState(TrainerCallback, ExportableState):
     """
 
     #: Attribute name under which the instance key is saved.
-    STATE_KEY_FIELD = "state_key"
+    STATE_KEY_FIELD = STATE_KEY_FIELD
 
     @property
     def state_key(self) -> str:
@@ -82,22 +88,7 @@ class SelfRestoringState(TrainerCallback, ExportableState):
 
     def find_saved_state(self, trainer_state: Any) -> Optional[dict[str, Any]]:
         """Return this instance's saved attributes from a resumed ``TrainerState``, or None."""
-        saved = getattr(trainer_state, "stateful_callbacks", None)
-        if not isinstance(saved, dict):
-            return None
-        entries = saved.get(type(self).__name__)
-        if entries is None:
-            return None
-        if not isinstance(entries, list):
-            entries = [entries]
-        # transformers' _save_checkpoint APPENDS to the list when a class has several instances,
-        # so one checkpoint holds stale entries (from train begin, earlier saves) before the
-        # current one: the last entry with our key is the state at this checkpoint.
-        for entry in reversed(entries):
-            attributes = entry.get("attributes", {}) if isinstance(entry, dict) else {}
-            if attributes.get(self.STATE_KEY_FIELD) == self.state_key:
-                return attributes
-        return None
+        return saved_attributes(trainer_state, type(self).__name__, self.state_key)
 
     def restore_from_trainer_state(self, trainer_state: Any) -> bool:
         """Load this instance's state from a resumed ``TrainerState``.

@@ -20,11 +20,12 @@ from typing import Any, Callable, Optional
 
 from ..callbacks.console_summary import ConsoleSummary
 from ..core.callback import weak_reference
+from ..core.wrapping import wrap_method
 from ..metrics.keys import TIMING_NAMES, evaluation_prefix
 
 __all__ = ["column_name", "evaluation_prefix", "fit_notebook_table"]
 
-#: Set on a wrapped callback, so a second call wraps nothing.
+#: Marks the wrapped ``on_evaluate``, so a second call wraps nothing.
 _FITTED = "_hf_callbacks_plus_table"
 #: Keys of an evaluation record that are the trainer's and belong to no prefix.
 _SHARED_KEYS = ("epoch", "total_flos")
@@ -48,10 +49,9 @@ def fit_notebook_table(trainer: Any) -> None:
         trainer: A ``transformers.Trainer`` (or subclass).
     """
     for callback in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
-        if _is_notebook_callback(callback) and not vars(callback).get(_FITTED):
-            callback.on_evaluate = _fitted_on_evaluate(callback, callback.on_evaluate,
-                                                       weak_reference(trainer))
-            setattr(callback, _FITTED, True)
+        if _is_notebook_callback(callback):
+            wrap_method(callback, "on_evaluate", lambda original, callback=callback: _fitted_on_evaluate(
+                callback, original, weak_reference(trainer)), marker=_FITTED)
 
 
 def _summary_of(trainer: Any) -> Optional[ConsoleSummary]:

@@ -66,8 +66,9 @@ def fires_pre_log(trainer: Any) -> bool:
 
 def use_our_handler(trainer: Any) -> CallbackHandler:
     """Give ``trainer`` our `CallbackHandler` in place of its own (same callbacks, same order,
-    same event keyword arguments); a no-op when it already has one. In a notebook, transformers'
-    table then shows our values beside the trainer's columns (see `fit_notebook_table`).
+    same event keyword arguments); a no-op when it already has one. Nothing else changes (the
+    notebook table is `fit_notebook_table`'s, which `run_before_integrations` and ``TrainerPlus``
+    call).
 
     Args:
         trainer: A ``transformers.Trainer`` (or subclass).
@@ -75,7 +76,6 @@ def use_our_handler(trainer: Any) -> CallbackHandler:
     Returns:
         The trainer's handler.
     """
-    fit_notebook_table(trainer)  # in a notebook: our values beside the trainer's columns
     old = trainer.callback_handler
     if isinstance(old, CallbackHandler):
         return old
@@ -102,9 +102,10 @@ def run_before_integrations(trainer: Any, *callbacks: Any) -> Any:
     """Wire ``callbacks`` into a stock (or trl) trainer: our handler, ahead of the integrations.
 
     The trainer gets our `CallbackHandler` (see `use_our_handler`), so ``on_pre_log`` fires
-    before every ``on_log`` (integrations and console). Each callback (instance or class) is
-    moved when already present, added otherwise, to the position just before the first
-    integration callback (TensorBoardCallback, WandbCallback, MLflowCallback, ..., and
+    before every ``on_log`` (integrations and console), and in a notebook transformers' table
+    shows our values beside the trainer's columns (`fit_notebook_table`). Each callback
+    (instance or class) is moved when already present, added otherwise, to the position just
+    before the first integration callback (TensorBoardCallback, WandbCallback, MLflowCallback, ..., and
     ``hf_callbacks_plus`` loggers); without any integration they go to the end. Every
     callback of the trainer with a ``bind(trainer)`` method receives the trainer.
 
@@ -129,6 +130,7 @@ def run_before_integrations(trainer: Any, *callbacks: Any) -> Any:
             f"callback_handler, got {type(trainer).__name__}."
         )
     handler = use_our_handler(trainer)
+    fit_notebook_table(trainer)
     ordered = []
     for callback in callbacks:
         instance = callback() if isinstance(callback, type) else callback

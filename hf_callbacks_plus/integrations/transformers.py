@@ -89,6 +89,7 @@ class TrainerPlusMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         use_our_handler(self)
+        fit_notebook_table(self)
         self.key_grammar = grammar_for(self)
         self.loop_context: Mapping[str, Any] = MappingProxyType({})
         for callback in list(self.callback_handler.callbacks):

@@ -37,6 +37,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
+from ..core.checks import check_choice, check_number
 from .keys import SPEED_SUFFIXES, TIMING_NAMES, TRAINING_LOOP_KEYS, KeyGrammar
 
 logger = logging.getLogger("hf_callbacks_plus")
@@ -50,7 +51,6 @@ __all__ = [
     "TRL_DIRECTIONS",
     "Monitor",
     "check_mode",
-    "check_number",
     "check_thresholds",
     "gap_is_meaningful",
     "infer_mode",
@@ -193,26 +193,6 @@ def trl_metric(name: str) -> Optional[str]:
 _TRL_LONGEST_FIRST = sorted(TRL_DIRECTIONS, key=len, reverse=True)
 
 
-def check_number(name: str, value: Any, *, owner: str = "Monitor", allow_none: bool = False,
-                 minimum: Optional[float] = None) -> Optional[float]:
-    """Validate one numeric setting: a finite int/float (not a bool), optionally >= ``minimum``.
-
-    Raises:
-        TypeError: ``value`` is not a number (or None when ``allow_none``).
-        ValueError: ``value`` is not finite or below ``minimum``.
-    """
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kind = "a number or None" if allow_none else "a number"
-        raise TypeError(f"{owner}: {name} must be {kind}, got {value!r} ({type(value).__name__}).")
-    if not math.isfinite(value):
-        raise ValueError(f"{owner}: {name} must be finite, got {value!r}.")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value!r}.")
-    return float(value)
-
-
 def check_mode(mode: Any, min_delta: Any, min_delta_mode: Any, *, owner: str = "Monitor") -> float:
     """Validate ``mode``, ``min_delta`` and ``min_delta_mode``; return ``min_delta`` as a float.
 
@@ -220,13 +200,9 @@ def check_mode(mode: Any, min_delta: Any, min_delta_mode: Any, *, owner: str = "
         TypeError: ``min_delta`` is not a number.
         ValueError: ``mode``/``min_delta_mode`` is not a valid choice, or ``min_delta`` < 0.
     """
-    if mode not in MODES:
-        raise ValueError(f"{owner}: mode must be one of {list(MODES)}, got {mode!r}.")
-    if min_delta_mode not in MIN_DELTA_MODES:
-        raise ValueError(
-            f"{owner}: min_delta_mode must be one of {list(MIN_DELTA_MODES)}, got {min_delta_mode!r}."
-        )
-    delta = check_number("min_delta", min_delta, owner=owner)
+    check_choice(owner, "mode", mode, MODES)
+    check_choice(owner, "min_delta_mode", min_delta_mode, MIN_DELTA_MODES)
+    delta = check_number(owner, "min_delta", min_delta)
     if delta is None or delta < 0:
         raise ValueError(
             f"{owner}: min_delta must be >= 0, got {min_delta!r} (the amount a value must beat the best by)."
@@ -247,9 +223,9 @@ def check_thresholds(mode: Optional[str], *, baseline: Any = None, stopping_thre
         ValueError: A threshold is not finite, or two thresholds are on the wrong side of each
             other (e.g. in min mode a ``stopping_threshold`` above the ``baseline``).
     """
-    baseline = check_number("baseline", baseline, owner=owner, allow_none=True)
-    stopping = check_number("stopping_threshold", stopping_threshold, owner=owner, allow_none=True)
-    divergence = check_number("divergence_threshold", divergence_threshold, owner=owner, allow_none=True)
+    baseline = check_number(owner, "baseline", baseline, allow_none=True)
+    stopping = check_number(owner, "stopping_threshold", stopping_threshold, allow_none=True)
+    divergence = check_number(owner, "divergence_threshold", divergence_threshold, allow_none=True)
     if mode not in ("min", "max"):
         return
     better = "below" if mode == "min" else "above"

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import weakref
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from ..core.callback import weak_reference
+from ..core.wrapping import wrap_method
 from ..metrics.keys import RUN_COUNTERS, TIMING_NAMES
 from .random_state import random_state_kept
 
@@ -395,26 +396,15 @@ def record_evaluate_calls(trainer: Any) -> None:
     """
     if getattr(type(trainer), "records_evaluate_calls", False) is True:
         return
-    if getattr(vars(trainer).get("evaluate"), _RECORDER, False):
-        return
-    current = trainer.evaluate
-    signature = _signature(current)
-    owner = weakref.ref(trainer)
-    if getattr(current, "__self__", None) is trainer:  # the class's method: called on the live trainer
-        function = current.__func__
+    signature, owner = _signature(trainer.evaluate), weak_reference(trainer)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return function(owner(), *args, **kwargs)
-    else:  # a callable set on the instance by someone else: kept as it is
-        call = current
+    def recording(call: Callable[..., Any]) -> Callable[..., Any]:
+        def evaluate(*args: Any, **kwargs: Any) -> Any:
+            with evaluate_call(owner(), signature, args, kwargs):
+                return call(*args, **kwargs)
+        return evaluate
 
-    def evaluate(*args: Any, **kwargs: Any) -> Any:
-        with evaluate_call(owner(), signature, args, kwargs):
-            return call(*args, **kwargs)
-
-    evaluate.__doc__ = current.__doc__
-    setattr(evaluate, _RECORDER, True)
-    trainer.evaluate = evaluate
+    wrap_method(trainer, "evaluate", recording, marker=_RECORDER)
 
 
 def evaluation_arguments(trainer: Any) -> dict[str, Any]:

@@ -231,7 +231,7 @@ def test_lightweight_trainer_keeps_its_checkpoints(tmp_path):
 # -- what is refused, and when --------------------------------------------------------------
 @pytest.mark.parametrize(("kwargs", "error", "words"), [
     ({"monitor": "eval_loss", "k": 0}, ValueError, "k must be an int >= 1"),
-    ({"monitor": "eval_loss", "k": True}, ValueError, "k must be an int >= 1"),
+    ({"monitor": "eval_loss", "k": True}, TypeError, "k must be an int >= 1"),
     ({"monitor": "eval_loss", "mode": "up"}, ValueError, "mode must be one of"),
     ({"monitor": "eval_los"}, ValueError, "Did you mean 'eval_loss'"),
     ({"monitor": "eval_score"}, ValueError, "Pass mode='min'"),
@@ -313,7 +313,8 @@ def test_infinities_rank_as_load_best_model_at_end_picks(tmp_path, values, great
 def test_a_plain_metric_with_a_dict_of_eval_sets_is_refused_before_any_save(tmp_path, wiring, monitor):
     """A trainer that binds its callbacks (TrainerPlus, run_before_integrations) shows its eval
     datasets at train begin; a stock Trainer shows callbacks no dataset before it evaluates, so
-    there it is the first evaluation, which comes before the save of its step."""
+    there it is the first evaluation: the trainer saves that step first (issue 41), nothing is kept,
+    and the error names the checkpoint to resume from."""
     from hf_callbacks_plus.integrations.ordering import run_before_integrations
     from hf_callbacks_plus.integrations.transformers import TrainerPlus
     from tests.tiny_models import RegressionDataset
@@ -326,10 +327,13 @@ def test_a_plain_metric_with_a_dict_of_eval_sets_is_refused_before_any_save(tmp_
         run_before_integrations(trainer, keeper)
     error = RuntimeError if wiring == "stock Trainer" else ValueError
     words = "eval_a_score' or 'eval_b_score'" if error is ValueError else "named datasets"
-    with pytest.raises(error, match=words):
+    with pytest.raises(error, match=words) as refused:
         trainer.train()
     assert trainer.state.global_step == (2 if wiring == "stock Trainer" else 0)
-    assert checkpoint_steps(tmp_path) == [] and kept_steps(tmp_path) == []
+    assert checkpoint_steps(tmp_path) == ([2] if wiring == "stock Trainer" else [])
+    assert kept_steps(tmp_path) == []
+    if wiring == "stock Trainer":
+        assert f"resume_from_checkpoint='{tmp_path / 'checkpoint-2'}'" in str(refused.value)
 
 
 def test_resumable_with_save_only_model_is_refused_at_train_begin(tmp_path):

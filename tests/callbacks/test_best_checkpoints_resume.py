@@ -180,11 +180,27 @@ def test_a_checkpoint_copied_to_another_output_dir_starts_a_fresh_ranking(tmp_pa
     assert kept_steps(tmp_path / "second") == [12, 16]
 
 
-def test_a_fresh_run_refuses_a_folder_holding_another_runs_kept_checkpoints(tmp_path):
+def test_a_fresh_run_into_the_same_output_dir_sets_the_earlier_kept_checkpoints_aside(tmp_path, caplog):
+    """A script run again into its output_dir (issue 41): the earlier run's kept folders move aside,
+    untouched, with one warning naming where; the new run keeps its own. Before, it was refused."""
+    first = keeper()
+    scripted_run(tmp_path, [first], score=SCORE).train()
+    before = tree_hashes(tmp_path / KEPT)
+    again = keeper()
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        scripted_run(tmp_path, [again], score=SCORE).train()
+    aside = tmp_path / f"{KEPT}.run-{first.run_id[:8]}-step-{first.last_step}"
+    assert f"are set aside, not deleted: in {aside}" in caplog.text and "earlier_runs='refuse'" in caplog.text
+    assert tree_hashes(aside) == before  # the earlier run's folders and manifest, byte for byte
+    assert again.run_id != first.run_id and kept_steps(tmp_path) == [e.step for e in again.entries]
+
+
+def test_earlier_runs_refuse_refuses_a_folder_holding_another_runs_kept_checkpoints(tmp_path):
     scripted_run(tmp_path, [keeper()], score=SCORE).train()
     before = tree_snapshot(tmp_path / KEPT)
-    again = scripted_run(tmp_path, [keeper()], score=SCORE)
-    with pytest.raises(RuntimeError, match="holds kept checkpoints of run"):
+    refusing = KeepBestCheckpoints("eval_score", k=2, mode="min", earlier_runs="refuse")
+    again = scripted_run(tmp_path, [refusing], score=SCORE)
+    with pytest.raises(RuntimeError, match="holds kept checkpoints of run .*earlier_runs='refuse'"):
         again.train()
     assert again.state.global_step == 0 and tree_snapshot(tmp_path / KEPT) == before
 

@@ -176,20 +176,6 @@ def test_plain_eval_metric_with_named_eval_sets(tmp_path):
 
 
 @pytest.mark.transformers
-def test_a_metric_of_an_evaluation_that_never_runs_warns_at_the_end_and_save_model_runs(tmp_path, caplog):
-    """A monitored metric no evaluation produced is a warning at the end of training, not an error
-    in on_train_end: the run ends normally and the model can still be saved."""
-    stopper = EarlyStopping("train_subset_score", mode="min")  # no TrainSubsetEvaluation in callbacks
-    trainer = scripted_trainer(tmp_path, lambda step: 1.0, callbacks=[stopper], max_steps=6)
-    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
-        trainer.train()
-    trainer.save_model(str(tmp_path / "final"))
-    assert (tmp_path / "final" / "model.safetensors").exists() and trainer.state.global_step == 6
-    assert "no evaluation of this run returned the monitored metric, so early stopping never acted" in (
-        caplog.text)
-
-
-@pytest.mark.transformers
 @pytest.mark.parametrize("first_has_it", [True, False])
 def test_metric_present_in_some_evaluations_only(tmp_path, first_has_it):
     """The rule: strict raises only when the FIRST evaluation that should hold the metric lacks it;

@@ -426,6 +426,40 @@ def test_a_replaced_predictions_file_is_listed_once(tmp_path):
     assert sorted(folder.iterdir()) == sorted(expected)
 
 
+class NotANumber:
+    """A metric whose value is NaN (a correlation of constant predictions, an AUROC of one class)."""
+
+    def update(self, scores, target):
+        pass
+
+    def compute(self):
+        return torch.tensor(float("nan"))
+
+    def reset(self):
+        pass
+
+
+@pytest.mark.parametrize("changed", ["nan", "rounded in on_pre_log"])
+def test_predictions_files_are_named_when_written_whatever_the_logged_values(tmp_path, changed):
+    """The file is named by the evaluation that writes it (its metric_key_prefix): a NaN metric, or a
+    record whose values a callback changed, named nothing when files were renamed after the logged
+    values (they stayed ``evaluation-step-0-0.jsonl``)."""
+
+    class Rounding(TrainerCallback):
+        def on_pre_log(self, args, state, control, logs=None, **kwargs):
+            logs.update({key: round(value, 2) for key, value in logs.items() if key.endswith("accuracy")})
+
+    metrics = {"score": NotANumber()} if changed == "nan" else None
+    callback = StreamingMetrics(metrics, num_classes=3, train_metrics=None, save_predictions=5)
+    trainer = build("classification", tmp_path, trainer_class=TrainerPlus,
+                    callbacks=[callback] + ([Rounding()] if changed != "nan" else []))
+    trainer.evaluate()
+    trainer.evaluate(metric_key_prefix="again")
+    folder = tmp_path / "predictions"
+    assert sorted(path.name for path in folder.iterdir()) == ["again-step-0.jsonl", "eval-step-0.jsonl"]
+    assert callback.prediction_files == [folder / "eval-step-0.jsonl", folder / "again-step-0.jsonl"]
+
+
 # -- memory ----------------------------------------------------------------------------------------
 def peak_allocated(function):
     """The peak of the bytes torch's CPU allocator holds while ``function`` runs, above what it held

@@ -15,6 +15,7 @@ from hf_callbacks_plus.integrations.ordering import (  # noqa: E402
     fires_pre_log,
     is_integration_callback,
     run_before_integrations,
+    use_our_handler,
 )
 from hf_callbacks_plus.integrations.transformers import TrainerPlus  # noqa: E402
 from tests.integrations.tensorboard_events import read_scalars  # noqa: E402
@@ -163,3 +164,21 @@ def test_train_subset_and_early_stopping_values_reach_the_console(tmp_path, caps
     printed = [line for line in capsys.readouterr().out.splitlines() if "'eval_loss'" in line]
     assert len(printed) == 2
     assert all("'train_subset_loss'" in line for line in printed), printed
+
+
+@pytest.mark.parametrize("wiring", ["use_our_handler", "run_before_integrations", "TrainerPlus"])
+def test_only_the_wiring_fits_the_notebook_table_use_our_handler_swaps_the_handler_alone(tmp_path, wiring):
+    """``use_our_handler`` gives the trainer our handler and nothing else (it used to wrap the
+    notebook table's ``on_evaluate`` as a hidden side effect); `run_before_integrations` and
+    ``TrainerPlus`` fit the table, by calling ``fit_notebook_table`` themselves."""
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    from hf_callbacks_plus.integrations.notebook import _FITTED
+
+    trainer = make_trainer(tmp_path, callbacks=[NotebookProgressCallback()],
+                           trainer_class=TrainerPlus if wiring == "TrainerPlus" else None)
+    {"use_our_handler": use_our_handler, "run_before_integrations": run_before_integrations}.get(
+        wiring, lambda trainer: None)(trainer)
+    (table,) = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, NotebookProgressCallback)]
+    assert isinstance(trainer.callback_handler, CallbackHandler)
+    assert getattr(table.on_evaluate, _FITTED, False) is (wiring != "use_our_handler")

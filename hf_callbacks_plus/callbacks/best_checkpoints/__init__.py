@@ -29,16 +29,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Optional, Union
 
-from ...core.callback import weak_reference
 from ...core.checkpoint_files import kept_entries
 from ...core.checkpoint_folders import checkpoint_folder
-from ...core.claims import TrainBeginClaims
+from ...core.checks import check_bool, check_choice, check_int
 from ...core.stateful import SelfRestoringState
-from ...metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar, grammar_for
+from ...metrics.keys import BEST_CHECKPOINTS_SECTION, KeyGrammar
 from ...metrics.monitor import MODES, Monitor
 from ...metrics.numbers import to_float
 from ...runtime.console import tell
 from ...runtime.distributed import from_rank0, sum_over_ranks
+from ..monitoring import MonitoringCallback
 from .files import (
     abandon_folder,
     begin_folder,
@@ -52,7 +52,7 @@ from .files import (
     write_manifest,
 )
 from .ranking import Admission, Kept, TopK, admit, rankings
-from .start import Start, plan_start
+from .start import EARLIER_RUNS, Start, plan_start
 
 __all__ = ["KeepBestCheckpoints", "TopK"]
 
@@ -60,7 +60,6 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 _OWNER = "KeepBestCheckpoints"
 _FLAGS = ("resumable", "strict", "report", "verbose")
-_CLAIMS = TrainBeginClaims()
 _SAME_KEY = ("the same dirname, so they would delete each other's folders. Give each its own "
              "dirname, or rank several metrics in one: KeepBestCheckpoints(['eval_loss', 'eval_accuracy']).")
 MANIFEST_FORMAT = 2
@@ -73,7 +72,7 @@ def _text(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-class KeepBestCheckpoints(SelfRestoringState):
+class KeepBestCheckpoints(MonitoringCallback, SelfRestoringState):
     """Keep the ``k`` best saved checkpoints by one or several metrics; rotation never deletes them.
 
     At every save the checkpoint's step is ranked by the values the trainer logged at that
@@ -130,14 +129,16 @@ class KeepBestCheckpoints(SelfRestoringState):
         >>> both = KeepBestCheckpoints([TopK("eval_rewards/accuracies", k=2), TopK("eval_rewards/margins")])
     """
 
+    #: Said after a missing metric's message.
+    without_it = " Without it no checkpoint is ranked by it."
+
     def __init__(self, monitor: MonitorArg = None, k: int = 1, mode: str = "auto", *,
                  dirname: str = "best_checkpoints", resumable: bool = False, strict: bool = True,
-                 report: bool = True, verbose: bool = True) -> None:
+                 report: bool = True, verbose: bool = True, earlier_runs: str = "set_aside") -> None:
         self.monitor, self.k, self.mode, self.dirname = monitor, k, mode, dirname
         self.resumable, self.strict, self.report, self.verbose = resumable, strict, report, verbose
-        self.grammar = KeyGrammar()
-        self._trainer: Any = None
-        self._monitors: list[Monitor] = []
+        self.earlier_runs = earlier_runs
+        super().__init__()
         self.specs: list[TopK] = []
         self._check_settings()
         self.reset()
@@ -146,10 +147,8 @@ class KeepBestCheckpoints(SelfRestoringState):
     def _requested(self) -> list[TopK]:
         """The rankings as given (modes not resolved yet); [] for ``monitor=None``."""
         k, mode, monitor = self.k, self.mode, self.monitor
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"{_OWNER}: k must be an int >= 1 (how many checkpoints to keep), got {k!r}.")
-        if mode not in MODES:
-            raise ValueError(f"{_OWNER}: mode must be one of {list(MODES)}, got {mode!r}.")
+        check_int(_OWNER, "k", k, minimum=1, meaning="how many checkpoints to keep")
+        check_choice(_OWNER, "mode", mode, MODES)
         if monitor is None:
             return []
         items = [monitor] if isinstance(monitor, (str, TopK, Mapping)) else monitor
@@ -168,11 +167,8 @@ class KeepBestCheckpoints(SelfRestoringState):
             if not isinstance(spec, TopK) or not isinstance(spec.monitor, str) or not spec.monitor:
                 raise TypeError(f"{_OWNER}: each monitor must be a non-empty metric name or a TopK, "
                                 f"got {item!r}.")
-            if isinstance(spec.k, bool) or not isinstance(spec.k, int) or spec.k < 1:
-                raise ValueError(f"{_OWNER}: TopK({spec.monitor!r}) k must be an int >= 1, got {spec.k!r}.")
-            if spec.mode not in MODES:
-                raise ValueError(f"{_OWNER}: TopK({spec.monitor!r}) mode must be one of {list(MODES)}, "
-                                 f"got {spec.mode!r}.")
+            check_int(_OWNER, f"TopK({spec.monitor!r}) k", spec.k, minimum=1)
+            check_choice(_OWNER, f"TopK({spec.monitor!r}) mode", spec.mode, MODES)
             specs.append(spec)
         return specs
 
@@ -180,8 +176,8 @@ class KeepBestCheckpoints(SelfRestoringState):
         """Validate every setting and resolve the rankings (from ``args`` for ``monitor=None``).
         Called at construction and at train begin."""
         for name in _FLAGS:
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{_OWNER}: {name} must be True or False, got {getattr(self, name)!r}.")
+            check_bool(_OWNER, name, getattr(self, name))
+        check_choice(_OWNER, "earlier_runs", self.earlier_runs, EARLIER_RUNS)
         dirname = self.dirname
         if not isinstance(dirname, str) or not dirname or dirname in (".", "..") or os.path.isabs(dirname) \
                 or "/" in dirname or os.sep in dirname or dirname.startswith("checkpoint"):
@@ -213,14 +209,6 @@ class KeepBestCheckpoints(SelfRestoringState):
                              f"(a TopK sets its own k and mode).")
         self._monitors, self.specs = monitors, specs
 
-    def bind(self, trainer: Any) -> KeepBestCheckpoints:
-        """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        self._trainer = weak_reference(trainer)
-        self.grammar = grammar_for(trainer)
-        for monitor in self._monitors:
-            monitor.grammar = self.grammar
-        return self
-
     # -- state ---------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget the ranking (called at every train begin, before a resume restores it)."""
@@ -237,7 +225,6 @@ class KeepBestCheckpoints(SelfRestoringState):
         self._pending: Optional[int] = None
         self._confirmed: set[str] = set()
         self._unranked: list[int] = []
-        self._evaluates = False
 
     @property
     def state_key(self) -> str:
@@ -256,7 +243,7 @@ class KeepBestCheckpoints(SelfRestoringState):
             monitor = [asdict(item) if isinstance(item, TopK) else dict(item) if isinstance(item, Mapping)
                        else item for item in monitor]
         return {"monitor": monitor, "k": self.k, "mode": self.mode, "dirname": self.dirname,
-                **{name: getattr(self, name) for name in _FLAGS}}
+                "earlier_runs": self.earlier_runs, **{name: getattr(self, name) for name in _FLAGS}}
 
     def state_attributes(self) -> dict[str, Any]:
         """The ranking as it stands: through the previous save (the trainer asks for the state
@@ -329,8 +316,8 @@ class KeepBestCheckpoints(SelfRestoringState):
         record = self._record_of(state)
         values = {}
         for spec, monitor in zip(self.specs, self._monitors):
-            key, raw = monitor.lookup(record)
-            if key is None or (key == monitor.monitor and self._bare_means_eval(monitor)):
+            key, raw = self.lookup(monitor, record, from_evaluate=False)
+            if key is None:
                 continue
             value = to_float(raw)
             values[spec.monitor] = math.nan if value is None else value
@@ -339,44 +326,12 @@ class KeepBestCheckpoints(SelfRestoringState):
         epoch = getattr(state, "epoch", None)
         return Kept(step, values, None if epoch is None else float(epoch))
 
-    def _bare_means_eval(self, monitor: Monitor) -> bool:
-        """A bare name (``"accuracy"``) means ``eval_<name>`` in a run that evaluates, never a
-        training record's key of that name (trl's running ``mean_token_accuracy``)."""
-        return self._evaluates and not self.grammar.has_section(monitor.monitor)
-
-    def _check_record(self, values: Any, from_evaluate: bool) -> None:
-        """The first record that should hold a metric and does not: raise (strict) or warn."""
-        if not isinstance(values, Mapping):
-            return
-        for monitor in self._monitors:
-            if monitor.monitor in self._confirmed:
-                continue
-            key, _ = monitor.lookup(values)
-            if key is not None:
-                self._confirmed.add(monitor.monitor)
-                continue
-            problem = monitor.missing_problem(values, from_evaluate)
-            if problem is not None:
-                self._confirmed.add(monitor.monitor)
-                self._fail(RuntimeError, problem + " Without it no checkpoint is ranked by it.")
-
-    def _fail(self, error: type, message: str) -> None:
-        if self.strict:
-            raise error(message)
-        logger.warning("%s (strict=False: continuing.)", message)
-
     # -- train begin ---------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Check the settings and the run, then restore and reconcile the ranking, or start one."""
         self.reset()
         self._check_settings(args)
-        trainer = self._trainer() if self._trainer is not None else None
-        for monitor in self._monitors:
-            problem = monitor.check_run(args, trainer) or self._schedule_problem(args, monitor)
-            if problem is not None:
-                self._fail(ValueError, problem)
-        _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
-        self._evaluates = _text(getattr(args, "eval_strategy", "no")) != "no"
+        self.watch_begin(args, state, claim=_SAME_KEY)
         # the main process writes the kept folders and the manifest; every rank copies the files it
         # wrote (its ZeRO partition, its distributed-checkpoint shard, its RNG state)
         self._writer = bool(getattr(state, "is_world_process_zero", True))
@@ -390,7 +345,8 @@ class KeepBestCheckpoints(SelfRestoringState):
         saved = self.find_saved_state(state) if step > 0 else None
         candidate = self._candidate(state, None)
         history = list(getattr(state, "log_history", None) or [])
-        start = from_rank0(lambda: plan_start(saved, step, history, candidate, output_dir, self.directory))
+        start = from_rank0(lambda: plan_start(saved, step, history, candidate, output_dir, self.directory,
+                                              self.earlier_runs))
         if start.problem is not None:
             raise RuntimeError(start.problem)
         if getattr(state, "is_world_process_zero", True):
@@ -461,7 +417,7 @@ class KeepBestCheckpoints(SelfRestoringState):
         folder = self.folder(step)
         return folder if folder is not None and os.path.isdir(folder) else None
 
-    def _schedule_problem(self, args: Any, monitor: Monitor) -> Optional[str]:
+    def run_problem(self, args: Any, monitor: Monitor) -> Optional[str]:
         """Why no saved checkpoint would ever have the metric, or None."""
         save = _text(getattr(args, "save_strategy", "steps"))
         if save == "no":
@@ -642,30 +598,29 @@ class KeepBestCheckpoints(SelfRestoringState):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The save of the previous step is over (see `_settle`)."""
+        super().on_step_begin(args, state, control, **kwargs)
         self._settle()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         """Check the first evaluation holds the metrics; rank a save waiting for them."""
         self._state = state
-        self._check_record(metrics, from_evaluate=True)
+        self.check_record(metrics, True, state, control)
         self._rank_pending(args, state)
 
-    def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+    def observe_record(self, args: Any, state: Any, control: Any, logs: dict, **kwargs: Any) -> None:
         """Check the first training record holds a training-loop metric; add the ranking to the
-        end-of-training record."""
+        end-of-training record (with a stock Trainer at ``on_log``: the callbacks after this one,
+        our loggers, see it)."""
         self._state = state
-        if not isinstance(logs, dict):
-            return
-        if KeyGrammar.is_summary_record(logs):
-            if self.report and self.specs:
-                logs.update(self.summary())
-            return
-        self._check_record(logs, from_evaluate=False)
+        if not KeyGrammar.is_summary_record(logs):
+            self.check_record(logs, False, state, control)
+        elif self.report and self.specs:
+            logs.update(self.summary())
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        """As `on_pre_log` (a stock Trainer fires only ``on_log``: later callbacks, our loggers, see
-        the ranking); then rank a save waiting for the values just logged."""
-        self.on_pre_log(args, state, control, logs=logs, **kwargs)
+        """`observe_record` (when ``on_pre_log`` did not); then rank a save waiting for the values
+        just logged."""
+        super().on_log(args, state, control, logs=logs, **kwargs)
         if isinstance(logs, dict) and not KeyGrammar.is_summary_record(logs):
             self._rank_pending(args, state)
 
@@ -689,9 +644,9 @@ class KeepBestCheckpoints(SelfRestoringState):
         self.keep_trainer_state_current(args, state)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Settle the last save; warn about unranked or unkept saves; print the kept checkpoints."""
+        """Settle the last save; warn about unranked or unkept saves; print the kept checkpoints;
+        raise the refusal training stopped for."""
         self._settle()
-        _CLAIMS.release(state, self.state_key, self)
         self._state = None
         if self._unranked and self.specs:
             logger.warning("%s: %d saved checkpoint(s) (steps %s) had no value of %s and were not ranked.",
@@ -704,6 +659,7 @@ class KeepBestCheckpoints(SelfRestoringState):
                            os.path.join(self.directory or "", "manifest.json"))
         if self.verbose and self.specs:
             tell(self.summary_message(), state, verbose=True)
+        self.watch_end(args, state, claim=True)
 
     # -- reporting -----------------------------------------------------------------------
     def summary(self) -> dict[str, float]:

@@ -29,7 +29,9 @@ prefix of the resumed one. A ranked step whose folder cannot be found or made ke
 marked missing, and is told once: as *gone* when it should have been there, as *evicted later*
 when the line left behind evicted it after the resumed step.
 
-A fresh run refuses a ``<dirname>/`` holding kept checkpoints: its ranking would mix with them.
+A fresh run into an ``output_dir`` whose ``<dirname>/`` holds kept checkpoints (a script run
+again: the usual habit) sets them aside the same way, with a warning, unless
+``earlier_runs="refuse"``: then it refuses to start (its ranking would mix with them).
 
 `plan_start` reads the disk and changes nothing: the callback applies the plan on the processes
 that write, so every rank takes rank 0's plan.
@@ -47,9 +49,11 @@ from ...core.checkpoint_folders import checkpoint_folder, checkpoint_steps
 from .files import history_matches, leftovers, read_manifest
 from .ranking import Kept
 
-__all__ = ["SetAside", "Start", "plan_start"]
+__all__ = ["EARLIER_RUNS", "SetAside", "Start", "plan_start"]
 
 _OWNER = "KeepBestCheckpoints"
+#: What a fresh run does with the kept checkpoints of an earlier run in its folder.
+EARLIER_RUNS = ("set_aside", "refuse")
 
 
 @dataclass
@@ -103,7 +107,8 @@ def _new_line() -> str:
 
 
 def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[Any],
-               candidate: Optional[Kept], output_dir: str, directory: str) -> Start:
+               candidate: Optional[Kept], output_dir: str, directory: str,
+               earlier_runs: str = "set_aside") -> Start:
     """Plan the start of a run's ranking (see the module docstring).
 
     Args:
@@ -113,14 +118,21 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
         candidate: The values of the resumed step in its ``log_history``, or None.
         output_dir: The run's ``output_dir`` (resolved).
         directory: Our folder in it.
+        earlier_runs: ``"set_aside"`` or ``"refuse"``: what a fresh run does with the kept
+            checkpoints of an earlier run in ``directory``. Defaults to ``"set_aside"``.
 
     Returns:
         The `Start`.
     """
     manifest = read_manifest(directory) or {}
     folders = checkpoint_steps(directory)
-    if step == 0:
-        return _fresh(output_dir, directory, manifest, folders)
+    if step == 0 and folders and earlier_runs == "refuse":
+        whose = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
+        return Start(_new_line(), output_dir, 0, problem=(
+            f"{_OWNER}: {directory} holds kept checkpoints of {whose} (steps {sorted(folders)}) and "
+            f"earlier_runs='refuse'. A new ranking would mix with them. Move or delete that folder, use "
+            f"another output_dir or dirname, resume that run (train(resume_from_checkpoint=True)), or pass "
+            f"earlier_runs='set_aside'."))
     line = saved.get("run_id") if saved is not None else None
     moved = None
     if line and saved.get("output_dir") != output_dir and manifest.get("run_id") != line:
@@ -155,6 +167,9 @@ def plan_start(saved: Optional[Mapping[str, Any]], step: int, history: Sequence[
                    f"{manifest_step}; the steps after {step} are trained again")
         elif line:
             why = f"this run resumes from step {step} of run {line}, and {directory} holds {whose}'s"
+        elif step == 0:
+            why = (f"this fresh run's {directory} holds {whose}'s, an earlier run into this output_dir "
+                   f"(pass earlier_runs='refuse' to refuse such a start)")
         else:
             why = (f"the checkpoint this run resumes from (step {step}) holds no ranking of {directory}, "
                    f"which holds {whose}'s")
@@ -188,17 +203,6 @@ def _set_aside(directory: str, manifest: Mapping[str, Any], folders: Sequence[in
         path = f"{name}.{number}"
     return SetAside(path, sorted(n for n in folders if n not in shared), sorted(shared),
                     dict(manifest) if manifest else None)
-
-
-def _fresh(output_dir: str, directory: str, manifest: Mapping[str, Any], steps: Sequence[int]) -> Start:
-    start = Start(_new_line(), output_dir, 0)
-    if steps:
-        owner = f"run {manifest['run_id']}" if manifest.get("run_id") else "an unknown run (no manifest)"
-        start.problem = (
-            f"{_OWNER}: {directory} holds kept checkpoints of {owner} (steps {sorted(steps)}). A new "
-            f"ranking would mix with them. Move or delete that folder, use another output_dir or dirname, "
-            f"or resume that run (train(resume_from_checkpoint=True)).")
-    return start
 
 
 def _source(output_dir: str, directory: str, step: int, history: Sequence[Any]) -> Optional[str]:

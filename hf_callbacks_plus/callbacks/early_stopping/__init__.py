@@ -16,15 +16,15 @@ import inspect
 import logging
 from typing import Any, Optional
 
-from ...core.callback import weak_reference
-from ...core.claims import TrainBeginClaims
+from ...core.checks import check_bool, check_name
+from ...core.state import saved_attributes
 from ...core.stateful import SelfRestoringState
-from ...metrics.keys import KeyGrammar, grammar_for
 from ...metrics.monitor import Monitor, check_mode
 from ...metrics.numbers import to_float
 from ...runtime.console import tell
 from ...runtime.distributed import distributed_world_size, from_rank0
 from ...runtime.isolated_evaluation import evaluated_weights
+from ..monitoring import MonitoringCallback
 from .best_weights import BestWeights, step_checkpoint
 from .policy import (
     Decision,
@@ -41,14 +41,12 @@ logger = logging.getLogger("hf_callbacks_plus")
 
 _OWNER = "EarlyStopping"
 _FLAGS = ("strict", "restore_best", "reset_on_resume", "sync_decision", "report", "verbose")
-#: The state keys claimed at the train begin of the current ``train()`` (duplicates refused).
-_CLAIMS = TrainBeginClaims()
 _SAME_KEY = ("the same monitor and mode, so their states would mix on resume and their reports would "
              "overwrite each other. Give each a distinct log_name, e.g. EarlyStopping(..., "
              "log_name='patient') and EarlyStopping(..., log_name='strict').")
 
 
-class EarlyStopping(SelfRestoringState):
+class EarlyStopping(MonitoringCallback, SelfRestoringState):
     """Stop training when a monitored metric stops improving; survives checkpoint/resume.
 
     Patience counts *observations of the monitored metric*: evaluations for eval/train-subset
@@ -78,18 +76,20 @@ class EarlyStopping(SelfRestoringState):
             Defaults to None.
         check_finite: Stop when the value is NaN/Inf. A non-finite value is never best
             either way. Defaults to True.
-        strict: Raise when the metric cannot show up, as early as that is known: at train begin
-            (from ``args`` and the bound trainer) or at the first evaluation that should hold it
-            (listing the keys present, with a "did you mean"). Later evaluations without it are
-            skipped observations; nothing raises once training is over (a warning instead).
-            False warns once and keeps training. Defaults to True.
+        strict: Refuse a metric that cannot show up, as early as that is known: at train begin
+            (``args``, the bound trainer), before the first step (no `TrainSubsetEvaluation` for
+            a ``train_subset_*`` metric), else at the first evaluation that should hold it (the
+            keys present, a "did you mean"): the trainer saves that step first and ``train()``
+            raises naming the checkpoint to resume from. Later evaluations without it are
+            skipped observations. False warns once and keeps training. Defaults to True.
         restore_best: At the end of training, load the best weights: from the checkpoint of
             the best step when it exists, else from an in-memory CPU copy (one copy of the
             ``state_dict``, kept until a checkpoint safe from rotation holds the same
             weights). Under DeepSpeed ZeRO-1/2/3 and FSDP each rank keeps a CPU copy of its
             own part (its ZeRO master partition, its FSDP shards: no gather, one shard of
             memory) and puts it back at the end; the model then holds the best step's
-            weights as the engine saved them (see ``docs/distributed.md``). Defaults to False.
+            weights as the engine saved them (see ``docs/distributed.md``). Loaded after
+            ``load_best_model_at_end``'s: on different metrics, a warning says so. Defaults to False.
         reset_on_resume: When resuming from a checkpoint written after this callback
             stopped training, forget the stop and the counter (keep the best) and train on.
             Defaults to False: stop again (no step in TrainerPlus/LightweightTrainer, one in a Trainer).
@@ -148,9 +148,7 @@ class EarlyStopping(SelfRestoringState):
         self.check_finite, self.strict, self.restore_best = check_finite, strict, restore_best
         self.reset_on_resume, self.sync_decision, self.report = reset_on_resume, sync_decision, report
         self.log_name, self.verbose = log_name, verbose
-        self.grammar = KeyGrammar()
-        self._trainer: Any = None
-        self._monitor: Optional[Monitor] = None
+        super().__init__()
         self._given_name: Optional[str] = None  # metric_for_best_model as written (monitor=None)
         self._best_weights = BestWeights()
         self._check_settings()
@@ -162,12 +160,9 @@ class EarlyStopping(SelfRestoringState):
         """Validate every setting; build the `Monitor` (from ``args`` when ``monitor=None``) and
         the `StoppingPolicy` from them. Called at construction and at train begin."""
         monitor, log_name = self.monitor, self.log_name
-        if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            raise TypeError(f"EarlyStopping: monitor must be a non-empty string (e.g. 'eval_loss') or None "
-                            f"(use args.metric_for_best_model), got {monitor!r}.")
+        check_name(_OWNER, "monitor", monitor, example="eval_loss", none="use args.metric_for_best_model")
         for name in _FLAGS:
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"EarlyStopping: {name} must be True or False, got {getattr(self, name)!r}.")
+            check_bool(_OWNER, name, getattr(self, name))
         if log_name is not None and (not isinstance(log_name, str) or not log_name or "/" in log_name):
             raise ValueError(f"EarlyStopping: log_name must be None or a non-empty string without '/', "
                              f"got {log_name!r}.")
@@ -178,20 +173,16 @@ class EarlyStopping(SelfRestoringState):
         settings = {"mode": self.mode, "min_delta": self.min_delta, "min_delta_mode": self.min_delta_mode,
                     "grammar": self.grammar, "owner": _OWNER}
         if monitor is not None:
-            self._monitor = Monitor(monitor, **settings)
+            self._monitors = [Monitor(monitor, **settings)]
         elif args is not None:
-            self._monitor = Monitor.from_args(args, **settings)
+            self._monitors = [Monitor.from_args(args, **settings)]
             self._given_name = getattr(args, "metric_for_best_model", None)
         policy.check_for(self.resolved_mode or (None if self.mode == "auto" else self.mode))
         self.policy = policy
 
-    def bind(self, trainer: Any) -> EarlyStopping:
-        """Share the trainer's key grammar (called by every runner; see ``bind_trainer``)."""
-        self._trainer = weak_reference(trainer)
-        self.grammar = grammar_for(trainer)
-        if self._monitor is not None:
-            self._monitor.grammar = self.grammar
-        return self
+    @property
+    def _monitor(self) -> Optional[Monitor]:
+        return self._monitors[0] if self._monitors else None
 
     # -- state ---------------------------------------------------------------------------
     def reset(self) -> None:
@@ -206,9 +197,6 @@ class EarlyStopping(SelfRestoringState):
         self.message = ""
         self.best_checkpoint: Optional[str] = None
         self._last_observed: Optional[tuple[int, str]] = None
-        self._bare_means_eval = False  # set at train begin (see _observe)
-        self._first_checked = False  # the first record that should hold the metric was checked
-        self._warned_missing = False
         self._keys_seen: set[str] = set()
         self._evaluations_seen = 0
         self._best_weights.drop_snapshot()
@@ -250,12 +238,7 @@ class EarlyStopping(SelfRestoringState):
         given = self._given_name or self.monitor
         if found is not None or not given or self.resolved_mode is None or self._key(given) == self.state_key:
             return found
-        entries = (getattr(trainer_state, "stateful_callbacks", None) or {}).get(type(self).__name__) or []
-        for entry in reversed(entries if isinstance(entries, list) else [entries]):
-            attributes = entry.get("attributes", {}) if isinstance(entry, dict) else {}
-            if attributes.get(self.STATE_KEY_FIELD) == self._key(given):
-                return attributes
-        return None
+        return saved_attributes(trainer_state, _OWNER, self._key(given))
 
     def state_args(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in ARGUMENTS}
@@ -311,14 +294,11 @@ class EarlyStopping(SelfRestoringState):
             self.grammar.learn_from_metrics(values)
             if len(self._keys_seen) < 1000:
                 self._keys_seen.update(k for k in values if isinstance(k, str))
-        key, raw = self._monitor.lookup(values)
-        if key is not None and not from_evaluate and self._bare_means_eval and key == self._monitor.monitor \
-                and "loss" in values:
-            return  # a bare name means eval_<name> in a run that evaluates, never the training record's
+        key, raw = self.lookup(self._monitor, values, from_evaluate)
         if key is None:
-            self._check_missing(values, from_evaluate)
+            self.check_record(values, from_evaluate, state, control)
             return
-        self._first_checked = True
+        self._confirmed.add(self._monitor.monitor)
         step = int(getattr(state, "global_step", 0))
         if self.stopped:
             control.should_training_stop = True
@@ -328,8 +308,8 @@ class EarlyStopping(SelfRestoringState):
         self._last_observed = (step, key)
         value = to_float(raw)
         if value is None:
-            self._fail(TypeError, f"EarlyStopping: the monitored metric {key!r} is not a number: "
-                                  f"{raw!r} ({type(raw).__name__}).")
+            self.refuse(TypeError, f"EarlyStopping: the monitored metric {key!r} is not a number: "
+                                   f"{raw!r} ({type(raw).__name__}).", state, control)
             return
         decision = self.decide(value, step, float(getattr(state, "epoch", 0) or 0.0))
         if self.sync_decision:  # rank 0's decision on every rank
@@ -366,23 +346,6 @@ class EarlyStopping(SelfRestoringState):
             logs.update(self._pending_report)
             self._pending_report = {}
 
-    def _fail(self, error: type, message: str) -> None:
-        if self.strict:
-            raise error(message)
-        if not self._warned_missing:
-            self._warned_missing = True
-            logger.warning("%s (strict=False: early stopping ignores it.)", message)
-
-    def _check_missing(self, values: dict, from_evaluate: bool) -> None:
-        problem = None if self._monitor is None else self._monitor.missing_problem(values, from_evaluate)
-        if problem is None:
-            return
-        if not self._first_checked:  # the first record that should hold it: the strict check
-            self._first_checked = True
-            self._fail(RuntimeError, problem)
-        else:  # later records without it: skipped observations (documented rule)
-            logger.debug("%s (a skipped observation: the metric was seen before.)", problem)
-
     # -- events --------------------------------------------------------------------------
     def on_resume_check(self, args: Any, state: Any, control: Any, reasons: Any = None,
                         **kwargs: Any) -> None:
@@ -408,21 +371,13 @@ class EarlyStopping(SelfRestoringState):
         state when resuming."""
         self.reset()
         self._check_settings(args)
-        monitor = self._monitor
-        if monitor is None:
+        if self._monitor is None:
             raise RuntimeError("EarlyStopping: monitor could not be resolved.")
-        problem = monitor.check_run(args, self._trainer() if self._trainer is not None else None)
-        if problem is not None:
-            if self.strict:
-                raise ValueError(problem)
-            logger.warning("%s (strict=False: continuing.)", problem)
-        _CLAIMS.claim(state, self.state_key, self, _SAME_KEY)
-        strategy = getattr(args, "eval_strategy", "no")
-        evaluates = str(getattr(strategy, "value", strategy)) != "no"
-        self._bare_means_eval = evaluates and not self.grammar.has_section(monitor.monitor)
+        self.watch_begin(args, state, claim=_SAME_KEY)
         super().on_train_begin(args, state, control, **kwargs)
         self._output_dir = getattr(args, "output_dir", None)
         if self.restore_best:
+            self._say_which_weights_win(args)
             self._best_weights.key = self.state_key
             self._best_weights.on_train_begin(args, state, kwargs.get("model"), self.best_step,
                                               kwargs.get("optimizer"))
@@ -446,13 +401,31 @@ class EarlyStopping(SelfRestoringState):
             control.should_training_stop = True
             self._queue_report()
 
-    def on_pre_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        """(TrainerPlus / LightweightTrainer) observe the record and add the report to it."""
+    def _say_which_weights_win(self, args: Any) -> None:
+        """One warning (by the first restorer) when ``load_best_model_at_end`` and ``restore_best``
+        instances load the best weights of different metrics at train end; the last loaded stays."""
+        callbacks = getattr(getattr(self.trainer, "callback_handler", None), "callbacks", None) or [self]
+        restorers = [cb for cb in callbacks if isinstance(cb, EarlyStopping) and cb.restore_best] or [self]
+        best = [(f"restore_best of EarlyStopping({cb.monitor_name!r}, mode={cb.resolved_mode!r})",
+                 (self.grammar.canonical(cb.monitor_name or ""), cb.resolved_mode)) for cb in restorers]
+        wanted = getattr(args, "metric_for_best_model", None)
+        if getattr(args, "load_best_model_at_end", False) and isinstance(wanted, str) and wanted:
+            trainer = Monitor.from_args(args, grammar=self.grammar)
+            best.insert(0, (f"load_best_model_at_end (metric_for_best_model={wanted!r}, greater_is_better="
+                            f"{bool(getattr(args, 'greater_is_better', False))})",
+                            (self.grammar.canonical(trainer.monitor), trainer.mode)))
+        if restorers[0] is self and len({metric for _, metric in best}) > 1:
+            logger.warning("EarlyStopping: %d mechanisms load their best weights at the end of training, "
+                           "by different metrics, in this order: %s. The model ends with the weights of the "
+                           "last: %s. Keep one of them (or let them watch the same metric and mode).",
+                           len(best), "; then ".join(said for said, _ in best), best[-1][0])
+
+    def observe_record(self, args: Any, state: Any, control: Any, logs: dict, **kwargs: Any) -> None:
+        """Observe the record and add the report to it (at ``on_pre_log``: every ``on_log`` sees it;
+        with a stock Trainer at ``on_log``: the callbacks after this one see it)."""
         self._observe(logs, state, control, kwargs.get("model"), from_evaluate=False,
                       optimizer=kwargs.get("optimizer"))
         self._inject_report(logs)
-
-    on_log = on_pre_log  # observe the record; a pending report reaches the callbacks after this one
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         """Observe evaluation metrics (each evaluation counts once even if also logged)."""
@@ -469,15 +442,17 @@ class EarlyStopping(SelfRestoringState):
             self.best_checkpoint = path
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Check the metric showed up; restore the best weights when asked; print the summary."""
+        """Raise the refusal training stopped for; check the metric showed up; restore the best
+        weights when asked; print the summary."""
+        self.watch_end(args, state, claim=True)
         if self.verbose and self._monitor is not None:
             tell(summary_message(self.monitor_name, reason=self.reason, stopped_step=self.stopped_step,
                                  last_step=int(getattr(state, "global_step", 0)), best_value=self.best_value,
                                  best_step=self.best_step, label=self.log_name, options=self.state_args()),
                  state, verbose=True)
-        _CLAIMS.release(state, self.state_key, self)
         monitor = self._monitor
-        if monitor is not None and not self._first_checked and self._evaluations_seen > 0 and monitor.prefix:
+        if monitor is not None and monitor.monitor not in self._confirmed and self._evaluations_seen > 0 \
+                and monitor.prefix:
             # never raise here: the training is done and the user's save_model() comes next
             logger.warning("EarlyStopping: no evaluation of this run returned the monitored metric, so early "
                            "stopping never acted. %s", monitor.explain_missing(self._keys_seen))

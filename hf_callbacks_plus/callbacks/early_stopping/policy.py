@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional
 
-from ...metrics.monitor import Monitor, check_number, check_thresholds
+from ...core.checks import check_bool, check_int, check_number
+from ...metrics.monitor import Monitor, check_thresholds
 
 __all__ = ["Decision", "Progress", "StopReason", "StoppingPolicy", "stop_message", "summary_message"]
 
@@ -142,14 +143,6 @@ class Progress:
     best_epoch: Optional[float] = None
 
 
-def _check_count(name: str, value: object, meaning: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"EarlyStopping: {name} must be an int >= 0 ({meaning}), got {value!r} "
-                        f"({type(value).__name__}).")
-    if value < 0:
-        raise ValueError(f"EarlyStopping: {name} must be an int >= 0 ({meaning}), got {value!r}.")
-
-
 @dataclass(frozen=True)
 class StoppingPolicy:
     """The rules: patience, baseline, thresholds, warm-up and the non-finite check.
@@ -177,13 +170,13 @@ class StoppingPolicy:
     check_finite: bool = True
 
     def __post_init__(self) -> None:
-        _check_count("patience", self.patience, "evaluations without improvement before stopping")
-        _check_count("start_from_step", self.start_from_step, "warm-up steps")
-        check_number("start_from_epoch", self.start_from_epoch, owner="EarlyStopping", minimum=0)
+        check_int("EarlyStopping", "patience", self.patience, 0,
+                  "evaluations without improvement before stopping")
+        check_int("EarlyStopping", "start_from_step", self.start_from_step, 0, "warm-up steps")
+        check_number("EarlyStopping", "start_from_epoch", self.start_from_epoch, minimum=0)
         check_thresholds(None, baseline=self.baseline, stopping_threshold=self.stopping_threshold,
                          divergence_threshold=self.divergence_threshold, owner="EarlyStopping")
-        if not isinstance(self.check_finite, bool):
-            raise TypeError(f"EarlyStopping: check_finite must be True or False, got {self.check_finite!r}.")
+        check_bool("EarlyStopping", "check_finite", self.check_finite)
 
     def check_for(self, mode: Optional[str]) -> None:
         """Check the thresholds lie on the right side of each other for ``mode`` (None: skip).

@@ -50,6 +50,7 @@ import time
 from typing import Any, Optional, Union
 
 from ...core.callback import TrainerCallback
+from ...core.checks import check_choice, check_int
 from ...metrics.keys import evaluation_prefix, is_training_record
 from ...runtime.distributed import distributed_world_size, sum_over_ranks
 from ...runtime.engines import sharding_engine
@@ -140,12 +141,8 @@ class ThroughputMonitor(TrainerCallback):
                 f"ThroughputMonitor: peak_flops must be a number > 0 (FLOP/s of one device) or None, "
                 f"got {peak_flops!r}."
             )
-        if precision != "auto" and precision not in PRECISIONS:
-            raise ValueError(
-                f"ThroughputMonitor: precision must be one of {['auto', *PRECISIONS]}, got {precision!r}."
-            )
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"ThroughputMonitor: warmup_steps must be an int >= 0, got {warmup_steps!r}.")
+        check_choice("ThroughputMonitor", "precision", precision, ["auto", *PRECISIONS])
+        check_int("ThroughputMonitor", "warmup_steps", warmup_steps, minimum=0)
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.precision = precision

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 from ...core.callback import TrainerCallback
+from ...core.checks import check_int, check_name
 from ...metrics.monitor import gap_is_meaningful
 from ...runtime.isolated_evaluation import (
     accumulators_set_aside,
@@ -37,6 +38,7 @@ from ...runtime.isolated_evaluation import (
     record_evaluate_calls,
     relabel_metrics,
 )
+from ..monitoring import announce_metrics
 from .sampling import take_subset
 
 __all__ = ["TrainSubsetEvaluation"]
@@ -115,12 +117,8 @@ class TrainSubsetEvaluation(TrainerCallback):
                 f"TrainSubsetEvaluation: size as a fraction must be in (0, 1], got {size!r}; "
                 "pass an int for a number of samples."
             )
-        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-            raise TypeError(f"TrainSubsetEvaluation: seed must be an int, got {seed!r}.")
-        if stratify_by is not None and not isinstance(stratify_by, str):
-            raise TypeError(
-                f"TrainSubsetEvaluation: stratify_by must be a column name or None, got {stratify_by!r}."
-            )
+        check_int("TrainSubsetEvaluation", "seed", seed)
+        check_name("TrainSubsetEvaluation", "stratify_by", stratify_by, example="label", none="uniform")
         if every != "eval" and (
             isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1
         ):
@@ -194,6 +192,7 @@ class TrainSubsetEvaluation(TrainerCallback):
                     "(e.g. prefix='train_subset_small')."
                 )
         self.subset()
+        announce_metrics(state, [self.prefix, "gap"] if self.gap_metrics else [self.prefix])
         strategy = getattr(args, "eval_strategy", None)
         strategy = getattr(strategy, "value", strategy)
         if self.every == "eval" and strategy == "no" and not self._warned_no_eval:
