@@ -343,8 +343,7 @@ class MLflowBackend(Backend):
     def _check_usable(self, run_id: str) -> None:
         from mlflow.exceptions import MlflowException
 
-        where = mask_url_credentials(self.store.uri)
-        source = "run_id=, MLFLOW_RUN_ID or the resumed checkpoint"
+        where, source = self.where, "run_id=, MLFLOW_RUN_ID or the resumed checkpoint"
         try:
             run = self.client.get_run(run_id)
         except MlflowException as error:

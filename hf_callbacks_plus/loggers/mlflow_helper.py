@@ -1,22 +1,18 @@
-"""The store a tracking URI names (`Store`, the URI parsed once), its creation, and the helper process
-that makes it and writes it: a store MLflow writes in the caller's process (sqlite, another database, a
-file store) is written from a helper process, as a tracking server writes its own store.
+"""The store a tracking URI names (`Store`: the URI parsed once), and the helper process that makes it
+and writes its large calls, as a tracking server makes and writes its own store.
 
-**Creation.** MLflow makes a store's tables with alembic, whose migration state is process-wide: two
-creations at once in one process (ours in the background, and the user's own ``MlflowClient`` or fluent
-call on the training thread) break each other and leave the store broken. So the training process never
-makes one: `make_store` runs in the helper. A sqlite or file store is made beside its place and moved
-there in one step that never replaces what another process made meanwhile (theirs is used), so a process
-killed midway leaves no half-made store.
+**Making a store.** MLflow makes a store's tables with alembic, whose migration state is process-wide:
+two creations at once in one process (ours, and the user's own ``MlflowClient`` or fluent call on the
+training thread) break each other and the store. So the training process never makes one: `make_store`
+runs in the helper, which never replaces a store another process made meanwhile.
 
-**Writes.** MLflow writes such a store with about 90 µs of SQLAlchemy work per point, holding the GIL. On
-the sender's thread that work kept the training thread waiting for the GIL between its tensor operations:
-at 500 metrics a step ``train()`` of the 100 ms model took 55 % longer while the training thread's own CPU
-grew 3 % (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper, which holds its
-own ``MlflowClient``; the sender waits on the pipe without the GIL. Small calls stay in this process, and
-so do the large ones until they have taken a second (or the helper made the store): the helper's import of
-mlflow costs about 2.5 s of CPU, which a run that logs little to an existing store never pays. The helper
-then starts in the background and takes calls once it says it is up: no call waits for its start.
+**Writing it.** MLflow writes a sqlite, database or file store in the calling process with about 90 µs
+of SQLAlchemy work per point, holding the GIL: at 500 metrics a step ``train()`` of the 100 ms model
+took 55 % longer (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper; the
+sender waits on the pipe without the GIL. Small calls stay in this process, and so do the large ones
+until they have taken a second, unless the helper made the store: its import of mlflow costs about
+2.5 s of CPU, which a run that logs little to an existing store never pays. It starts in the
+background and takes calls once it says it is up: no call waits for its start.
 
 The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
 code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes: at
@@ -113,25 +109,38 @@ class Store:
         return self.scheme in ("http", "https")
 
 
+@contextmanager
+def _engine(uri: str) -> Iterator[Any]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _has_tables(engine: Any) -> bool:
+    from mlflow.store.db.utils import _all_tables_exist
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return _all_tables_exist(engine)
+    except OperationalError as error:
+        if "locked" in str(error):  # its maker holds it
+            return False
+        raise
+
+
 def store_is_made(store: Store) -> bool:
-    """Whether the store exists with every table of MLflow's models: opening it then runs no migration
-    (MLflow's own test, ``_all_tables_exist``). Only a store `Store.written_here` is asked."""
+    """Whether a store `Store.written_here` exists with every table of MLflow's models: opening it then
+    runs no migration (MLflow's own test, ``_all_tables_exist``)."""
     if store.path is not None and not os.path.exists(store.path):
         return False
     if store.kind == "file":
         return True
-    import sqlalchemy
-    from mlflow.store.db.utils import _all_tables_exist
-
-    engine = sqlalchemy.create_engine(store.uri)
-    try:
-        return _all_tables_exist(engine)
-    except sqlalchemy.exc.OperationalError as error:
-        if "locked" in str(error):  # its maker holds it
-            return False
-        raise
-    finally:
-        engine.dispose()
+    with _engine(store.uri) as engine:
+        return _has_tables(engine)
 
 
 def make_store(store: Store) -> None:
@@ -140,8 +149,8 @@ def make_store(store: Store) -> None:
     A sqlite or file store that does not exist is made as ``<store>.creating-<pid>`` and moved to its
     place unless a store appeared there meanwhile, which is used, never replaced; the next creation removes
     the draft of a process that died. Another database without MLflow's tables gets them at once when it is
-    empty, under MLflow's own lock (``_safe_initialize_tables``). A store someone else is making is waited
-    for, at most `WAIT_SECONDS`; one still not whole then is made whole as MLflow does when it opens it.
+    empty, under MLflow's own lock. A store someone else is making is waited for, at most `WAIT_SECONDS`;
+    one still not whole then is made whole as MLflow does when it opens one.
     """
     if store.path is not None and not os.path.exists(store.path):
         for draft in glob.glob(f"{glob.escape(store.path)}.creating-*"):  # with their journal files
@@ -153,49 +162,35 @@ def make_store(store: Store) -> None:
                 continue
         draft = f"{store.path}.creating-{os.getpid()}"
         os.makedirs(os.path.dirname(store.path), exist_ok=True)
-        if store.kind == "sqlite":
-            _initialize(f"sqlite:///{draft}")
-        else:
-            from mlflow.store.tracking.file_store import FileStore
-            from mlflow.utils.file_utils import path_to_local_file_uri
-
-            FileStore(draft, path_to_local_file_uri(store.path))
         try:
+            if store.kind == "sqlite":
+                from mlflow.store.db.utils import _safe_initialize_tables
+
+                with _engine(f"sqlite:///{draft}") as engine:
+                    _safe_initialize_tables(engine)
+            else:
+                from mlflow.store.tracking.file_store import FileStore
+                from mlflow.utils.file_utils import path_to_local_file_uri
+
+                FileStore(draft, path_to_local_file_uri(store.path))
             _move_unless_there(draft, store.path)
         finally:
             _remove(draft)
+    if store.kind == "file":
+        return
+    from mlflow.store.db.utils import _is_empty_database, _safe_initialize_tables
+
     deadline = time.monotonic() + WAIT_SECONDS
-    while not store_is_made(store):
-        if time.monotonic() >= deadline or store.kind == "database" and _is_empty(store.uri):
-            try:
-                _initialize(store.uri)
-            except Exception:  # made meanwhile by someone else (a database refuses the second maker)
-                if not store_is_made(store):
-                    raise
-            return
-        time.sleep(0.1)
-
-
-def _initialize(uri: str) -> None:
-    import sqlalchemy
-    from mlflow.store.db.utils import _safe_initialize_tables
-
-    engine = sqlalchemy.create_engine(uri)
-    try:
-        _safe_initialize_tables(engine)
-    finally:
-        engine.dispose()
-
-
-def _is_empty(uri: str) -> bool:
-    import sqlalchemy
-    from mlflow.store.db.utils import _is_empty_database
-
-    engine = sqlalchemy.create_engine(uri)
-    try:
-        return _is_empty_database(engine)
-    finally:
-        engine.dispose()
+    with _engine(store.uri) as engine:
+        while not _has_tables(engine):
+            if time.monotonic() >= deadline or store.kind == "database" and _is_empty_database(engine):
+                try:
+                    _safe_initialize_tables(engine)
+                except Exception:  # made meanwhile by another (a database refuses the second maker)
+                    if not _has_tables(engine):
+                        raise
+                return
+            time.sleep(0.1)
 
 
 def _move_unless_there(source: str, target: str) -> None:
