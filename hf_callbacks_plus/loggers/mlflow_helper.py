@@ -10,9 +10,9 @@ runs in the helper, which never replaces a store another process made meanwhile.
 of SQLAlchemy work per point, holding the GIL: at 500 metrics a step ``train()`` of the 100 ms model
 took 55 % longer (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper; the
 sender waits on the pipe without the GIL. Small calls stay in this process, and so do the large ones
-until they have taken a second, unless the helper made the store: its import of mlflow costs about
-2.5 s of CPU, which a run that logs little to an existing store never pays. It starts in the
-background and takes calls once it says it is up: no call waits for its start.
+until they have taken a second: its import of mlflow costs about 2.5 s of CPU, which a run that logs
+little to an existing store never pays. It starts in the background (or stays up after making the
+store) and takes calls once it says it is up: no call waits for its start.
 
 The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
 code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes: at
@@ -61,17 +61,11 @@ _HEADER = struct.Struct("<Q")
 
 @dataclass(frozen=True)
 class Store:
-    """A tracking URI, parsed once.
-
-    Attributes:
-        uri: What MLflow is given: a local store's path made absolute (a replay from another folder reaches
-            the same store; MLflow caches a store per URI string).
-        scheme: The URI's scheme, lower case (a one-word remote URI's word).
-        kind: ``"sqlite"`` or ``"file"`` (a local store at ``path``), ``"database"`` (another SQLAlchemy
-            database), ``"memory"`` (an in-memory sqlite database), ``"remote"`` (a server, Databricks, a
-            plugin's store).
-        path: A local store's absolute path. Defaults to None.
-    """
+    """A tracking URI, parsed once: ``uri`` as MLflow is given it (a local store's path made absolute:
+    a replay from another folder reaches the same store, and MLflow caches a store per URI string), its
+    ``scheme`` (lower case; a one-word remote URI's word), ``kind`` (``"sqlite"`` or ``"file"``: a local
+    store at ``path``; ``"database"``: another SQLAlchemy database; ``"memory"``: an in-memory sqlite
+    database; ``"remote"``: a server, Databricks, a plugin's store)."""
 
     uri: str
     scheme: str
@@ -254,14 +248,13 @@ class StoreHelper:
 
     def takes(self, points: int) -> bool:
         """Whether a call of ``points`` goes to the helper: ``min_points`` or more, once this process has
-        spent `START_AFTER_SECONDS` in such calls (the helper is started then) or the helper made the store,
+        spent `START_AFTER_SECONDS` in such calls (the helper is started then, unless it made the store)
         and the helper is up. Never waits: until the helper has imported mlflow, calls stay here.
 
         Raises:
             HelperEnded: The helper could not start, or ended while starting.
         """
-        return (points >= self.min_points and (self._up or self.seconds_here >= START_AFTER_SECONDS)
-                and self.start(0.0))
+        return points >= self.min_points and self.seconds_here >= START_AFTER_SECONDS and self.start(0.0)
 
     def spent(self, points: int, seconds: float) -> None:
         """Count a call of ``points`` made from this process in ``seconds``."""
