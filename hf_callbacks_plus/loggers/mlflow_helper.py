@@ -248,7 +248,7 @@ class StoreHelper:
 
     def takes(self, points: int) -> bool:
         """Whether a call of ``points`` goes to the helper: ``min_points`` or more, once this process has
-        spent `START_AFTER_SECONDS` in such calls (the helper is started then, unless it made the store)
+        spent `START_AFTER_SECONDS` in such calls (the helper is started then, if making the store did not)
         and the helper is up. Never waits: until the helper has imported mlflow, calls stay here.
 
         Raises:

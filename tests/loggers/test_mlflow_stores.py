@@ -202,9 +202,10 @@ def test_two_trainings_making_one_new_store_at_once_both_log_everything(tmp_path
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([place.name, "out1", "out2"])
 
 
-@pytest.mark.parametrize(("store", "system"), [("sqlite", "renameat2"), ("sqlite", "no renameat2"),
-                                               ("sqlite", "no hard links"), ("file store", "renameat2"),
-                                               ("file store", "no renameat2")])
+@pytest.mark.parametrize(("store", "system"), [
+    pytest.param("sqlite", "renameat2", marks=pytest.mark.second_tier),
+    pytest.param("sqlite", "no renameat2", marks=pytest.mark.second_tier),
+    ("sqlite", "no hard links"), ("file store", "renameat2"), ("file store", "no renameat2")])
 def test_a_store_another_process_makes_while_ours_is_made_is_used_never_replaced(tmp_path, monkeypatch,
                                                                                 _template_db, store, system):
     """Fault injection: the other process's store (with a run of its own) is put at the place just
