@@ -17,11 +17,11 @@ from typing import Any, Optional
 
 from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
-from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
+from .base import Backend, LogRecord, WarnOnce
+from .durable import DurableLogger
 from .mlflow_errors import explain_mlflow_error, is_transient_mlflow_error
 from .mlflow_helper import DATABASES, REMOTE_NAMES, HelperEnded, Store, StoreHelper, store_is_made
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
-from .wal import Sender, WriteAheadLog
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
            "explain_mlflow_error", "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
@@ -453,7 +453,7 @@ class MLflowBackend(Backend):
         return is_transient_mlflow_error(error)
 
 
-class MLflowLogger(TrackerLogger):
+class MLflowLogger(DurableLogger):
     """Logs to MLflow through a write-ahead log; resumes the same run from a checkpoint.
 
     Args:
@@ -482,6 +482,8 @@ class MLflowLogger(TrackerLogger):
 
     stock_callback = "MLflowCallback"
     summary_as_curves = True
+    #: An exception waits at most this long for the store (none while it is unreachable).
+    exception_timeout = 5.0
 
     def __init__(self, tracking_uri: Optional[str] = None, experiment_name: Optional[str] = None,
                  run_id: Optional[str] = None, run_name: Optional[str] = None,
@@ -530,9 +532,6 @@ class MLflowLogger(TrackerLogger):
         self.max_param_length = limits["MAX_PARAM_VAL_LENGTH"]
         self.backend: Backend = MLflowBackend(self.tracking_uri, self.experiment_name, self.run_name,
                                               self.tags, warn=self.warn)
-        self._wal: Optional[WriteAheadLog] = None
-        self._sender: Optional[Sender] = None
-        self._lost_error: Optional[BaseException] = None
 
     @property
     def state_key(self) -> str:
@@ -588,38 +587,18 @@ class MLflowLogger(TrackerLogger):
             self._write_file(save_model_to_temp(model, "mlflow_model_"), "model", "model")
         return super().on_train_end(args, state, control, model=model, **kwargs)
 
-    # -- writing: through the write-ahead log ---------------------------------------------------------
+    # -- the write-ahead log (DurableLogger) ---------------------------------------------------------
+    def wal_target(self) -> dict[str, Any]:
+        """The store, the experiment and the run key (credentials masked)."""
+        return self.backend.target(self.run_key)
+
+    def sender_options(self) -> dict[str, Any]:
+        """Other runs' logs for the same store are sent once this run is open."""
+        return {"for_target": lambda target: MLflowBackend.for_target(target, self.tracking_uri)}
+
     def _open_run(self, resume: bool, boundary: bool) -> None:
-        wal = WriteAheadLog(self.local_location())
-        try:
-            wal.open(self.backend.target(self.run_key), wait=self.flush_timeout)
-        except OSError as error:
-            raise OSError(error.errno, f"MLflowLogger: cannot write the run to {wal.path}: "
-                          f"{error.strerror or error}. Pass a writable wal_dir.") from error
-        if boundary:
-            wal.append({"kind": "boundary"})
-        self._wal, self.backend.log_path = wal, wal.path
-        self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume,
-                              name=self.logger_name, backoff=self.backoff,
-                              on_run_id=lambda run_id: setattr(self, "run_id", run_id),
-                              for_target=lambda target: MLflowBackend.for_target(target, self.tracking_uri))
-        self.run_id = self._sender.run_id
-        self._sender.start()
-
-    def _append(self, entry: dict[str, Any]) -> bool:
-        try:
-            self._wal.append(entry)
-        except Exception as error:  # a full disk: never into the training loop
-            self._lose(1, error)
-            self._lost_error = error
-            return False
-        finally:
-            self._sender.check_silence()
-        return True
-
-    def _write(self, record: LogRecord) -> None:
-        self._append({"kind": "log", "step": record.step, "time": record.time, "metrics": record.metrics,
-                      "summary": record.summary})
+        super()._open_run(resume, boundary)
+        self.backend.log_path = self._wal.path
 
     def _write_config(self, params: dict[str, str]) -> None:
         kept = {}
@@ -634,39 +613,7 @@ class MLflowLogger(TrackerLogger):
         if self.max_log_params is not None:
             kept = dict(list(kept.items())[: self.max_log_params])
         if kept:
-            self._append({"kind": "params", "params": kept})
-
-    def _write_file(self, folder: str, name: str, kind: str) -> None:
-        self._append({"kind": "file", "folder": folder, "name": name, "type": kind})
-
-    def _sync(self, timeout: float) -> bool:
-        if timeout <= 0:  # a checkpoint save: on disk, never waiting for the store
-            self._wal.sync()
-            return True
-        return self._sender.flush(timeout)
-
-    def _close_run(self, status: str, timeout: float) -> bool:
-        wal, sender, lost = self._wal, self._sender, self._lost
-        try:
-            wal.append({"kind": "finish", "status": status})
-        except OSError:  # a full disk: the sender sets the status itself
-            pass
-        finished = status == FINISHED  # an exception waits for no unreachable store
-        delivered = sender.close(status, timeout, grace=5.0 if finished else 1.0, while_down=finished)
-        if lost:
-            logger.error("%s: %d record(s) could not be written to %s (%s) and are not in the run (every "
-                         "logged record is also in the trainer's state.log_history, trainer_state.json).",
-                         self.logger_name, lost, wal.path, self._lost_error)
-        wal.close(delete=delivered)
-        self.backend.close()
-        self._wal = self._sender = None
-        return delivered and lost == 0 and not sender.dropped
-
-    def close_after_exception(self) -> bool:
-        """Close the run FAILED within ``min(flush_timeout, 5)`` s, at once while the store is unreachable."""
-        sender = self._sender
-        down = sender is not None and (sender.start_error is not None or sender.down)
-        return self.close(FAILED, timeout=0.0 if down else min(self.flush_timeout, 5.0))
+            super()._write_config(kept)
 
     def _log_config(self, args: Any, model: Any) -> None:
         if self.max_log_params != 0:
