@@ -47,6 +47,14 @@ def seq2seq_generation_settings(tmp_path: Path) -> None:
     assert vars(trainer)["_gen_kwargs"] == {"max_new_tokens": 3, "num_beams": 2}
 
 
+def mlflow_store_creation(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.store.db import utils
+
+    for name in ("_all_tables_exist", "_is_empty_database", "_safe_initialize_tables"):
+        assert list(inspect.signature(getattr(utils, name)).parameters) == ["engine"], name
+
+
 def loop_log_save_evaluate(tmp_path: Path) -> None:
     from transformers import Trainer
 
@@ -317,6 +325,13 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
     ("mlflow", "TrackingServiceClient", "_log_url",
      "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
+    ("mlflow", "mlflow.store.db.utils", "_all_tables_exist",
+     "loggers/mlflow_helper.py: whether a store has its tables (opening it then runs no migration)",
+     mlflow_store_creation),
+    ("mlflow", "mlflow.store.db.utils", "_is_empty_database",
+     "loggers/mlflow_helper.py: an empty database is given its tables at once", mlflow_store_creation),
+    ("mlflow", "mlflow.store.db.utils", "_safe_initialize_tables",
+     "loggers/mlflow_helper.py: a store's tables made under MLflow's own lock", mlflow_store_creation),
     ("torch", "SummaryWriter", "_get_file_writer",
      "loggers/tensorboard.py: one event per record", tensorboard_file_writer),
     ("torch", "FullyShardedDataParallel", "_handle",
@@ -421,6 +436,9 @@ def _names_in_package() -> tuple[dict[str, list[str]], set[str]]:
                                    and _private(e.attr) and isinstance(e.value, ast.Name)
                                    and e.value.id in ("self", "cls"))
             name = None
+            if isinstance(node, ast.ImportFrom) and not node.level:  # from library import _name
+                used.update({alias.name: used.get(alias.name, []) + [f"{where}:{node.lineno}"]
+                             for alias in node.names if _private(alias.name)})
             if isinstance(node, ast.Attribute) and _private(node.attr):
                 name = node.attr
             elif isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.func, ast.Name) \

@@ -69,10 +69,17 @@ class Backend:
     name = "backend"
     #: The position of the last record placed (`place`).
     position: Optional[int] = None
+    #: True when a call that returned means the tracker's files hold what it was given (MLflow's store);
+    #: False for a client that writes in the background (`confirm_durable` tells how far it has).
+    durable_on_answer = True
 
     def new_run_id(self) -> Optional[str]:
         """A new run's id when the client chooses it (W&B, TensorBoard, JSONL). Defaults to None."""
         return None
+
+    def prepare(self, run_id: Optional[str]) -> None:
+        """On the training thread, before a sender opens the run: what the user must fix at once raises
+        (an unwritable folder: ``OSError``). Defaults to nothing."""
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         """Open the run (reattach to it when ``resume``; by ``run_key`` when ``run_id`` is None); its id."""
@@ -107,9 +114,13 @@ class Backend:
         return record.step
 
     def confirm_durable(self) -> Optional[int]:
-        """The position up to which the tracker's own files hold every record placed before this call
-        (it may block; called on a thread of ours), or None when unknown. Defaults to None."""
+        """The position up to which the tracker's own files hold every record handed before this call
+        (it may block; called on the sender's thread), or None when unknown. Defaults to None."""
         return None
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Whether a call that raised ``error`` may succeed when retried. Defaults to False."""
+        return False
 
     def rewind(self, position: int) -> None:
         """Make a resumed session go on after ``position``: what the run holds after it is dropped.

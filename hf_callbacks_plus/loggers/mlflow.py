@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -14,24 +14,21 @@ from contextlib import closing
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import urlparse
 
 from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
-from .base import FAILED, FINISHED, Backend, LogRecord, TrackerLogger, WarnOnce, logger
+from .base import Backend, LogRecord, WarnOnce
+from .durable import DurableLogger
 from .mlflow_errors import explain_mlflow_error, is_transient_mlflow_error
-from .mlflow_helper import HelperEnded, StoreHelper, writes_in_process
+from .mlflow_helper import DATABASES, REMOTE_NAMES, HelperEnded, Store, StoreHelper, store_is_made
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
-from .wal import Sender, WriteAheadLog
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
-           "create_local_store", "explain_mlflow_error", "is_transient_mlflow_error", "mlflow_limits",
-           "validate_tracking_uri"]
+           "explain_mlflow_error", "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
 
 LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
 #: Tracking URI schemes MLflow understands out of the box (plugins add more).
-KNOWN_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks",
-                          "databricks-uc", "uc")
+KNOWN_TRACKING_SCHEMES = ("file", "sqlite", *DATABASES, "http", "https", *REMOTE_NAMES)
 #: Tag holding the client-made run key: a resume finds the run by it.
 RUN_KEY_TAG = "hf_callbacks_plus.run_key"
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
@@ -71,27 +68,22 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         return None
     if not isinstance(uri, str):
         raise TypeError(f"tracking_uri must be a str, got {type(uri).__name__}: {uri!r}")
-    scheme = urlparse(uri).scheme.lower()
-    if len(scheme) <= 1 or scheme == "file":  # a plain path, a Windows drive letter, file:
+    store = Store.parse(uri)
+    if store.kind == "file":
         _refuse_file_store_if_disabled(uri)
-        return uri
-    base = scheme.split("+")[0]
-    if base == "sqlite":
-        _refuse_unusable_sqlite_path(uri)
-    if base in KNOWN_TRACKING_SCHEMES or scheme in _plugin_schemes():
-        return uri
-    raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme {scheme!r}. "
-                     f"Valid schemes: {', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme "
-                     "registered by an MLflow plugin.")
+    elif store.kind == "sqlite":
+        _refuse_unusable_sqlite_path(uri, store.path)
+    elif store.scheme.split("+")[0] not in KNOWN_TRACKING_SCHEMES and store.scheme not in _plugin_schemes():
+        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme "
+                         f"{store.scheme!r}. Valid schemes: {', '.join(KNOWN_TRACKING_SCHEMES)}, a local "
+                         "path, or a scheme registered by an MLflow plugin.")
+    return uri
 
 
-def _refuse_unusable_sqlite_path(uri: str) -> None:
+def _refuse_unusable_sqlite_path(uri: str, path: str) -> None:
     """Refuse now a sqlite database MLflow cannot create (its folder is under a file, or not writable)."""
     for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
         require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
-    path = _local_store(uri)[0]
-    if path is None:
-        return
     problem = "is a directory" if os.path.isdir(path) else None
     ancestor = os.path.dirname(path)
     while problem is None and not os.path.exists(ancestor):
@@ -127,73 +119,6 @@ def _refuse_half_made_sqlite(uri: str, path: str) -> None:
     raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} was left "
                      "half-made by a process that ended while creating or upgrading its tables "
                      f"({', '.join(left)} left over), and MLflow cannot open it. To repair it: {fix}.")
-
-
-def _local_store(uri: Optional[str]) -> tuple[Optional[str], str]:
-    """The path of a local store (``"sqlite"`` or ``"file"``), else ``(None, "")``."""
-    scheme = urlparse(uri or "").scheme.lower()
-    path = uri.split(":///", 1)[1].split("?", 1)[0] if uri and ":///" in uri else ""
-    if scheme.split("+")[0] == "sqlite" and path and path != ":memory:":
-        return os.path.abspath(path), "sqlite"
-    if uri and (len(scheme) <= 1 or scheme == "file") and uri not in KNOWN_TRACKING_SCHEMES:
-        from mlflow.utils.file_utils import local_file_uri_to_path
-
-        return os.path.abspath(local_file_uri_to_path(uri)), "file"
-    return None, ""
-
-
-def absolute_store_uri(uri: Optional[str]) -> Optional[str]:
-    """``uri`` with a local store's path made absolute (what a replay from another folder must reach)."""
-    path, kind = _local_store(uri)
-    if kind == "sqlite":
-        query = uri.split(":///", 1)[1].partition("?")[1:]
-        return f"{uri.split(':///', 1)[0]}:///{path}{''.join(query)}"
-    return path if kind == "file" else uri
-
-
-def create_local_store(uri: Optional[str]) -> None:
-    """Create a sqlite or file store that does not exist yet beside its place, then move it there in one
-    step: a process that ends meanwhile (a crash right after train begin) leaves no half-made store, only
-    ``<store>.creating-<pid>``, which the next creation removes."""
-    path, kind = _local_store(uri)
-    if path is None or os.path.exists(path):
-        return
-    for stale in glob.glob(f"{glob.escape(path)}.creating-*"):  # with their journal files
-        try:
-            os.kill(int(re.match(r"\d+", stale[len(path) + 10:]).group()), 0)
-        except ProcessLookupError:
-            shutil.rmtree(stale, ignore_errors=True) if os.path.isdir(stale) else os.unlink(stale)
-        except (AttributeError, OSError):
-            continue
-    temporary = f"{path}.creating-{os.getpid()}"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if kind == "sqlite":
-        import sqlalchemy
-        from mlflow.store.db.utils import _initialize_tables
-
-        engine = sqlalchemy.create_engine(f"sqlite:///{temporary}")
-        try:
-            _initialize_tables(engine)
-        finally:
-            engine.dispose()
-        try:
-            os.link(temporary, path)
-        except FileExistsError:  # made meanwhile by another process: theirs is used
-            pass
-        except OSError:  # a file system without hard links
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-    else:
-        from mlflow.store.tracking.file_store import FileStore
-        from mlflow.utils.file_utils import path_to_local_file_uri
-
-        FileStore(temporary, path_to_local_file_uri(path))
-        try:
-            os.rename(temporary, path)
-        except OSError:  # made meanwhile by another process: theirs is used
-            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _refuse_file_store_if_disabled(uri: str) -> None:
@@ -232,7 +157,7 @@ class MLflowBackend(Backend):
     """One MLflow store through ``MlflowClient``: ``log_batch`` and ``set_terminated``.
 
     Args:
-        tracking_uri: Where to log (None: MLflow's default).
+        tracking_uri: Where to log (None: MLflow's default, read now).
         experiment_name: Experiment, created when missing (None: the default experiment).
         run_name: Name of a new run. Defaults to None (MLflow's generated name).
         tags: Tags of the run. Defaults to None.
@@ -240,7 +165,7 @@ class MLflowBackend(Backend):
         helper: Write a store MLflow writes in this process (sqlite, another database, a file store) from
             a helper process when a call holds at least one full batch, once such calls have taken a
             second here (`mlflow_helper`): a training keeps the GIL. Defaults to True (``replay``, which
-            does nothing else, passes False).
+            does nothing else, passes False). A new store is made by a helper process either way.
     """
 
     name = "MLflowLogger"
@@ -250,9 +175,9 @@ class MLflowBackend(Backend):
     def __init__(self, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str] = None, tags: Optional[dict[str, str]] = None,
                  warn: Optional[WarnOnce] = None, helper: bool = True) -> None:
-        # a local store's path made absolute now: MLflow caches a store per URI string, so a relative
-        # one would keep the file of the working directory it was first opened from
-        self.tracking_uri = absolute_store_uri(tracking_uri)
+        #: The store (a local store's path made absolute now: MLflow caches a store per URI string, so a
+        #: relative one would keep the file of the working directory it was first opened from).
+        self.store = Store.parse(tracking_uri or require("mlflow", "MLflowLogger").get_tracking_uri())
         self.experiment_name, self.run_name = experiment_name, run_name
         self.tags, self._warn = dict(tags or {}), warn or WarnOnce()
         limits = mlflow_limits()
@@ -265,10 +190,11 @@ class MLflowBackend(Backend):
         self.log_path: Optional[Path] = None
         self._client = self._monitor = None
         self._tried = False
-        uri = self.tracking_uri or self._mlflow_default_uri()
-        #: Writes large calls from a helper process (None: every call is made from this process).
-        self.helper: Optional[StoreHelper] = (StoreHelper(absolute_store_uri(uri), self.max_metrics_per_batch)
-                                              if helper and writes_in_process(uri) else None)
+        #: Makes a new store and writes large calls from a helper process (None: a store MLflow does not
+        #: write in this process).
+        self.helper: Optional[StoreHelper] = (StoreHelper(
+            self.store.uri, self.max_metrics_per_batch if helper else math.inf) if self.store.written_here
+            else None)
 
     @classmethod
     def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None,
@@ -290,21 +216,13 @@ class MLflowBackend(Backend):
         """What a write-ahead log records of its target: the tracking URI as a replay from any folder
         reaches it (a local store's path absolute, MLflow's default when none is given; credentials
         masked), the experiment, the run key."""
-        uri = self.tracking_uri or self._mlflow_default_uri()
-        return {"logger": self.name, "tracking_uri": mask_url_credentials(absolute_store_uri(uri)),
+        return {"logger": self.name, "tracking_uri": mask_url_credentials(self.store.uri),
                 "experiment_name": self.experiment_name, "run_key": run_key}
-
-    @staticmethod
-    def _mlflow_default_uri() -> Optional[str]:
-        import mlflow
-
-        return mlflow.get_tracking_uri()
 
     @property
     def where(self) -> str:
         """``"the store at <tracking URI>"`` (credentials masked), for messages."""
-        uri = mask_url_credentials(absolute_store_uri(self.tracking_uri))
-        return f"the store at {uri or 'MLflow default tracking URI'}"
+        return f"the store at {mask_url_credentials(self.store.uri)}"
 
     def location(self) -> str:
         """The write-ahead log, where this process writes the run."""
@@ -312,20 +230,19 @@ class MLflowBackend(Backend):
 
     def explain(self, error: BaseException) -> tuple[str, Optional[str]]:
         """`explain_mlflow_error` for this store's URI."""
-        return explain_mlflow_error(error, self.tracking_uri)
+        return explain_mlflow_error(error, self.store.uri)
 
     def probe(self, timeout: float = 2.0) -> Optional[tuple[str, str]]:
         """An http(s) store asked once, without retries (``GET /health``): the cause and kind when it
         cannot be reached (refused, DNS, TLS), else None (it answered anything, or only slowly)."""
-        uri = self.tracking_uri
-        if not uri or not uri.startswith(("http://", "https://")):
+        if not self.store.http:
             return None
         from mlflow.utils.credentials import get_default_host_creds
         from mlflow.utils.rest_utils import http_request
 
         try:
-            http_request(get_default_host_creds(uri), "/health", "GET", max_retries=0, backoff_factor=0,
-                         timeout=timeout, raise_on_status=False)
+            http_request(get_default_host_creds(self.store.uri), "/health", "GET", max_retries=0,
+                         backoff_factor=0, timeout=timeout, raise_on_status=False)
         except Exception as error:  # what kind of failure is the point
             cause, kind = self.explain(error)
             if kind in ("refused", "dns", "tls"):
@@ -334,13 +251,15 @@ class MLflowBackend(Backend):
 
     @property
     def client(self) -> Any:
-        """The ``MlflowClient`` (made on first use)."""
+        """The ``MlflowClient`` (made on first use; a store without MLflow's tables is made whole first, by
+        the helper process: MLflow's migrations never run in this process, where the user's own MLflow
+        calls may be making a store at the same time)."""
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            uri = self.tracking_uri or absolute_store_uri(self._mlflow_default_uri())
-            create_local_store(uri)
-            client = MlflowClient(tracking_uri=uri)
+            if self.helper is not None and not store_is_made(self.store):
+                self.helper.make_store()
+            client = MlflowClient(tracking_uri=self.store.uri)
             service = getattr(client, "_tracking_client", None)
             if service is not None and callable(getattr(service, "_log_url", None)):
                 # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
@@ -349,9 +268,9 @@ class MLflowBackend(Backend):
         return self._client
 
     def _print_masked_run_url(self, run_id: str) -> None:
-        if not self.tracking_uri or not self.tracking_uri.startswith(("http://", "https://")):
+        if not self.store.http:
             return
-        base = mask_url_credentials(self.tracking_uri).rstrip("/")
+        base = mask_url_credentials(self.store.uri).rstrip("/")
         try:
             experiment_id = self._client.get_run(run_id).info.experiment_id
         except Exception:  # a courtesy print: never let it fail the run's end
@@ -423,8 +342,7 @@ class MLflowBackend(Backend):
     def _check_usable(self, run_id: str) -> None:
         from mlflow.exceptions import MlflowException
 
-        where = mask_url_credentials(self.tracking_uri) or "MLflow's default tracking URI"
-        source = "run_id=, MLFLOW_RUN_ID or the resumed checkpoint"
+        where, source = self.where, "run_id=, MLFLOW_RUN_ID or the resumed checkpoint"
         try:
             run = self.client.get_run(run_id)
         except MlflowException as error:
@@ -444,7 +362,7 @@ class MLflowBackend(Backend):
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-            monitor = SystemMetricsMonitor(run_id, resume_logging=resume, tracking_uri=self.tracking_uri)
+            monitor = SystemMetricsMonitor(run_id, resume_logging=resume, tracking_uri=self.store.uri)
             monitor.start()
         except Exception as error:  # e.g. psutil missing: the run goes on without system metrics
             self._warn(("system-metrics",), "MLflowLogger: MLflow's system metrics monitor did not start "
@@ -486,7 +404,6 @@ class MLflowBackend(Backend):
                 if self.helper.takes(points):
                     return self.helper.log_batch(run_id, metrics, tags)
             except HelperEnded as error:  # from this process from now on (a point sent twice is kept once)
-                self.helper.close()
                 self.helper = None
                 self._warn(("helper",), "MLflowLogger: %s; the store is written from the training process "
                            "from now on (nothing is lost).", error)
@@ -536,7 +453,7 @@ class MLflowBackend(Backend):
         return is_transient_mlflow_error(error)
 
 
-class MLflowLogger(TrackerLogger):
+class MLflowLogger(DurableLogger):
     """Logs to MLflow through a write-ahead log; resumes the same run from a checkpoint.
 
     Args:
@@ -565,6 +482,8 @@ class MLflowLogger(TrackerLogger):
 
     stock_callback = "MLflowCallback"
     summary_as_curves = True
+    #: An exception waits at most this long for the store (none while it is unreachable).
+    exception_timeout = 5.0
 
     def __init__(self, tracking_uri: Optional[str] = None, experiment_name: Optional[str] = None,
                  run_id: Optional[str] = None, run_name: Optional[str] = None,
@@ -613,9 +532,6 @@ class MLflowLogger(TrackerLogger):
         self.max_param_length = limits["MAX_PARAM_VAL_LENGTH"]
         self.backend: Backend = MLflowBackend(self.tracking_uri, self.experiment_name, self.run_name,
                                               self.tags, warn=self.warn)
-        self._wal: Optional[WriteAheadLog] = None
-        self._sender: Optional[Sender] = None
-        self._lost_error: Optional[BaseException] = None
 
     @property
     def state_key(self) -> str:
@@ -671,38 +587,18 @@ class MLflowLogger(TrackerLogger):
             self._write_file(save_model_to_temp(model, "mlflow_model_"), "model", "model")
         return super().on_train_end(args, state, control, model=model, **kwargs)
 
-    # -- writing: through the write-ahead log ---------------------------------------------------------
+    # -- the write-ahead log (DurableLogger) ---------------------------------------------------------
+    def wal_target(self) -> dict[str, Any]:
+        """The store, the experiment and the run key (credentials masked)."""
+        return self.backend.target(self.run_key)
+
+    def sender_options(self) -> dict[str, Any]:
+        """Other runs' logs for the same store are sent once this run is open."""
+        return {"for_target": lambda target: MLflowBackend.for_target(target, self.tracking_uri)}
+
     def _open_run(self, resume: bool, boundary: bool) -> None:
-        wal = WriteAheadLog(self.local_location())
-        try:
-            wal.open(self.backend.target(self.run_key), wait=self.flush_timeout)
-        except OSError as error:
-            raise OSError(error.errno, f"MLflowLogger: cannot write the run to {wal.path}: "
-                          f"{error.strerror or error}. Pass a writable wal_dir.") from error
-        if boundary:
-            wal.append({"kind": "boundary"})
-        self._wal, self.backend.log_path = wal, wal.path
-        self._sender = Sender(wal, self.backend, self.run_key, self.run_id, resume=resume,
-                              name=self.logger_name, backoff=self.backoff,
-                              on_run_id=lambda run_id: setattr(self, "run_id", run_id),
-                              for_target=lambda target: MLflowBackend.for_target(target, self.tracking_uri))
-        self.run_id = self._sender.run_id
-        self._sender.start()
-
-    def _append(self, entry: dict[str, Any]) -> bool:
-        try:
-            self._wal.append(entry)
-        except Exception as error:  # a full disk: never into the training loop
-            self._lose(1, error)
-            self._lost_error = error
-            return False
-        finally:
-            self._sender.check_silence()
-        return True
-
-    def _write(self, record: LogRecord) -> None:
-        self._append({"kind": "log", "step": record.step, "time": record.time, "metrics": record.metrics,
-                      "summary": record.summary})
+        super()._open_run(resume, boundary)
+        self.backend.log_path = self._wal.path
 
     def _write_config(self, params: dict[str, str]) -> None:
         kept = {}
@@ -717,39 +613,7 @@ class MLflowLogger(TrackerLogger):
         if self.max_log_params is not None:
             kept = dict(list(kept.items())[: self.max_log_params])
         if kept:
-            self._append({"kind": "params", "params": kept})
-
-    def _write_file(self, folder: str, name: str, kind: str) -> None:
-        self._append({"kind": "file", "folder": folder, "name": name, "type": kind})
-
-    def _sync(self, timeout: float) -> bool:
-        if timeout <= 0:  # a checkpoint save: on disk, never waiting for the store
-            self._wal.sync()
-            return True
-        return self._sender.flush(timeout)
-
-    def _close_run(self, status: str, timeout: float) -> bool:
-        wal, sender, lost = self._wal, self._sender, self._lost
-        try:
-            wal.append({"kind": "finish", "status": status})
-        except OSError:  # a full disk: the sender sets the status itself
-            pass
-        finished = status == FINISHED  # an exception waits for no unreachable store
-        delivered = sender.close(status, timeout, grace=5.0 if finished else 1.0, while_down=finished)
-        if lost:
-            logger.error("%s: %d record(s) could not be written to %s (%s) and are not in the run (every "
-                         "logged record is also in the trainer's state.log_history, trainer_state.json).",
-                         self.logger_name, lost, wal.path, self._lost_error)
-        wal.close(delete=delivered)
-        self.backend.close()
-        self._wal = self._sender = None
-        return delivered and lost == 0 and not sender.dropped
-
-    def close_after_exception(self) -> bool:
-        """Close the run FAILED within ``min(flush_timeout, 5)`` s, at once while the store is unreachable."""
-        sender = self._sender
-        down = sender is not None and (sender.start_error is not None or sender.down)
-        return self.close(FAILED, timeout=0.0 if down else min(self.flush_timeout, 5.0))
+            super()._write_config(kept)
 
     def _log_config(self, args: Any, model: Any) -> None:
         if self.max_log_params != 0:

@@ -1,14 +1,18 @@
-"""A store MLflow writes in the caller's process (sqlite, another database, a file store), written from a
-helper process, as a tracking server writes its own store.
+"""The store a tracking URI names (`Store`: the URI parsed once), and the helper process that makes it
+and writes its large calls, as a tracking server makes and writes its own store.
 
-MLflow writes such a store with about 90 µs of SQLAlchemy work per point, holding the GIL. On the sender's
-thread that work kept the training thread waiting for the GIL between its tensor operations: at 500
-metrics a step ``train()`` of the 100 ms model took 55 % longer while the training thread's own CPU grew
-3 % (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to one helper Python process that
-holds its own ``MlflowClient``; the sender waits on the pipe without the GIL. Small calls stay in this
-process, and so do the large ones until they have taken a second: the helper's import of mlflow costs
-about 2.5 s of CPU, which a run that logs little never pays. The helper then starts in the background
-and takes calls once it says it is up: no call waits for its start.
+**Making a store.** MLflow makes a store's tables with alembic, whose migration state is process-wide:
+two creations at once in one process (ours, and the user's own ``MlflowClient`` or fluent call on the
+training thread) break each other and the store. So the training process never makes one: `make_store`
+runs in the helper, which never replaces a store another process made meanwhile.
+
+**Writing it.** MLflow writes a sqlite, database or file store in the calling process with about 90 µs
+of SQLAlchemy work per point, holding the GIL: at 500 metrics a step ``train()`` of the 100 ms model
+took 55 % longer (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper; the
+sender waits on the pipe without the GIL. Small calls stay in this process, and so do the large ones
+until they have taken a second: its import of mlflow costs about 2.5 s of CPU, which a run that logs
+little to an existing store never pays. It starts in the background (or stays up after making the
+store) and takes calls once it says it is up: no call waits for its start.
 
 The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
 code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes: at
@@ -17,45 +21,199 @@ code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends w
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import glob
 import logging
 import os
 import pickle
+import re
 import select
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 from urllib.parse import urlparse
 
 from .mlflow_errors import StoreCallFailed, explain_mlflow_error, is_transient_mlflow_error
 
-__all__ = ["HelperEnded", "StoreHelper", "writes_in_process"]
+__all__ = ["HelperEnded", "Store", "StoreHelper", "make_store", "store_is_made"]
 
-#: Schemes of the stores MLflow writes in the calling process (SQLAlchemy dialects, a file store).
-IN_PROCESS_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql")
+#: SQLAlchemy dialects MLflow stores in besides sqlite.
+DATABASES = ("postgresql", "mysql", "mssql")
+#: Tracking URIs of one word that name a remote store (Databricks' profiles and Unity Catalog).
+REMOTE_NAMES = ("databricks", "databricks-uc", "uc")
 #: The helper starts once this process has spent this long in the calls it would take: a run that
 #: logs little never pays its start (mlflow's import: about 2.5 s of CPU).
 START_AFTER_SECONDS = 1.0
-#: Tracking URIs of one word that name a remote store (Databricks' profiles and Unity Catalog).
-REMOTE_NAMES = ("databricks", "databricks-uc", "uc")
 #: How long `StoreHelper.close` waits for an idle helper to end.
 CLOSE_SECONDS = 5.0
+#: How long `make_store` waits for another process to finish a store it is making.
+WAIT_SECONDS = 60.0
 _HEADER = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class Store:
+    """A tracking URI, parsed once: ``uri`` as MLflow is given it (a local store's path made absolute:
+    a replay from another folder reaches the same store, and MLflow caches a store per URI string), its
+    ``scheme`` (lower case; a one-word remote URI's word), ``kind`` (``"sqlite"`` or ``"file"``: a local
+    store at ``path``; ``"database"``: another SQLAlchemy database; ``"memory"``: an in-memory sqlite
+    database; ``"remote"``: a server, Databricks, a plugin's store)."""
+
+    uri: str
+    scheme: str
+    kind: str
+    path: Optional[str] = None
+
+    @classmethod
+    def parse(cls, uri: str) -> Store:
+        """Parse ``uri`` (a URI or a local path)."""
+        scheme = urlparse(uri).scheme.lower()
+        if uri.lower() in REMOTE_NAMES:
+            return cls(uri, uri.lower(), "remote")
+        if len(scheme) <= 1 or scheme == "file":  # a path, a Windows drive letter, file:
+            from mlflow.utils.file_utils import local_file_uri_to_path
+
+            path = os.path.abspath(local_file_uri_to_path(uri))
+            return cls(path, "file", "file", path)
+        base, _, rest = uri.partition(":///")
+        path = rest.split("?", 1)[0]
+        if scheme.split("+")[0] == "sqlite":
+            if not path or path == ":memory:":
+                return cls(uri, scheme, "memory")
+            return cls(f"{base}:///{os.path.abspath(path)}{rest[len(path):]}", scheme, "sqlite",
+                       os.path.abspath(path))
+        return cls(uri, scheme, "database" if scheme.split("+")[0] in DATABASES else "remote")
+
+    @property
+    def written_here(self) -> bool:
+        """MLflow writes it from the calling process, and a helper process reaches the same store."""
+        return self.kind in ("sqlite", "file", "database")
+
+    @property
+    def http(self) -> bool:
+        """An ``http(s)://`` server."""
+        return self.scheme in ("http", "https")
+
+
+@contextmanager
+def _engine(uri: str) -> Iterator[Any]:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def _has_tables(engine: Any) -> bool:
+    from mlflow.store.db.utils import _all_tables_exist
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return _all_tables_exist(engine)
+    except OperationalError as error:
+        if "locked" in str(error):  # its maker holds it
+            return False
+        raise
+
+
+def store_is_made(store: Store) -> bool:
+    """Whether a store `Store.written_here` exists with every table of MLflow's models: opening it then
+    runs no migration (MLflow's own test, ``_all_tables_exist``)."""
+    if store.path is not None and not os.path.exists(store.path):
+        return False
+    if store.kind == "file":
+        return True
+    with _engine(store.uri) as engine:
+        return _has_tables(engine)
+
+
+def make_store(store: Store) -> None:
+    """Make the store whole, in the helper process only (alembic's state is process-wide).
+
+    A sqlite or file store that does not exist is made as ``<store>.creating-<pid>`` and moved to its
+    place unless a store appeared there meanwhile, which is used, never replaced; the next creation removes
+    the draft of a process that died. Another database without MLflow's tables gets them at once when it is
+    empty, under MLflow's own lock. A store someone else is making is waited for, at most `WAIT_SECONDS`;
+    one still not whole then is made whole as MLflow does when it opens one.
+    """
+    if store.path is not None and not os.path.exists(store.path):
+        for draft in glob.glob(f"{glob.escape(store.path)}.creating-*"):  # with their journal files
+            try:
+                os.kill(int(re.match(r"\d+", draft[len(store.path) + 10:]).group()), 0)
+            except ProcessLookupError:
+                _remove(draft)
+            except (AttributeError, OSError):
+                continue
+        draft = f"{store.path}.creating-{os.getpid()}"
+        os.makedirs(os.path.dirname(store.path), exist_ok=True)
+        try:
+            if store.kind == "sqlite":
+                from mlflow.store.db.utils import _safe_initialize_tables
+
+                with _engine(f"sqlite:///{draft}") as engine:
+                    _safe_initialize_tables(engine)
+            else:
+                from mlflow.store.tracking.file_store import FileStore
+                from mlflow.utils.file_utils import path_to_local_file_uri
+
+                FileStore(draft, path_to_local_file_uri(store.path))
+            _move_unless_there(draft, store.path)
+        finally:
+            _remove(draft)
+    if store.kind == "file":
+        return
+    from mlflow.store.db.utils import _is_empty_database, _safe_initialize_tables
+
+    deadline = time.monotonic() + WAIT_SECONDS
+    with _engine(store.uri) as engine:
+        while not _has_tables(engine):
+            if time.monotonic() >= deadline or store.kind == "database" and _is_empty_database(engine):
+                try:
+                    _safe_initialize_tables(engine)
+                except Exception:  # made meanwhile by another (a database refuses the second maker)
+                    if not _has_tables(engine):
+                        raise
+                return
+            time.sleep(0.1)
+
+
+def _move_unless_there(source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` unless ``target`` exists, which is never replaced: Linux's
+    ``renameat2(RENAME_NOREPLACE)``; where it is missing, a hard link for a file, and for a folder a
+    rename, which replaces at most an empty folder."""
+    try:
+        try:
+            if ctypes.CDLL(None, use_errno=True).renameat2(-100, os.fsencode(source), -100,  # AT_FDCWD
+                                                            os.fsencode(target), 1):  # RENAME_NOREPLACE
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), target)
+        except (AttributeError, OSError) as error:
+            if getattr(error, "errno", errno.ENOSYS) not in (errno.ENOSYS, errno.EINVAL):
+                raise
+            os.rename(source, target) if os.path.isdir(source) else os.link(source, target)
+    except OSError as error:
+        if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 class HelperEnded(ConnectionError):
     """The helper process could not start or ended; the message says how (its exit code)."""
-
-
-def writes_in_process(uri: Optional[str]) -> bool:
-    """Whether MLflow writes the store at ``uri`` from the calling process (not a server's)."""
-    if (uri or "").lower() in REMOTE_NAMES:
-        return False
-    scheme = urlparse(uri or "").scheme.lower()
-    return len(scheme) <= 1 or scheme.split("+")[0] in IN_PROCESS_SCHEMES  # a path, or a database
 
 
 def _write(stream: BinaryIO, value: Any) -> None:
@@ -74,7 +232,7 @@ def _read(stream: BinaryIO) -> Any:
 
 
 class StoreHelper:
-    """``log_batch`` calls to a local store, made by a helper process.
+    """A helper process that makes a store (`make_store`) and takes its large ``log_batch`` calls.
 
     Args:
         tracking_uri: The store (its real URI: it goes through the pipe, never on a command line).
@@ -90,8 +248,8 @@ class StoreHelper:
 
     def takes(self, points: int) -> bool:
         """Whether a call of ``points`` goes to the helper: ``min_points`` or more, once this process has
-        spent `START_AFTER_SECONDS` in such calls (the helper is started then) and the helper is up. Never
-        waits: until the helper has imported mlflow, calls stay here.
+        spent `START_AFTER_SECONDS` in such calls (the helper is started then, if making the store did not)
+        and the helper is up. Never waits: until the helper has imported mlflow, calls stay here.
 
         Raises:
             HelperEnded: The helper could not start, or ended while starting.
@@ -117,11 +275,23 @@ class StoreHelper:
             StoreCallFailed: The call failed in the helper (classified there).
             HelperEnded: The helper could not start, or has ended.
         """
+        self._call((run_id, metrics, tags))
+
+    def make_store(self) -> None:
+        """`make_store` in the helper (started and waited for).
+
+        Raises:
+            StoreCallFailed: It failed in the helper (classified there).
+            HelperEnded: The helper could not start, or has ended.
+        """
+        self._call("make")
+
+    def _call(self, call: Any) -> None:
         self._calling = True
         try:
             self.start()
             with self._ended_as_error():
-                _write(self._process.stdin, (run_id, metrics, tags))
+                _write(self._process.stdin, call)
                 answer = _read(self._process.stdout)
         finally:
             self._calling = False
@@ -151,10 +321,11 @@ class StoreHelper:
 
     @contextmanager
     def _ended_as_error(self) -> Iterator[None]:
+        """A failure of the pipe as `HelperEnded`; the dead helper is forgotten (a later call starts one)."""
         try:
             yield
         except (OSError, EOFError) as error:
-            process = self._process
+            process, self._process, self._up = self._process, None, False
             if process is None:
                 raise HelperEnded(f"the helper process did not start ({error})") from error
             try:
@@ -182,13 +353,14 @@ class StoreHelper:
 
 
 def main() -> None:
-    """The helper: answer each ``(run_id, metrics, tags)`` with None or ``(cause, transient, kind)``."""
+    """The helper: answer ``"make"`` and each ``(run_id, metrics, tags)`` with None or ``(cause, transient,
+    kind)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
     calls = sys.stdin.buffer
-    uri = _read(calls)
+    store = Store.parse(_read(calls))
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -197,16 +369,20 @@ def main() -> None:
     client = None
     while True:
         try:
-            run_id, metrics, tags = _read(calls)
+            call = _read(calls)
         except EOFError:
             return
         try:
-            client = client or MlflowClient(uri)  # in the call: a locked store is an answer, not an exit
-            client.log_batch(run_id, metrics=[Metric(*metric) for metric in metrics],
-                             tags=[RunTag(*tag) for tag in tags], synchronous=True)
+            if call == "make":
+                make_store(store)
+            else:
+                run_id, metrics, tags = call
+                client = client or MlflowClient(store.uri)  # in the call: a locked store is an answer
+                client.log_batch(run_id, metrics=[Metric(*metric) for metric in metrics],
+                                 tags=[RunTag(*tag) for tag in tags], synchronous=True)
             answer = None
         except Exception as error:  # told to the sender, which retries or drops the record
-            cause, kind = explain_mlflow_error(error, uri)
+            cause, kind = explain_mlflow_error(error, store.uri)
             answer = (cause, is_transient_mlflow_error(error), kind)
         _write(answers, answer)
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from .._compat import is_available, require
 from .base import Backend, LogRecord
-from .journal import JournaledLogger
+from .durable import DurableLogger
 
 __all__ = ["TensorBoardBackend", "TensorBoardLogger", "summary_writer_class"]
 
@@ -45,6 +45,8 @@ class TensorBoardBackend(Backend):
     """
 
     name = "TensorBoardLogger"
+    #: The writer's thread writes the event file in the background.
+    durable_on_answer = False
 
     def __init__(self, writer_class: Any, log_dir: Callable[[str], str]) -> None:
         self._writer_class = writer_class
@@ -58,10 +60,16 @@ class TensorBoardBackend(Backend):
         self.directory: Optional[str] = None
         #: Set by the logger when ``train()`` resumes: events after the checkpoint's step are purged.
         self.purge_step: Optional[int] = None
+        self._handed: Optional[int] = None  # the step of the last record given to the writer
 
     def new_run_id(self) -> str:
         """The run's folder name (``uuid4().hex[:12]``)."""
         return uuid.uuid4().hex[:12]
+
+    def prepare(self, run_id: Optional[str]) -> None:
+        """Make the run's folder (an unwritable one is an ``OSError`` at train begin)."""
+        self.directory = self._log_dir(run_id or self.new_run_id())
+        os.makedirs(self.directory, exist_ok=True)
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         run_id = run_id or self.new_run_id()
@@ -79,6 +87,7 @@ class TensorBoardBackend(Backend):
         writer = self._writer
         file_writer = writer._get_file_writer()
         for record in records:
+            self._handed = record.step
             walltime = record.time / 1000.0
             values = [self._value(key, value) for key, value in record.metrics.items()]
             texts = []
@@ -111,8 +120,9 @@ class TensorBoardBackend(Backend):
             self._writer.flush()
 
     def confirm_durable(self) -> Optional[int]:
-        """Flush the writer: every step before the last one placed is then in the event file."""
-        writer, last = self._writer, self.position
+        """Flush the writer: every step before the last one handed is then in the event file (the last
+        step may get more records: it stays in our log, so a resume purges and sends it whole)."""
+        writer, last = self._writer, self._handed
         if writer is None or last is None:
             return None
         writer.flush()
@@ -133,7 +143,7 @@ class TensorBoardBackend(Backend):
             writer.close()
 
 
-class TensorBoardLogger(JournaledLogger):
+class TensorBoardLogger(DurableLogger):
     """Writes TensorBoard event files with every metric in its section, through the writer's own queue.
 
     Args:

@@ -7,9 +7,9 @@ import uuid
 from typing import Any, Optional
 
 from .._compat import require
-from .base import FAILED, Backend, LogRecord, logger
+from .base import FAILED, Backend, LogRecord
 from .config import typed
-from .journal import JournaledLogger
+from .durable import DurableLogger
 from .secrets import mask_secrets
 
 __all__ = ["TrackioBackend", "TrackioLogger"]
@@ -38,6 +38,8 @@ class TrackioBackend(Backend):
     """
 
     name = "TrackioLogger"
+    #: trackio's thread writes the store every half second.
+    durable_on_answer = False
 
     def __init__(self, trackio: Any, init: dict[str, Any]) -> None:
         self._trackio, self.init = trackio, init
@@ -45,6 +47,7 @@ class TrackioBackend(Backend):
         self.project = "huggingface"
         self.name_prefix = "run"
         self.run: Any = None
+        self._handed: Optional[int] = None  # the step of the last record given to the run
 
     def new_run_id(self) -> str:
         """A new run's name (trackio finds a run by its name): ``<run_name or "run">-<8 hex digits>``."""
@@ -53,24 +56,13 @@ class TrackioBackend(Backend):
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         name = mask_secrets(run_id or self.new_run_id())
         init = {key: value for key, value in self.init.items() if value is not None}
-        try:
-            self.run = contextvars.Context().run(self._trackio.init, project=self.project, name=name,
-                                                 resume="allow", embed=False, **init)
-            if resume:  # trackio's resumed run would replace the stored config with its own, empty one
-                stored = next((run.config for run in self._trackio.Api().runs(self.project)
-                               if run.name == name), None) or {}
-                self.run.config.update({key: val for key, val in stored.items() if not key.startswith("_")})
-        except Exception as error:  # a broken store: never into training; what is lost is counted
-            self.run = None
-            logger.error("TrackioLogger: could not open run %r of project %r (%s: %s); training continues "
-                         "and the records not logged are counted at the end.", name, self.project,
-                         type(error).__name__, str(error)[:300])
+        self.run = contextvars.Context().run(self._trackio.init, project=self.project, name=name,
+                                             resume="allow", embed=False, **init)
+        if resume:  # trackio's resumed run would replace the stored config with its own, empty one
+            stored = next((run.config for run in self._trackio.Api().runs(self.project)
+                           if run.name == name), None) or {}
+            self.run.config.update({key: val for key, val in stored.items() if not key.startswith("_")})
         return name
-
-    def _open_run(self) -> Any:
-        if self.run is None:
-            raise RuntimeError("the trackio run did not open")
-        return self.run
 
     def _local(self) -> bool:
         return self.init.get("space_id") is None and self.init.get("server_url") is None
@@ -91,15 +83,16 @@ class TrackioBackend(Backend):
     def log(self, records: list[LogRecord], run_id: str) -> None:
         """One ``Run.log`` per record at its step; trackio has no run summary, so texts are values too."""
         for record in records:
-            self._open_run().log({**record.metrics, **record.summary}, step=record.step)
+            self.run.log({**record.metrics, **record.summary}, step=record.step)
+            self._handed = record.step
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         """Into ``run.config``, which trackio writes with the run's first record."""
-        self._open_run().config.update({key: typed(value) for key, value in params.items()})
+        self.run.config.update({key: typed(value) for key, value in params.items()})
 
     def confirm_durable(self) -> Optional[int]:
         """Write what the run queued: every step before the last one placed is then in the store."""
-        last = self.position
+        last = self._handed
         return last - 1 if last is not None and self._flush() else None
 
     def sync(self) -> None:
@@ -137,7 +130,7 @@ class TrackioBackend(Backend):
         return str(SQLiteStorage.get_project_db_path(self.project))
 
 
-class TrackioLogger(JournaledLogger):
+class TrackioLogger(DurableLogger):
     """Logs to trackio (local sqlite store under ``TRACKIO_DIR``, optionally synced to a Space).
 
     Args:

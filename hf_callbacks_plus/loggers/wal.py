@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 try:
     import fcntl
@@ -28,6 +28,9 @@ CALL_BATCHES = 8
 FULL_BATCH_BYTES = 256_000
 #: A call to the store silent for this long is told as an outage (mlflow retries inside a call).
 SILENT_CALL_SECONDS = 30.0
+#: Seconds between two questions to a tracker that writes in the background of how far its files hold
+#: the run, when no checkpoint asks sooner.
+CONFIRM_SECONDS = 60.0
 #: Refused records told one by one per error type, before one error saying so.
 REFUSALS_TOLD = 5
 #: How often an idle sender looks for new entries.
@@ -222,8 +225,9 @@ class WriteAheadLog:
 
     def sync(self) -> None:
         """``fsync`` the file (a checkpoint is saved: it survives a machine crash too)."""
-        if self._fd is not None:
-            os.fsync(self._fd)
+        with self._lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
 
     def close(self, delete: bool = False) -> None:
         """Let go of the file and the lock; with ``delete``, remove it first (while locked)."""
@@ -255,11 +259,13 @@ class WriteAheadLog:
             if not line.startswith((TARGET_LINE, SENT_LINE)):
                 yield json.loads(line), end
 
-    def keep(self, start: int, end: Optional[int] = None) -> None:
-        """Keep only the entries between offsets ``start`` and ``end`` (default: the file's end), in one
-        step: a new file with the target line and them is renamed over this one (appends wait)."""
+    def keep(self, start: int, end: Optional[int] = None, before: Iterable[dict[str, Any]] = ()) -> None:
+        """Keep only the entries between offsets ``start`` and ``end`` (default: the file's end), after
+        the entries ``before``, in one step: a new file with the target line and them is renamed over
+        this one (appends wait)."""
         with self._lock:
-            kept = os.pread(self._fd, (self._end if end is None else end) - start, start)
+            kept = b"".join(map(self._line, before))
+            kept += os.pread(self._fd, (self._end if end is None else end) - start, start)
             temporary = self.path.with_name(self.path.name + ".new")
             temporary.write_bytes(os.pread(self._fd, self._start, 0) + kept)
             os.replace(temporary, self.path)
@@ -329,7 +335,9 @@ def describe_pending(counts: dict[str, Any]) -> str:
 
 class Sender:
     """Sends a `WriteAheadLog` to its run from the acknowledged offset, in order, in batches; retries
-    transient errors with backoff, drops a refused entry alone (docs/architecture.md).
+    transient errors with backoff, drops a refused entry alone (docs/architecture.md). A tracker that
+    writes in the background (``backend.durable_on_answer`` False) keeps what it was handed in the file
+    until `Backend.confirm_durable` says its files hold it (`confirm_soon`, at least every minute).
 
     Args:
         wal: The log, open.
@@ -354,8 +362,12 @@ class Sender:
         self.wal, self.backend, self.name = wal, backend, name or backend.name
         self.run_key = run_key or wal.target.get("run_key")
         self.run_id: Optional[str] = run_id or logged_run_id
-        self.resume = resume or self.run_id is not None
-        self.acked = acked
+        self.resume = resume or logged_run_id is not None
+        #: The offsets the tracker holds everything before, and was handed everything before.
+        self.acked = self.handed = acked
+        #: Bytes dropped from the file's start since this sender began (held by a background tracker).
+        self.trimmed = 0
+        self._confirm_wanted, self._confirmed_at = False, time.monotonic()
         #: The steps the run held at the last boundary (None: no boundary met).
         self.held: Optional[dict[str, int]] = None
         self.backoff, self.on_run_id, self.for_target = backoff, on_run_id, for_target
@@ -398,9 +410,17 @@ class Sender:
                            "continues; records wait in %s and are sent in order when it answers.", self.name,
                            silent, self.wal.path)
 
+    def confirm_soon(self) -> None:
+        """Ask the tracker, on the sender's thread, how far its files hold the run (a checkpoint is saved)."""
+        self._confirm_wanted = True
+        self._wake.set()
+
     def flush(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds until everything appended so far is acknowledged."""
+        """Wait at most ``timeout`` seconds until everything appended so far is acknowledged (handed to a
+        tracker that writes in the background, which then writes what it holds: ``backend.sync``)."""
         generation, target = self.wal.end()
+        if not self.backend.durable_on_answer:
+            generation, target = -1, target + self.trimmed
         end = time.monotonic() + timeout
         self._flushing += 1
         self._wake.set()
@@ -410,12 +430,17 @@ class Sender:
                     if time.monotonic() >= end:
                         return False
                     self._progress.wait(min(end - time.monotonic(), 0.2))
-                return self._reached(generation, target)
+            if not self.backend.durable_on_answer:
+                self.backend.sync()
+            return self._reached(generation, target)
         finally:
             self._flushing -= 1
 
     def _reached(self, generation: int, offset: int) -> bool:
-        """Emptying the file waits for everything in it: a later generation holds everything before."""
+        """Emptying the file waits for everything in it: a later generation holds everything before
+        (generation -1: handed, ``offset`` counted from the start of the sender's file)."""
+        if generation < 0:
+            return self.handed + self.trimmed >= offset
         return self._generation > generation or (self._generation == generation and self.acked >= offset)
 
     def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
@@ -445,19 +470,26 @@ class Sender:
                 end = self._deadline + grace
         if self._thread.is_alive():
             self._abandoned = True  # stuck in a call: it writes nothing more
-        delivered = self.acked >= self.wal.size
         if self._started and not self.finished and not self.down and not self._thread.is_alive():
             try:  # the finish entry was not sent (or not written): the run gets its status now
                 self.backend.finish(status, self.run_id)
                 self.finished = True
+                if not self.backend.durable_on_answer and self.handed >= self.wal.size:
+                    self._trim(self.wal.size)  # a finished run is in the tracker's files
             except Exception as error:
                 self._cause = self._explain(error)[0]
-        if delivered:
+        if self.acked >= self.wal.size:
             return True
-        logger.warning("%s: %s were not delivered (%s); they are kept in %s. Resuming this run sends them, "
-                       "or %s.", self.name, describe_pending(self.wal.pending(self.acked)),
-                       self._why_not_delivered(status), self.wal.path, replay_hint(self.wal.path))
+        logger.warning("%s: %s were not delivered (%s); they are kept in %s: %s.", self.name,
+                       describe_pending(self.wal.pending(self.acked)),
+                       self._why_not_delivered(status), self.wal.path, self._resend_hint())
         return False
+
+    def _resend_hint(self) -> str:
+        """How the records kept in the log reach the run: ``replay`` (MLflow), else a resume."""
+        if self.for_target is not None:
+            return f"resuming this run sends them, or {replay_hint(self.wal.path)}"
+        return "resuming the training from its newest checkpoint sends them"
 
     def _why_not_delivered(self, status: str) -> str:
         where = getattr(self.backend, "where", self.name)
@@ -482,13 +514,13 @@ class Sender:
             return "fatal"
         if not self._started:
             return self._attempt(self._start_run)
-        if self.wal.size <= self.acked:
+        if self.wal.size <= self.handed:
             return "done"
         limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
-        alone = self.acked < self._isolate_until
-        entries, end = self.wal.read(self.acked, limit, 1 if alone else BATCH_ENTRIES)
+        alone = self.handed < self._isolate_until
+        entries, end = self.wal.read(self.handed, limit, 1 if alone else BATCH_ENTRIES)
         if not entries:  # only the log's own lines
-            moved = end > self.acked
+            moved = end > self.handed
             self._ack(end, sent=False)
             return "ok" if moved and end < self.wal.size else "done"
         return self._attempt(self._send, entries, end)
@@ -510,7 +542,10 @@ class Sender:
                     siblings = threading.Thread(target=self._send_siblings, daemon=True,
                                                 name=f"hf-callbacks-plus-{self.name}-earlier-runs")
                     siblings.start()
-                backlog = self.wal.size - self.acked
+                if self._started and not self.backend.durable_on_answer and (
+                        self._confirm_wanted or time.monotonic() - self._confirmed_at > CONFIRM_SECONDS):
+                    self._confirm()
+                backlog = self.wal.size - self.handed
                 left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
                 if (self._started and 0 < backlog < FULL_BATCH_BYTES and left > 0
                         and not (self._closing or self._flushing)):
@@ -536,10 +571,13 @@ class Sender:
 
     def _start_run(self) -> None:
         self.run_id = self.backend.start(self.run_id, self.run_key, self.resume)
+        if self._abandoned:  # opened after the close gave up on it: nobody's run
+            self.backend.finish("FAILED", self.run_id)
+            return
         if self._ask_held:  # recovered past a boundary: the steps the run holds are asked for again
             self.held = self.backend.logged_steps(self.run_id)
         self._started = True
-        self._ack(self.acked)  # the run's id, in the file
+        self._ack(self.handed)  # the run's id, in the file
         if self.on_run_id is not None:
             self.on_run_id(self.run_id)
 
@@ -560,6 +598,10 @@ class Sender:
         elif kind == "finish" and end >= self.wal.size:  # the last entry: the session ended
             backend.finish(first["status"], run_id)
             self.finished = True
+            if not backend.durable_on_answer:  # a finished run is in the tracker's files
+                self._ack(end)
+                self._trim(end)
+                return
         else:
             sent = False
         self.sent += len(entries)
@@ -571,15 +613,48 @@ class Sender:
         if held:
             metrics = {key: value for key, value in metrics.items() if step > held.get(key, -1)}
         summary = entry.get("summary") or {}
-        return LogRecord(step, int(entry["time"]), metrics, summary) if metrics or summary else None
+        if not (metrics or summary):
+            return None
+        return LogRecord(step, int(entry["time"]), metrics, summary, entry.get("position"))
 
     def _ack(self, offset: int, sent: bool = True) -> None:
         if self._abandoned:
             return
-        if sent:
+        durable = self.backend.durable_on_answer
+        if sent and durable:
             offset = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
         with self._progress:
-            self.acked, self._generation = offset, self.wal.generation
+            self.handed = offset
+            if durable:
+                self.acked, self._generation = offset, self.wal.generation
+            self._progress.notify_all()
+
+    def _confirm(self) -> None:
+        """Drop from the file what a tracker that writes in the background holds in its files now."""
+        self._confirm_wanted, self._confirmed_at = False, time.monotonic()
+        try:
+            durable = self.backend.confirm_durable()  # covers every record handed so far
+        except Exception as error:  # the log keeps every record
+            logger.warning("%s: could not learn how far %s holds the run (%s); its log keeps every "
+                           "record.", self.name, self.backend.location(), self._explain(error)[0])
+            return
+        held = self.acked
+        for entry, after in self.wal.entries(self.acked) if durable is not None else ():
+            log = entry.get("kind") == "log"
+            if after > self.handed or (log and entry.get("position", durable) > durable):
+                break
+            held = after if log else held
+        self._trim(held)
+
+    def _trim(self, offset: int) -> None:
+        """Drop the entries before ``offset`` (held by a tracker that writes in the background)."""
+        drop = offset - self.wal.first
+        if drop <= 0 or self._abandoned:
+            return
+        self.wal.keep(offset)
+        with self._progress:
+            self.handed, self.trimmed, self.acked = self.handed - drop, self.trimmed + drop, self.wal.first
+            self._isolate_until = max(0, self._isolate_until - drop)
             self._progress.notify_all()
 
     def _explain(self, error: BaseException) -> tuple[str, Optional[str]]:
@@ -626,15 +701,15 @@ class Sender:
     def _failed(self, error: Exception, entries: Optional[list[dict]], end: int) -> str:
         cause, kind = self._explain(error)
         if kind in ("refused", "dns", "tls") or (
-                kind != "auth" and getattr(self.backend, "is_transient", lambda error: True)(error)):
+                kind != "auth" and self.backend.is_transient(error)):
             return self._unreachable(cause, kind)
         if entries is None or kind == "auth":
             self.start_error = error
             if self._thread is not None:  # a replay raises it instead
                 what = "could not start the run at" if entries is None else "cannot write to"
-                logger.error("%s: %s %s (%s). Nothing more is sent; the records stay in %s: fix the cause, "
-                             "then %s.", self.name, what, getattr(self.backend, "where", "the store"), cause,
-                             self.wal.path, replay_hint(self.wal.path))
+                where = getattr(self.backend, "where", self.backend.location())
+                logger.error("%s: %s %s (%s). Nothing more is sent; the records stay in %s: fix the cause; "
+                             "%s.", self.name, what, where, cause, self.wal.path, self._resend_hint())
             return "fatal"
         if len(entries) > 1:  # send them one by one: only the refused one is dropped
             self._isolate_until = end

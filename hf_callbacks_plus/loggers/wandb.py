@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -15,7 +13,7 @@ from .._compat import env_flag, require, version_tuple
 from .artifacts import save_model_to_temp, stage_folder
 from .base import FINISHED, Backend, LogRecord, WarnOnce, is_main_process, logger
 from .config import typed
-from .journal import JournaledLogger
+from .durable import DurableLogger
 from .secrets import command_line_has_secret, mask_secrets
 from .wandb_files import last_history_step
 
@@ -108,7 +106,8 @@ def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn
 
 
 class WandbBackend(Backend):
-    """One W&B run: ``wandb.init`` (on a thread), ``run.log``, ``run.summary``, ``run.config``, ``finish``.
+    """One W&B run, on the sender's thread: ``wandb.init``, ``run.log``, ``run.summary``, ``run.config``,
+    ``run.finish``.
 
     Args:
         wandb: The ``wandb`` module.
@@ -116,33 +115,24 @@ class WandbBackend(Backend):
         settings: The user's ``wandb.Settings`` (or a dict), or None.
         watch: ``wandb.watch`` mode, or ``"false"``.
         warn: Warns once per key.
-        max_points: Metric points kept while ``wandb.init`` runs; later ones are counted as lost.
     """
 
     name = "WandbLogger"
+    #: W&B's service writes the run's file in the background (32 KiB blocks kept in memory).
+    durable_on_answer = False
 
-    def __init__(self, wandb: Any, init: dict[str, Any], settings: Any, watch: str, warn: WarnOnce,
-                 max_points: int = 200_000) -> None:
-        self._wandb, self.init, self.settings, self.watch = wandb, init, settings, watch
-        self._warn, self.max_points = warn, max_points
+    def __init__(self, wandb: Any, init: dict[str, Any], settings: Any, watch: str, warn: WarnOnce) -> None:
+        self._wandb, self.init, self.settings, self.watch, self._warn = wandb, init, settings, watch, warn
         #: Set at train begin: the model (``watch``) and the display name from ``args.run_name``.
         self.model: Any = None
         self.run_name_from_args: Optional[str] = None
         self.run: Any = None
-        #: Records W&B did not get (its run did not open, or they did not fit while it opened).
-        self.lost = 0
         self._owns_run = True
-        self._ready = threading.Event()
-        self._error: Optional[BaseException] = None
-        self._waiting: list[tuple[Callable[..., None], tuple]] = []
-        self._waiting_points = self._attempt = 0
-        self._lock = threading.Lock()
         self.new_run()
 
     def new_run(self, rewind_to: Optional[int] = None) -> None:
-        """Start the rows of a run: from scratch, or after row ``rewind_to`` of a resumed run (set at
-        train begin; ``start`` then rewinds the run to that row with ``wandb.init(resume_from=...)``)."""
-        #: W&B's step of the last history row (checkpointed: where a resumed run is rewound to).
+        """Start the rows of a run: from scratch, or after row ``rewind_to`` of a resumed run (``start``
+        then rewinds the run to that row with ``wandb.init(resume_from=...)``)."""
         self.row = self.position = -1 if rewind_to is None else rewind_to
         self.rewind_to = rewind_to
         self._row_training_step: Optional[int] = None  # the row's train/global_step
@@ -154,32 +144,24 @@ class WandbBackend(Backend):
         generate = getattr(getattr(self._wandb, "util", None), "generate_id", None)
         return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
 
-    def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
-        """Start W&B's service (exit hook after ours); open the run on a thread, or adopt the user's run."""
-        wandb = self._wandb
-        self._ready.clear()
-        self._error, self.run, self.lost = None, None, 0
+    def prepare(self, run_id: Optional[str]) -> None:
+        """Start W&B's service now, on the training thread, so its exit hook runs after ours."""
+        setup = getattr(self._wandb, "setup", None)
         try:
-            setup = getattr(wandb, "setup", None)
             if callable(setup):
                 setup()
-            current = getattr(wandb, "run", None)
-        except Exception as error:  # a setting W&B refuses after our checks: never into training
-            self._failed(error)
-            return run_id
+        except Exception:  # a setting W&B refuses after our checks: `start` raises it, told then
+            pass
+
+    def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
+        """Open the run (rewound to ``rewind_to``), or adopt the run the user opened."""
+        wandb, self.run = self._wandb, None
+        current = getattr(wandb, "run", None)
         if current is not None and (run_id is None or current.id == run_id):
             self.run, self._owns_run = current, False  # a run the user opened: log into it
-            self._opened()
+            self._opened(rewound=False)
             return str(current.id)
         self._owns_run = True
-        with self._lock:
-            self._attempt += 1
-        threading.Thread(target=self._open, args=(run_id, self._attempt), daemon=True,
-                         name="hf-callbacks-plus-WandbLogger-open").start()
-        return run_id
-
-    def _open(self, run_id: Optional[str], attempt: int) -> None:
-        wandb = self._wandb
         init = {**self.init, "name": mask_secrets(self.init.get("name") or self.run_name_from_args),
                 "group": mask_secrets(self.init.get("group")), "id": run_id,
                 "project": self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface",
@@ -189,44 +171,25 @@ class WandbBackend(Backend):
             init["settings"] = settings
         if version_tuple(wandb, 2) >= (0, 19):
             init["reinit"] = "create_new"
-        rewind, self.rewind_to, run = self.rewind_to, None, None
-        try:
-            if rewind is not None and run_id:  # the rows after the checkpoint's are the resumed run's
-                try:
-                    run = wandb.init(**self._given({**init, "resume": None,
-                                                    "resume_from": f"{run_id}?_step={rewind}"}))
-                except Exception as error:  # online: the run never reached W&B's server
-                    logger.warning("WandbLogger: could not rewind run %s to step %d (%s: %s); continuing "
-                                   "it without rewinding.", run_id, rewind, type(error).__name__,
-                                   str(error)[:300])
-                    rewind = None
-            if run is None:
-                run = wandb.init(**self._given(init))
-        except Exception as error:  # never into the training loop: told, every record counted
-            if attempt == self._attempt:
-                self._failed(error)
-            return
-        with self._lock:
-            current = attempt == self._attempt
-            if current:
-                self.run = run
-        if current:
-            self._opened(rewound=rewind is not None)
-        else:  # closed while it opened (its records were counted as lost): nobody's run
-            run.finish(exit_code=1)
-
-    def _failed(self, error: BaseException) -> None:
-        self._error = error
-        logger.error("WandbLogger: could not open the run (%s: %s); nothing is logged to it in this "
-                     "training, and the records are counted and told at the end (%s).",
-                     type(error).__name__, str(error)[:500], _LOG_HISTORY)
-        self._ready.set()
+        rewind, self.rewind_to = self.rewind_to, None
+        if rewind is not None and run_id:  # the rows after the checkpoint's are the resumed run's
+            try:
+                self.run = wandb.init(**self._given({**init, "resume": None,
+                                                     "resume_from": f"{run_id}?_step={rewind}"}))
+            except Exception as error:  # online: the run never reached W&B's server
+                logger.warning("WandbLogger: could not rewind run %s to step %d (%s: %s); continuing it "
+                               "without rewinding.", run_id, rewind, type(error).__name__, str(error)[:300])
+                rewind = None
+        if self.run is None:
+            self.run = wandb.init(**self._given(init))
+        self._opened(rewound=rewind is not None)
+        return str(self.run.id)
 
     @staticmethod
     def _given(init: dict[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in init.items() if value is not None}
 
-    def _opened(self, rewound: bool = False) -> None:
+    def _opened(self, rewound: bool) -> None:
         run = self.run
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
@@ -235,44 +198,11 @@ class WandbBackend(Backend):
         if self.watch != "false" and self.model is not None:
             watch = getattr(run, "watch", None) or self._wandb.watch  # Run.watch since wandb 0.18
             watch(self.model, log=self.watch, log_freq=100)
-        self._ready.set()
-
-    def _do(self, action: Callable[..., None], *args: Any, points: int = 1) -> None:
-        """Run ``action`` now when the run is open; keep it for later while ``wandb.init`` runs."""
-        if not self._ready.is_set():
-            if self._waiting_points + points > self.max_points:
-                self.lost += 1
-                if self.lost == 1:
-                    logger.error("WandbLogger: the run is not open yet and %d metric points wait for it; "
-                                 "records beyond max_memory_points=%d are counted as lost until it opens "
-                                 "(%s).", self._waiting_points, self.max_points, _LOG_HISTORY)
-                return
-            self._waiting.append((action, args))
-            self._waiting_points += points
-            return
-        self._run_waiting()
-        if self._error is not None:
-            self.lost += 1
-            return
-        action(*args)
-
-    def _run_waiting(self) -> None:
-        waiting, self._waiting, self._waiting_points = self._waiting, [], 0
-        for action, args in waiting:
-            if self._error is not None:
-                self.lost += 1
-            else:
-                action(*args)
 
     def place(self, record: LogRecord, position: Optional[int] = None) -> int:
         """A record's curves go to a history row: the row of its training step while no key repeats there,
         else the next row (``train/global_step``, every chart's x axis, still its step)."""
-        if position is not None:  # sent again after a resume: the row it had
-            if position != self.row:
-                self._row_keys = set()
-            self.row, self._row_training_step = position, record.step
-            self._row_keys.update(record.metrics)
-        elif record.metrics:
+        if record.metrics:
             step = record.step
             if step != self._row_training_step or not self._row_keys.isdisjoint(record.metrics):
                 self.row = max(step, self.row + 1)
@@ -282,21 +212,17 @@ class WandbBackend(Backend):
         return self.row
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
-        """Each record's curves into its history row (`place`), its totals into the summary."""
+        """Each record's curves into its history row, its totals into the summary."""
         for record in records:
-            if record.position is None:
-                self.place(record)
             if record.metrics:
-                self._do(self._log_row, {**record.metrics, STEP_KEY: record.step}, record.position,
-                         points=len(record.metrics))
+                self.run.log({**record.metrics, STEP_KEY: record.step}, step=record.position + self._offset)
             if record.summary:
-                self._do(self._update_summary, record.summary, points=len(record.summary))
+                self.run.summary.update(record.summary)
 
     def confirm_durable(self) -> Optional[int]:
         """The last history row W&B's service wrote to the run's file (it keeps 32 KiB blocks in memory)."""
-        run = self.run
-        path = getattr(getattr(run, "settings", None), "sync_file", None)
-        if run is None or not self._owns_run or not path:
+        path = getattr(getattr(self.run, "settings", None), "sync_file", None)
+        if not self._owns_run or not path:
             return None
         step = last_history_step(path)
         return None if step is None else step - self._offset
@@ -305,20 +231,10 @@ class WandbBackend(Backend):
         """The resumed run's rows follow row ``position`` (``wandb.init(resume_from=...)``)."""
         self.new_run(position)
 
-    def _log_row(self, values: dict[str, Any], row: int) -> None:
-        self.run.log(values, step=row + self._offset)
-
-    def _update_summary(self, values: dict[str, Any]) -> None:
-        self.run.summary.update(values)
-
     def log_config(self, params: dict[str, str], run_id: str) -> None:
-        self._do(lambda: self.run.config.update({key: typed(value) for key, value in params.items()},
-                                                allow_val_change=True))
+        self.run.config.update({key: typed(value) for key, value in params.items()}, allow_val_change=True)
 
     def log_file(self, folder: str, name: str, kind: str, run_id: str) -> None:
-        self._do(self._artifact, folder, name, kind)
-
-    def _artifact(self, folder: str, name: str, kind: str) -> None:
         if not Path(folder).is_dir():
             self._warn(("artifact", folder), "WandbLogger: %s no longer exists; not logged as an artifact.",
                        folder)
@@ -334,64 +250,13 @@ class WandbBackend(Backend):
         return str(sync_dir or self.init.get("dir") or os.environ.get("WANDB_DIR") or "./wandb")
 
     def finish(self, status: str, run_id: str) -> None:
-        self.close(status, 30.0)
-
-    def sync(self) -> None:
-        """Write the records that waited for ``wandb.init`` once the run is open (a checkpoint is saved)."""
-        if self._ready.is_set():
-            self._run_waiting()
-
-    @property
-    def failed(self) -> bool:
-        """True when the run could not open (every record is counted as lost)."""
-        return self._error is not None
-
-    def wait_open(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds for ``wandb.init``; True when the run is open."""
-        return self._ready.wait(timeout) and self._error is None
-
-    def close(self, status: str, timeout: float, grace: float = 5.0) -> bool:
-        """Write what waits and finish the run (exit code 0 or 1), within ``timeout`` + ``grace`` seconds."""
-        end = time.monotonic() + timeout
-        if not self._ready.wait(timeout):
-            with self._lock:
-                self._attempt += 1  # a run opening later is finished by its own thread
-            self.lost += len(self._waiting)
-            self._waiting, self._waiting_points = [], 0
-            logger.error("WandbLogger: the run did not open within %.0f s (the close deadline); the records "
-                         "logged meanwhile are not in it (%s).", timeout, _LOG_HISTORY)
-            return False
-        self._run_waiting()
+        """Finish the run with exit code 0 or 1 (a run the user opened is left to the user)."""
         run, self.run = self.run, None
-        if run is None or not self._owns_run:
-            return self._error is None
-        where = getattr(getattr(run, "settings", None), "sync_dir", None) or self.location()
-        errors: list[BaseException] = []
-
-        def finish() -> None:
-            try:
-                run.finish(exit_code=0 if status == FINISHED else 1)
-            except Exception as error:
-                errors.append(error)
-
-        finishing = threading.Thread(target=finish, daemon=True, name="hf-callbacks-plus-WandbLogger-finish")
-        try:
-            finishing.start()
-        except RuntimeError:  # interpreter shutdown (Python >= 3.12 refuses new threads there)
-            finish()
-        finishing.join(max(0.0, end - time.monotonic()) + grace)
-        if finishing.is_alive():
-            logger.warning("WandbLogger: the run %s is still being finished after %.0f s; W&B goes on in the "
-                           "background and keeps the run's data in %s.", run.id, timeout + grace, where)
-            return False
-        if errors:
-            logger.error("WandbLogger: could not close the run in %s with status %s (%s: %s).", where, status,
-                         type(errors[0]).__name__, str(errors[0])[:300])
-            return False
-        return True
+        if run is not None and self._owns_run:
+            run.finish(exit_code=0 if status == FINISHED else 1)
 
 
-class WandbLogger(JournaledLogger):
+class WandbLogger(DurableLogger):
     """Logs to Weights & Biases through its own service process; one run per training, resumable.
 
     Args:
@@ -413,8 +278,6 @@ class WandbLogger(JournaledLogger):
         dir: Directory W&B writes its files to. Defaults to ``WANDB_DIR``, else the working directory.
         settings: Extra ``wandb.Settings`` (or a dict of them). Defaults to None. When the command line
             holds a secret, ``x_disable_meta=True`` is added unless you set it.
-        max_memory_points: Metric points kept in memory while ``wandb.init`` runs (later records are
-            counted and told as lost). Defaults to 200000.
         **kwargs: Options of `TrackerLogger` (``flush_timeout``: the longest wait for ``wandb.init``
             and ``run.finish`` at the end...).
 
@@ -437,10 +300,8 @@ class WandbLogger(JournaledLogger):
                  tags: Optional[Sequence[str]] = None, group: Optional[str] = None,
                  log_model: Optional[str] = None, watch: Optional[str] = None,
                  mode: Optional[str] = None, resume: str = "allow", dir: Optional[str] = None,
-                 settings: Any = None, max_memory_points: int = 200_000, **kwargs: Any) -> None:
+                 settings: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if type(max_memory_points) is not int or max_memory_points < 1:
-            raise ValueError(f"WandbLogger: max_memory_points must be an int >= 1, got {max_memory_points!r}")
         if mode is not None and mode not in MODE_CHOICES:
             raise ValueError(f"WandbLogger: mode={mode!r} is not valid; choose one of {MODE_CHOICES} "
                              "or None.")
@@ -471,7 +332,7 @@ class WandbLogger(JournaledLogger):
         self._wandb = require("wandb", "WandbLogger")
         self.check_settings()
         self.backend: Optional[WandbBackend] = WandbBackend(self._wandb, self._init_kwargs(), settings,
-                                                            self.watch, self.warn, max_memory_points)
+                                                            self.watch, self.warn)
 
     def _init_kwargs(self) -> dict[str, Any]:
         return {"project": self.project, "entity": self.entity, "name": self.name, "group": self.group,
@@ -521,7 +382,7 @@ class WandbLogger(JournaledLogger):
         super().load_state_attributes({"position": legacy, **attributes})
 
     def _open_run(self, resume: bool, boundary: bool) -> None:
-        """The run a ``train()`` opens starts its rows from scratch (a resume rewinds them: the journal)."""
+        """The rows of the run a ``train()`` opens start from scratch (a resume rewinds them)."""
         if self._session_start:
             self.backend.new_run()
         super()._open_run(resume, boundary)
@@ -545,17 +406,6 @@ class WandbLogger(JournaledLogger):
         if self.log_model == "end" and self._is_open and model is not None:
             self._write_file(save_model_to_temp(model, "wandb_model_"), "final_model", "model")
         super().on_train_end(args, state, control, **kwargs)
-        if self._is_open and self.backend.failed:  # no run to keep open: tell what is not in W&B now
-            self.close(FINISHED)
-
-    def _sync(self, timeout: float) -> bool:
-        if timeout > 0:  # flush(): the records waiting for wandb.init go once it returns
-            self.backend.wait_open(timeout)
-        return super()._sync(timeout)
-
-    def _close_run(self, status: str, timeout: float) -> bool:
-        closed = self.backend.close(status, timeout, grace=5.0 if status == FINISHED else 1.0)
-        lost = self.backend.lost + self._lost
-        if lost:
-            logger.error("WandbLogger: %d record(s) are not in the W&B run (%s).", lost, _LOG_HISTORY)
-        return closed and lost == 0
+        sender = self._sender
+        if self._is_open and sender is not None and sender.start_error is not None:
+            self.close(FINISHED)  # no run to keep open: tell what is not in W&B now

@@ -27,7 +27,7 @@ from hf_callbacks_plus.loggers import mlflow_helper  # noqa: E402
 from hf_callbacks_plus.loggers.base import LogRecord  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowBackend, MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow_errors import StoreCallFailed  # noqa: E402
-from hf_callbacks_plus.loggers.mlflow_helper import StoreHelper, writes_in_process  # noqa: E402
+from hf_callbacks_plus.loggers.mlflow_helper import Store, StoreHelper  # noqa: E402
 from tests.loggers.faults import FaultInjectingBackend, train_in_loop  # noqa: E402
 
 pytestmark = [pytest.mark.mlflow, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")]
@@ -301,14 +301,21 @@ def test_a_killed_training_leaves_no_helper_behind(tmp_path, sqlite_uri):
     assert [m.value for m in client.get_metric_history(run_id, "m")] == [1.0]
 
 
-def test_only_a_store_mlflow_writes_in_this_process_gets_a_helper():
-    local = ["sqlite:////tmp/x.db", "/tmp/mlruns", "mlruns", "file:///tmp/mlruns", "C:\\mlruns",
-             "postgresql://u@h/db", "postgresql+psycopg2://u@h/db", "mysql+pymysql://u@h/db", "mssql://h/db"]
-    remote = ["http://127.0.0.1:5000", "https://mlflow.example.com", "databricks", "databricks://profile",
-              "databricks-uc", "uc:databricks"]
-    assert [uri for uri in local if not writes_in_process(uri)] == []
-    assert [uri for uri in remote if writes_in_process(uri)] == []
-    assert MLflowBackend("http://127.0.0.1:9", None).helper is None
+@pytest.mark.parametrize(("uri", "kind"), [
+    ("sqlite:////tmp/x.db", "sqlite"), ("sqlite+pysqlite:///x.db?timeout=20", "sqlite"),
+    ("/tmp/mlruns", "file"), ("mlruns", "file"), ("file:///tmp/mlruns", "file"), ("C:\\mlruns", "file"),
+    ("postgresql://u@h/db", "database"), ("postgresql+psycopg2://u@h/db", "database"),
+    ("mysql+pymysql://u@h/db", "database"),
+    ("mssql://h/db", "database"), ("sqlite:///:memory:", "memory"), ("sqlite://", "memory"),
+    ("http://127.0.0.1:5000", "remote"), ("https://mlflow.example.com", "remote"), ("databricks", "remote"),
+    ("databricks://profile", "remote"), ("databricks-uc", "remote"), ("uc:databricks", "remote")])
+def test_a_tracking_uri_is_parsed_once_and_only_a_store_mlflow_writes_here_gets_a_helper(uri, kind):
+    """Before, ``databricks`` was refused as a file store, and an in-memory sqlite store got a helper (which
+    wrote the large calls to a database of its own)."""
+    assert Store.parse(uri).kind == kind
+    assert (MLflowBackend(uri, None).helper is not None) == (kind in ("sqlite", "file", "database"))
+    if kind != "file":  # accepted (a file store needs MLFLOW_ALLOW_FILE_STORE: test_misconfiguration.py)
+        assert MLflowLogger(tracking_uri=uri).tracking_uri == uri
 
 
 def test_replay_sends_from_its_own_process(tmp_path, sqlite_uri, monkeypatch):

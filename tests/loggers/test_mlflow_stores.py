@@ -1,6 +1,12 @@
 """No path of ours leaves a store or a run the next training cannot use, and every message at the end
 counts what is really left; ``replay`` says where it sends.
 
+- Others using a new store while MLflowLogger makes it lose nothing and break nothing, and nobody is
+  told anything: in this process the user's own ``MlflowClient`` or fluent calls on the training
+  thread, or a second logger (MLflow's migrations use alembic, whose state is process-wide: two at once
+  broke both and the store); in another process a training of ours, or MLflow making the same store
+  in place (slowed, so that ours overlaps it: fault injection). A store another process makes at the
+  place while ours is being made is used, never replaced.
 - A process killed while MLflowLogger creates a new sqlite store (a real ``SIGKILL`` while MLflow's
   migrations run) leaves no store or a whole one, never a half-made one; the next training logs.
 - A store another process left half-made (a leftover ``_alembic_tmp_`` table, what an interrupted
@@ -22,6 +28,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -32,6 +39,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG, MLflowLogger  # noqa: E402
 from tests.loggers.faults import FaultInjectingBackend, train_in_loop  # noqa: E402
+from tests.loggers.test_wal import AtStep  # noqa: E402
 
 pytestmark = pytest.mark.mlflow
 
@@ -52,9 +60,194 @@ def loss_steps(client, run_id) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
 
 
-def test_a_process_killed_while_it_creates_a_sqlite_store_leaves_none_or_a_whole_one(tmp_path):
+def assert_whole(db: Path) -> None:
+    """A whole MLflow sqlite store: its schema at MLflow's head, no migration's leftovers."""
     from mlflow.store.db.utils import _get_latest_schema_revision
 
+    with closing(sqlite3.connect(db)) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        version = connection.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert version == [(_get_latest_schema_revision(),)], version
+    assert not [name for name in tables if name.startswith("_alembic_tmp_")], tables
+
+
+def wait_for_draft(place: Path) -> None:
+    """Until a logger's making of the store at ``place`` has begun (its draft is there; a file store's
+    draft may be moved there before it is seen)."""
+    end = time.monotonic() + 300
+    while not (place.exists() or list(place.parent.glob(f"{place.name}.creating-*"))):
+        assert time.monotonic() < end, "no logger began to make the store"
+        time.sleep(0.005)
+
+
+def users_client(uri: str) -> None:
+    MlflowClient(uri).search_experiments()
+
+
+def users_fluent_run(uri: str) -> None:
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run(run_name="mine"):
+            mlflow.log_param("mine", "1")
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+@pytest.mark.parametrize(("store", "other"), [
+    ("sqlite", "client"),
+    pytest.param("sqlite", "fluent", marks=pytest.mark.second_tier),
+    pytest.param("sqlite", "second logger", marks=pytest.mark.second_tier),
+    pytest.param("file store", "client", marks=pytest.mark.second_tier),
+])
+def test_others_in_this_process_using_a_new_store_while_the_logger_makes_it_lose_nothing(
+        tmp_path, monkeypatch, caplog, store, other):
+    """The issue's script: the user's own MLflow call at step 2 while MLflowLogger makes a new store in
+    the background. Before, both failed (``duplicate column name: step``; ``KeyError: 'script'``),
+    nothing was delivered and the store was broken; the stock ``MLflowCallback``: 40/40 points."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    place = tmp_path / "store" / ("mlflow.db" if store == "sqlite" else "mlruns")
+    uri = f"sqlite:///{place}" if store == "sqlite" else f"file://{place}"
+    errors = []
+
+    def users_call():
+        wait_for_draft(place)  # the logger is making it now
+        try:
+            (users_fluent_run if other == "fluent" else users_client)(uri)
+        except Exception as error:  # the test's verdict, below
+            errors.append(error)
+
+    loggers = [MLflowLogger(tracking_uri=uri, experiment_name=name) for name in (
+        ("first", "second") if other == "second logger" else (None,))]
+    users = [] if other == "second logger" else [AtStep(2, users_call)]
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train_in_loop(tmp_path / "out", [*users, *loggers], 40)
+    assert errors == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("hf_callbacks_plus")] == []
+    client = MlflowClient(uri)
+    for logger in loggers:
+        assert client.get_run(logger.run_id).info.status == "FINISHED"
+        assert loss_steps(client, logger.run_id) == list(range(1, 41))
+    if other == "fluent":
+        (mine,) = client.search_runs(["0"], filter_string="attributes.run_name = 'mine'")
+        assert mine.data.params == {"mine": "1"}
+    if store == "sqlite":
+        assert_whole(place)
+    assert sorted(path.name for path in place.parent.iterdir()) == [place.name]  # no draft left
+
+
+#: MLflow making a store in place in another process (the user's own script, a stock ``MLflowCallback``
+#: training), slowed (fault injection: 3 ms more per SQL statement, of about 1700) so that the logger's
+#: creation overlaps it; it begins once the logger's draft is there.
+SLOW_MAKER = """
+import sys, time
+from pathlib import Path
+import sqlalchemy
+from mlflow.tracking import MlflowClient
+place = Path(sys.argv[1])
+sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", lambda *a: time.sleep(0.003))
+while not list(place.parent.glob(place.name + ".creating-*")):
+    time.sleep(0.005)
+MlflowClient(f"sqlite:///{place}").search_experiments()
+"""
+
+
+@pytest.mark.second_tier
+def test_mlflow_making_the_same_new_store_in_another_process_is_waited_for(tmp_path):
+    """The logger's draft loses the race to the other process's store, which is still being made: the
+    logger waits until it is whole (it never migrates a store someone else is making); both log."""
+    place = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{place}"
+    other = subprocess.Popen([sys.executable, "-c", SLOW_MAKER, str(place)], stderr=subprocess.PIPE,
+                             text=True)
+    logger = MLflowLogger(tracking_uri=uri, flush_timeout=300)
+    train_in_loop(tmp_path / "out", [logger], 40)
+    assert other.wait(300) == 0, other.stderr.read()[-3000:]
+    client = MlflowClient(uri)
+    assert client.get_run(logger.run_id).info.status == "FINISHED"
+    assert loss_steps(client, logger.run_id) == list(range(1, 41))
+    assert_whole(place)
+
+
+TRAINING = """
+import sys
+sys.path.insert(0, {repo!r})
+from hf_callbacks_plus.loggers.mlflow import MLflowLogger
+from tests.loggers.faults import train_in_loop
+logger = MLflowLogger(tracking_uri=sys.argv[1])
+train_in_loop(sys.argv[2], [logger], 20)
+print(logger.run_id)
+"""
+
+
+@pytest.mark.second_tier
+@pytest.mark.parametrize("store", ["sqlite", "file store"])
+def test_two_trainings_making_one_new_store_at_once_both_log_everything(tmp_path, monkeypatch, store):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    place = tmp_path / ("mlflow.db" if store == "sqlite" else "mlruns")
+    uri = f"sqlite:///{place}" if store == "sqlite" else str(place)
+    trainings = [subprocess.Popen([sys.executable, "-c", TRAINING.format(repo=str(REPO)), uri,
+                                   str(tmp_path / f"out{n}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for n in (1, 2)]
+    run_ids = []
+    for training in trainings:
+        out, err = training.communicate(timeout=300)
+        assert training.returncode == 0 and "not delivered" not in err, err[-3000:]
+        run_ids.append(out.split()[-1])
+    client = MlflowClient(uri)
+    for run_id in run_ids:
+        assert client.get_run(run_id).info.status == "FINISHED"
+        assert loss_steps(client, run_id) == list(range(1, 21))
+    if store == "sqlite":
+        assert_whole(place)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([place.name, "out1", "out2"])
+
+
+@pytest.mark.parametrize(("store", "system"), [
+    pytest.param("sqlite", "renameat2", marks=pytest.mark.second_tier),
+    pytest.param("sqlite", "no renameat2", marks=pytest.mark.second_tier),
+    ("sqlite", "no hard links"), ("file store", "renameat2"), ("file store", "no renameat2")])
+def test_a_store_another_process_makes_while_ours_is_made_is_used_never_replaced(tmp_path, monkeypatch,
+                                                                                _template_db, store, system):
+    """Fault injection: the other process's store (with a run of its own) is put at the place just
+    before the logger's draft is moved there; it stays, and the draft is removed. On Linux's
+    ``renameat2``; without it (a hard link for a file, a rename for a folder); on a file system without
+    hard links (before, the draft replaced the other's store there: its run was lost)."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from hf_callbacks_plus.loggers import mlflow_helper
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    if system == "no renameat2":
+        monkeypatch.setattr(ctypes, "CDLL", lambda *args, **kwargs: SimpleNamespace())
+    if system == "no hard links":
+        def no_link(source, target):
+            raise PermissionError(1, "Operation not permitted", target)
+
+        monkeypatch.setattr(os, "link", no_link)
+    place = tmp_path / ("mlflow.db" if store == "sqlite" else "mlruns")
+    theirs = tmp_path / "theirs" / place.name
+    if store == "sqlite":
+        theirs.parent.mkdir()
+        shutil.copy(_template_db, theirs)
+        uri = f"sqlite:///{theirs}"
+    else:
+        uri = str(theirs)
+    their_run = MlflowClient(uri).create_run("0").info.run_id
+    move = mlflow_helper._move_unless_there
+
+    def made_meanwhile(source, target):
+        os.rename(theirs, target)
+        move(source, target)
+
+    monkeypatch.setattr(mlflow_helper, "_move_unless_there", made_meanwhile)
+    store = mlflow_helper.Store.parse(f"sqlite:///{place}" if store == "sqlite" else str(place))
+    mlflow_helper.make_store(store)
+    assert MlflowClient(store.uri).get_run(their_run).info.run_id == their_run
+    assert sorted(path.name for path in tmp_path.iterdir()) == [place.name, "theirs"]
+
+
+def test_a_process_killed_while_it_creates_a_sqlite_store_leaves_none_or_a_whole_one(tmp_path):
     db = tmp_path / "store" / "mlflow.db"
     uri = f"sqlite:///{db}"
     script = WAITING_TRAINING.format(repo=str(REPO), out=str(tmp_path / "out"), uri=uri)
@@ -68,11 +261,7 @@ def test_a_process_killed_while_it_creates_a_sqlite_store_leaves_none_or_a_whole
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(60) == -signal.SIGKILL, process.stderr.read()[-2000:]
     if db.exists():  # made whole, or not at all
-        with sqlite3.connect(db) as connection:
-            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
-            version = connection.execute("SELECT version_num FROM alembic_version").fetchall()
-        assert version == [(_get_latest_schema_revision(),)], version
-        assert not [name for name in tables if name.startswith("_alembic_tmp_")], tables
+        assert_whole(db)
 
     logger = MLflowLogger(tracking_uri=uri)
     train_in_loop(tmp_path / "next", [logger], 5)

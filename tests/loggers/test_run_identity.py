@@ -170,7 +170,7 @@ def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_pat
     if make is _mlflow:
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(logger.backend.tracking_uri).search_experiments()  # the schema, before timing
+        MlflowClient(logger.backend.store.uri).search_experiments()  # the schema, before timing
     name = type(logger).__name__
     seen = []
 
@@ -198,7 +198,7 @@ def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_pat
 
         from hf_callbacks_plus.loggers.mlflow import RUN_KEY_TAG
 
-        assert MlflowClient(logger.backend.tracking_uri).get_run(logger.run_id).data.tags[RUN_KEY_TAG] == (
+        assert MlflowClient(logger.backend.store.uri).get_run(logger.run_id).data.tags[RUN_KEY_TAG] == (
             logger.run_key)
         return
     assert all(state["run_id"] == logger.run_id for state in states), (states, logger.run_id)

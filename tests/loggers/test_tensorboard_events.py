@@ -128,9 +128,12 @@ def test_trainer_run_reads_back_as_with_add_scalar(tmp_path, key_names):
     assert len(events) < sum(ours.values()) / 10
 
 
-def test_checkpoint_save_puts_the_events_on_disk(tmp_path):
-    """No flush per batch, yet what was logged before a checkpoint is in the event
-    file when the checkpoint is saved, with the writer still open, though writing lags behind."""
+def test_at_a_checkpoint_save_every_event_is_on_disk_in_the_event_file_or_the_write_ahead_log(tmp_path):
+    """No flush per batch and none at the save (the training never waits for the writer, whose writing
+    lags behind), yet every step logged before a checkpoint is on disk when the checkpoint is saved:
+    in the event file, or in the run's write-ahead log until the writer has written it."""
+    import json
+
     from transformers import TrainerCallback
 
     logger = TensorBoardLogger()
@@ -141,16 +144,20 @@ def test_checkpoint_save_puts_the_events_on_disk(tmp_path):
         write(records, run_id)
 
     logger.backend.log = slow_log
-    seen: dict[int, set[int]] = {}
+    seen: dict[int, tuple[set[int], set[int]]] = {}
 
     class ReadAtSave(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             directory = Path(logger.backend.directory)
-            seen[state.global_step] = {
-                event.step for event in raw_events(directory)
-                if any(value.tag == "train/loss" for value in event.summary.value)}
+            in_events = {event.step for event in raw_events(directory)
+                         if any(value.tag == "train/loss" for value in event.summary.value)}
+            in_log = {entry["step"] for entry in map(json.loads, logger.wal_path.read_text().splitlines())
+                      if "train/loss" in entry.get("metrics", {})}
+            seen[state.global_step] = (in_events, in_log)
 
     trainer = make_trainer(tmp_path, callbacks=[logger, ReadAtSave()], max_steps=8, logging_steps=1,
                            save_strategy="steps", save_steps=4)
     trainer.train()
-    assert seen == {4: {1, 2, 3, 4}, 8: set(range(1, 9))}
+    assert {step: events | log for step, (events, log) in seen.items()} == {4: {1, 2, 3, 4},
+                                                                             8: set(range(1, 9))}
+    assert seen[8][1]  # the writer lagged: the last steps were on disk only in the write-ahead log
