@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.examples.conftest import EXAMPLES, TINY, run_command
+from tests.examples.conftest import EXAMPLES, ROOT, TINY, run_command
+from tests.test_docs_console import console_blocks
 
 pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb]
 
@@ -120,3 +121,13 @@ def test_demo_at_default_settings_overfits_visibly_and_stops_on_its_own(tmp_path
     assert last_gap > first_gap + 0.05 and last_gap > 0.1, (first_gap, last_gap)
     assert stop["train_subset_accuracy"] > stop["eval_accuracy"]
     assert "Early stopping (PATIENCE)" in result.stdout
+    # docs/console.md shows this run's lines (one torch thread: the same numbers on every run of a
+    # machine; the throughput is the machine's own); regenerate the block from `make demo` if not
+    (block,) = console_blocks(ROOT / "docs" / "console.md")
+    shown = {without_throughput(line) for line in block if line.startswith(("step ", "EarlyStopping "))}
+    printed = {without_throughput(line) for line in (result.stdout + result.stderr).splitlines()}
+    assert shown <= printed, sorted(shown - printed)
+
+
+def without_throughput(line: str) -> str:
+    return re.sub(r" \| \S+ sequences/s, \S+ tokens/s$", "", line)
