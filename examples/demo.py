@@ -284,14 +284,23 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     return run(parse_args(argv))
 
 
-def hide_deepspeed() -> None:
-    """Make an installed DeepSpeed invisible to this process: accelerate imports it in every
-    ``Trainer`` when it is installed (``make`` installs it for the tests), which costs a second and
-    prints "Setting accelerator to CPU"; the demo trains on the CPU without it. Only for the
-    command (the tests that call `main` share their process with DeepSpeed's tests)."""
+def quiet_process() -> None:
+    """Settings of the command's whole process (the tests that call `main` share theirs with
+    DeepSpeed's tests, so only the command takes them):
+
+    * an installed DeepSpeed is invisible: accelerate imports it in every ``Trainer`` (``make``
+      installs it for the tests), which costs a second and prints "Setting accelerator to CPU";
+      the demo trains on the CPU without it;
+    * transformers' "mtime may not be reliable on this filesystem" is not printed: it says so
+      whenever two checkpoints are less than a second apart (a fast machine) and then sorts them
+      by step, which is right anyway.
+    """
+    import logging
+
     sys.modules.setdefault("deepspeed", None)  # importlib: not installed
+    logging.getLogger("transformers.trainer_utils").setLevel(logging.ERROR)
 
 
 if __name__ == "__main__":
-    hide_deepspeed()
+    quiet_process()
     main()

@@ -205,7 +205,7 @@ def test_an_example_runs_as_a_command_without_transformers_or_torch(tmp_path):
 
 #: What a command may do before ``main()``: process-wide settings a test process must not take (the
 #: demo's: DeepSpeed hidden, while DeepSpeed's own tests share the process); the command tests run it.
-COMMAND_ONLY = {"hide_deepspeed()"}
+COMMAND_ONLY = {"quiet_process()"}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
