@@ -20,9 +20,12 @@ vocabulary, tokens and batch are options: ``--vocab 32000 --tokens 256 --batch 8
 realistic language model's batch).
 Each (variant, samples) runs in its own process (this script with ``--child VARIANT SAMPLES``);
 the memory figure is the growth of the process's peak RSS (``ru_maxrss``) across ``evaluate()``,
-the time is the wall time of ``evaluate()``; with ``--repeat K`` the median of K processes.
-The parent prints a markdown table (ratios are streaming / stock) and checks that the metrics
-agree: token accuracy exactly, perplexity within 1e-6 relative.
+the time is the wall time of ``evaluate()`` (and its CPU time, ``time.process_time``, which a
+shared machine disturbs less); with ``--repeat K`` the median of K processes, the variants taken
+in turn inside each repeat. The parent prints a markdown table (ratios are streaming / stock)
+and checks that the metrics agree: token accuracy exactly, perplexity within 1e-6 relative.
+With ``none`` among the variants it also prints each metric variant's time over the evaluation
+without metrics: the ratio of the medians and the range of the ratios of the same repeat.
 
 Run: ``python benchmarks/bench_streaming_eval.py [--samples 512,1024] [--repeat 1]
 [--variants stock,streaming]`` (from the repository root, e.g. with ``.venv/bin/python``).
@@ -120,12 +123,13 @@ def child(variant: str, samples: int, options: argparse.Namespace) -> None:
         assert trainer.args.batch_eval_metrics is (variant in ("streaming", "predictions"))
         rss = current_rss_mb()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         metrics = trainer.evaluate()
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"baseline_mb": before / 1024, "peak_mb": peak / 1024,
                       "growth_mb": (peak - before) / 1024, "rss_before_mb": rss, "seconds": seconds,
+                      "cpu_seconds": cpu_seconds,
                       "token_accuracy": metrics.get("eval_token_accuracy", math.nan),
                       "perplexity": metrics.get("eval_perplexity", math.nan)}))
 
@@ -139,6 +143,11 @@ def measure(variant: str, samples: int, options: argparse.Namespace) -> dict:
         sys.stderr.write(result.stderr)
         raise SystemExit(f"child {variant} {samples} failed with exit code {result.returncode}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list) -> str:
+    """``median (min-max)`` of seconds."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> None:
@@ -171,17 +180,18 @@ def main() -> None:
     for samples in sizes:
         print(f"expected logits size at {samples} samples: {samples} x {tokens} x {vocab} x 4 bytes = "
               f"{samples * tokens * vocab * 4 / 2**20:.0f} MB")
-    results = {}
+    results = {(variant, samples): [] for samples in sizes for variant in variants}
     for samples in sizes:
-        for variant in variants:
-            runs = results[variant, samples] = []
-            for k in range(options.repeat):
+        for k in range(options.repeat):
+            for variant in variants:  # in turn, so a change of the machine's load touches every variant
                 run = measure(variant, samples, options)
-                runs.append(run)
-                print(f"{variant:>9} {samples:>5} #{k + 1}: ru_maxrss {run['baseline_mb']:.0f} -> "
+                results[variant, samples].append(run)
+                print(f"{variant:>11} {samples:>5} #{k + 1}: ru_maxrss {run['baseline_mb']:.0f} -> "
                       f"{run['peak_mb']:.0f} MB (+{run['growth_mb']:.0f}; RSS before evaluate "
-                      f"{run['rss_before_mb']:.0f}), {run['seconds']:.2f} s, token_accuracy "
-                      f"{run['token_accuracy']!r}, perplexity {run['perplexity']!r}", flush=True)
+                      f"{run['rss_before_mb']:.0f}), {run['seconds']:.2f} s "
+                      f"(CPU {run['cpu_seconds']:.2f} s), "
+                      f"token_accuracy {run['token_accuracy']!r}, perplexity {run['perplexity']!r}",
+                      flush=True)
 
     print()
     print("| samples | " + " | ".join(f"{v} peak RSS growth (MB)" for v in variants)
@@ -199,6 +209,21 @@ def main() -> None:
                 added = statistics.median(r["growth_mb"] for r in results[variant, samples]) - none
                 print(f"{variant} adds {added:.0f} MB to the peak of an evaluation without metrics "
                       f"at {samples} samples")
+        print()
+        print("| variant | samples | s, median (range) | none s, median (range) | time / none: ratio of "
+              "medians | paired ratios (range) | CPU time / none: ratio of medians | paired ratios (range) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for samples in sizes:
+            none = results["none", samples]
+            for variant in (v for v in variants if v != "none"):
+                ours = results[variant, samples]
+                cells = [f"{spread([r['seconds'] for r in ours])}", f"{spread([r['seconds'] for r in none])}"]
+                for key in ("seconds", "cpu_seconds"):
+                    ours_median = statistics.median(r[key] for r in ours)
+                    medians = ours_median / statistics.median(r[key] for r in none)
+                    paired = [a[key] / b[key] for a, b in zip(ours, none)]
+                    cells += [f"{medians:.2f}", f"{min(paired):.2f}-{max(paired):.2f}"]
+                print(f"| {variant} | {samples} | " + " | ".join(cells) + " |")
     if not {"stock", "streaming"} <= set(variants):
         return
     print()

@@ -34,11 +34,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+# A quiet console: the WandbLogger is offline by its own argument (WANDB_MODE=offline would make
+# transformers print "[INFO] Running in WANDB offline mode"), MLflow keeps its INFO lines (the new
+# sqlite store's tables) to itself, and transformers draws no bar per saved checkpoint ("Writing
+# model shards"): the evaluation lines are the progress (--progress adds the training bar).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_CONSOLE", "off")
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -48,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_args(argv: Optional[list[str]] = None, default_name: str = "demo") -> argparse.Namespace:
-    """Command-line options; the defaults are the full demo (about a minute on 2 CPU cores).
+    """Command-line options; the defaults are the full demo (see the README for its time).
 
     ``default_name`` is the run's sub-directory when ``--name`` is not given (each example
     has its own, so one never wipes another's run)."""
@@ -71,7 +76,8 @@ def parse_args(argv: Optional[list[str]] = None, default_name: str = "demo") -> 
     parser.add_argument("--trackers", default="mlflow,wandb,jsonl",
                         help="comma-separated subset of mlflow,wandb,jsonl (or 'none')")
     parser.add_argument("--resume", default=None, help="resume from this checkpoint (keeps the run dir)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
+                        help="show transformers' progress bar (the evaluation lines show the progress)")
     parser.add_argument("--no-plot", action="store_true", help="skip the learning-curves PNG")
     return parser.parse_args(argv)
 
@@ -81,25 +87,38 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def monitoring_callbacks(options: argparse.Namespace) -> dict[str, Any]:
+    """The demo's callbacks other than the loggers, in call order: the subset's metrics first, then
+    the stop rule (the tests print the docs' console lines with these)."""
+    from hf_callbacks_plus import (
+        ConsoleSummary,
+        EarlyStopping,
+        KeepBestCheckpoints,
+        ThroughputMonitor,
+        TrainSubsetEvaluation,
+    )
+
+    return {
+        "train_subset": TrainSubsetEvaluation(size=options.subset_size, stratify_by="labels", seed=0,
+                                              gap_metrics=["accuracy"]),
+        "early_stopping": EarlyStopping(monitor="eval_loss", patience=options.patience,
+                                        min_delta=options.min_delta),
+        "best_checkpoints": KeepBestCheckpoints("eval_accuracy", k=2),
+        "throughput": ThroughputMonitor(flops_per_token=None),  # sequences/s, tokens/s (no MFU on a CPU)
+        "console": ConsoleSummary(metrics=["accuracy"]),
+    }
+
+
 def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, dict[str, Any]]:
     """A stock ``transformers.Trainer`` with our callbacks; returns ``(trainer, callbacks)``."""
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from hf_callbacks_plus import (
-        ConsoleSummary,
-        EarlyStopping,
-        JsonlLogger,
-        KeepBestCheckpoints,
-        MLflowLogger,
-        ThroughputMonitor,
-        TrainSubsetEvaluation,
-        WandbLogger,
-        run_before_integrations,
-    )
+    from hf_callbacks_plus import JsonlLogger, MLflowLogger, WandbLogger, run_before_integrations
 
-    if not os.environ.get("OMP_NUM_THREADS"):  # torchrun sets 1 per process; else at most 2
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    # one thread: a 100k-parameter model's operations take microseconds, so a second thread only
+    # adds its synchronisation (and waits for the other core whenever the machine is busy)
+    torch.set_num_threads(1)
     tokenizer = build_tokenizer()
     train_dataset, eval_dataset = build_datasets(tokenizer, n_train=options.n_train, n_eval=options.n_eval)
     runs_dir = Path(options.runs_dir).resolve()
@@ -108,15 +127,7 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
     if unknown:
         raise ValueError(f"--trackers: unknown {sorted(unknown)}; choose from mlflow, wandb, jsonl, none")
 
-    callbacks: dict[str, Any] = {  # in call order: the subset's metrics first, then the stop rule
-        "train_subset": TrainSubsetEvaluation(size=options.subset_size, stratify_by="labels", seed=0,
-                                              gap_metrics=["accuracy"]),
-        "early_stopping": EarlyStopping(monitor="eval_loss", patience=options.patience,
-                                        min_delta=options.min_delta),
-        "best_checkpoints": KeepBestCheckpoints("eval_accuracy", k=2),
-        "throughput": ThroughputMonitor(),
-        "console": ConsoleSummary(metrics=["accuracy"]),
-    }
+    callbacks = monitoring_callbacks(options)
     if "mlflow" in trackers:
         callbacks["mlflow"] = MLflowLogger(tracking_uri=f"sqlite:///{runs_dir / 'mlflow.db'}",
                                            experiment_name="hf-callbacks-plus-demo", run_name=options.name)
@@ -140,7 +151,7 @@ def build_trainer(options: argparse.Namespace, output_dir: Path) -> tuple[Any, d
         eval_strategy="steps", eval_steps=options.eval_steps, logging_steps=options.eval_steps,
         save_strategy="steps", save_steps=options.eval_steps, save_total_limit=2,
         report_to="none", use_cpu=True, seed=0, dataloader_num_workers=0,
-        disable_tqdm=options.no_progress,
+        disable_tqdm=not options.progress,
     )
     trainer = Trainer(
         model=build_model(tokenizer, hidden_size=options.hidden_size), args=args,
@@ -273,5 +284,23 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     return run(parse_args(argv))
 
 
+def quiet_process() -> None:
+    """Settings of the command's whole process (the tests that call `main` share theirs with
+    DeepSpeed's tests, so only the command takes them):
+
+    * an installed DeepSpeed is invisible: accelerate imports it in every ``Trainer`` (``make``
+      installs it for the tests), which costs a second and prints "Setting accelerator to CPU";
+      the demo trains on the CPU without it;
+    * transformers' "mtime may not be reliable on this filesystem" is not printed: it says so
+      whenever two checkpoints are less than a second apart (a fast machine) and then sorts them
+      by step, which is right anyway.
+    """
+    import logging
+
+    sys.modules.setdefault("deepspeed", None)  # importlib: not installed
+    logging.getLogger("transformers.trainer_utils").setLevel(logging.ERROR)
+
+
 if __name__ == "__main__":
+    quiet_process()
     main()

@@ -138,15 +138,10 @@ def build_datasets(tokenizer: Any, n_train: int = 800, n_eval: int = 400,
             f"got n_train={n_train}, n_eval={n_eval}"
         )
 
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer(batch["text"], truncation=True, max_length=MAX_LENGTH)
-        encoded["labels"] = batch["label"]
-        return encoded
-
     splits = []
     for part in (rows[:n_train], rows[n_train:n_train + n_eval]):
-        dataset = Dataset.from_list(part)
-        splits.append(dataset.map(encode, batched=True, remove_columns=["text", "label"]))
+        encoded = tokenizer([row["text"] for row in part], truncation=True, max_length=MAX_LENGTH)
+        splits.append(Dataset.from_dict({**encoded, "labels": [row["label"] for row in part]}))
     return splits[0], splits[1]
 
 

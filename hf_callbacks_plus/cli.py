@@ -1,4 +1,4 @@
-"""Command line: ``hf-callbacks-plus plot <trainer_state.json> -o curves.png``,
+"""Command line: ``hf-callbacks-plus plot <run folder, trainer_state.json or metrics.jsonl>``,
 ``hf-callbacks-plus replay <write-ahead log or folder> [--dry-run]`` and
 ``hf-callbacks-plus stop-status <Deadline's status file>``."""
 
@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("state", help="trainer_state.json, metrics.jsonl (JsonlLogger), or a run/checkpoint "
                                     "directory holding one")
-    plot.add_argument("-o", "--output", default="curves.png", help="PNG to write (default: curves.png)")
+    plot.add_argument("-o", "--output", default=None,
+                      help="PNG to write (default: learning_curves.png in the run folder read: the folder "
+                           "given or the file's, the run folder of a checkpoint)")
     choice = plot.add_mutually_exclusive_group()
     choice.add_argument("-m", "--metrics", nargs="+", default=None,
                         help="metrics to plot, in order: bare, prefixed or rendered names (accuracy, "
@@ -151,17 +153,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "replay":
         return run_replay(args)
     if args.command == "plot":
-        from .plotting import plot_learning_curves
+        from .plotting import DEFAULT_PNG, plot_learning_curves, run_folder
 
+        output = args.output if args.output is not None else run_folder(args.state) / DEFAULT_PNG
         try:
             plot_learning_curves(
-                args.state, args.output, metrics="all" if args.all else args.metrics, title=args.title,
+                args.state, output, metrics="all" if args.all else args.metrics, title=args.title,
                 include_training_extras=args.extras, columns=args.columns,
             )
         except (FileNotFoundError, ValueError, TypeError, ModuleNotFoundError) as error:
             print(f"hf-callbacks-plus plot: {error}", file=sys.stderr)
             return 1
-        print(f"wrote {args.output}")
+        print(f"wrote {output}")
     return 0
 
 

@@ -48,8 +48,8 @@ from .metrics.keys import (
 from .metrics.monitor import gap_is_meaningful
 from .metrics.numbers import to_float
 
-__all__ = ["ALL", "LearningCurves", "collect_curves", "default_panels", "load_log_history",
-           "plot_learning_curves", "series_colors"]
+__all__ = ["ALL", "DEFAULT_PNG", "LearningCurves", "collect_curves", "default_panels", "load_log_history",
+           "plot_learning_curves", "run_folder", "series_colors"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -59,6 +59,9 @@ _TIMING = {*TIMING_NAMES, "epoch", "step", "total_flos"}
 _LOOP_EXTRAS = {"learning_rate", "grad_norm", *RUN_COUNTERS}
 #: ``metrics=`` value that draws every curve.
 ALL = "all"
+#: The PNG ``hf-callbacks-plus plot`` writes into the run folder when no ``-o`` is given (the
+#: demo's name for the same figure).
+DEFAULT_PNG = "learning_curves.png"
 #: Confusion-matrix counts (``StreamingMetrics``): numbers per evaluation, not learning curves.
 _COUNTS = re.compile(r"confusion_\d+_\d+")
 
@@ -200,6 +203,16 @@ def _state_path(path: Path) -> Path:
     close = _close_paths(path)
     hint = f" Did you mean {' or '.join(repr(str(c)) for c in close)}?" if close else ""
     raise FileNotFoundError(f"plot_learning_curves: {str(path)!r} does not exist ({_WHERE}).{hint}")
+
+
+def run_folder(source: Union[str, os.PathLike]) -> Path:
+    """The run folder of a path `load_log_history` reads: the folder given, or the folder of the
+    file given; for a ``checkpoint-N`` folder (or a file in one), the run folder holding it (the
+    trainer rotates its checkpoints)."""
+    path = Path(source)
+    folder = path if path.is_dir() else path.parent
+    checkpoint = folder.name.startswith("checkpoint-") and folder.name.split("-")[-1].isdigit()
+    return folder.parent if checkpoint else folder
 
 
 def _readable(path: Path) -> bool:

@@ -260,10 +260,11 @@ def test_a_binary_file_gets_a_clear_error_naming_it(tmp_path):
         plot_learning_curves(str(path))
 
 
-def test_the_quickstarts_plot_command_on_a_stock_trainer_run(tmp_path, capsys, caplog):
+def test_the_quickstarts_plot_command_on_a_stock_trainer_run(tmp_path, capsys, caplog, monkeypatch):
     """A stock Trainer writes trainer_state.json only into its checkpoints: the run folder and
     ``runs/my-run/trainer_state.json`` plot the newest checkpoint's state (the path with a warning naming
-    the file read); a folder without any says where a Trainer writes the file."""
+    the file read); without ``-o`` the PNG goes into the run folder; a folder without any state says
+    where a Trainer writes the file."""
     import logging
 
     run = tmp_path / "my-run"
@@ -278,6 +279,18 @@ def test_the_quickstarts_plot_command_on_a_stock_trainer_run(tmp_path, capsys, c
             assert main(["plot", str(given), "-o", str(output)]) == 0
         assert output.read_bytes().startswith(PNG_MAGIC)
     assert "plotting the newest checkpoint's" in caplog.text and "checkpoint-8" in caplog.text
+    # without -o: learning_curves.png in the run folder read, never in the current folder (issue 41)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    checkpoint = run / "checkpoint-8"
+    for given in (run, run / "trainer_state.json", checkpoint, checkpoint / "trainer_state.json"):
+        (run / "learning_curves.png").unlink(missing_ok=True)
+        capsys.readouterr()
+        assert main(["plot", str(given)]) == 0, given
+        assert (run / "learning_curves.png").read_bytes().startswith(PNG_MAGIC), given
+        assert capsys.readouterr().out == f"wrote {run / 'learning_curves.png'}\n"
+        assert not list(elsewhere.iterdir()), given
     empty = tmp_path / "empty"
     empty.mkdir()
     capsys.readouterr()

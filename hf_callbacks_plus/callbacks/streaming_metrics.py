@@ -37,8 +37,8 @@ from ..metrics.streaming import (
     IGNORE_INDEX,
     MetricSet,
     check_task,
+    labelled_blocks,
     rank,
-    scored_pairs,
     standard_metrics,
     top_classes,
     world_size,
@@ -286,9 +286,12 @@ class StreamingMetrics(TrainerCallback):
             return {}
         return self._merge(self._finish_eval(), theirs or {})
 
+    def _update(self, metrics: MetricSet, logits: Any, labels: Any) -> None:
+        for scores, target in labelled_blocks(logits, labels, self.task, self.ignore_index):
+            metrics.update(scores, target)
+
     def _update_eval(self, logits: Any, labels: Any) -> None:
-        scores, target = scored_pairs(logits, labels, self.task, self.ignore_index)
-        self.eval_metrics.update(scores, target)
+        self._update(self.eval_metrics, logits, labels)
         if self.max_predictions and rank() == 0:
             if self._writer is None:
                 self._writer = _PredictionWriter(self._predictions_folder(), self.max_predictions)
@@ -341,8 +344,7 @@ class StreamingMetrics(TrainerCallback):
 
     # -- training --------------------------------------------------------------------------
     def _update_train(self, logits: Any, labels: Any) -> None:
-        scores, target = scored_pairs(logits, labels, self.task, self.ignore_index)
-        self.train_metrics.update(scores, target)
+        self._update(self.train_metrics, logits, labels)
 
     def _on_forward(self, module: Any, args: Any, kwargs: Mapping[str, Any], output: Any) -> None:
         if not module.training:

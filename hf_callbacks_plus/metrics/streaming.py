@@ -3,7 +3,8 @@
 A `MetricSet` holds named metric objects with ``update``/``compute``/``reset`` (torchmetrics
 metrics, or your own), feeds them one batch of ``(scores, target)`` at a time and returns plain
 floats. `scored_pairs` turns a batch of logits and labels into those pairs for a task
-(classification, token classification, causal LM), dropping ignored positions. The metrics keep
+(classification, token classification, causal LM), dropping ignored positions; `labelled_blocks`
+gives the same rows in blocks, mostly views of the logits. The metrics keep
 exact sufficient statistics (counts, confusion matrices, sums of log-probabilities), so the
 result over many batches equals the one ``compute_metrics`` gets from every logit at once, and
 nothing grows with the number of samples.
@@ -11,8 +12,9 @@ nothing grows with the number of samples.
 `standard_metrics` builds the usual set with torchmetrics (``pip install
 'hf-callbacks-plus[metrics]'``).
 
-Memory: beyond the batch's own logits, at most one float32 copy of them (the labelled rows)
-and a float64 block of `CHUNK_ELEMENTS` values at a time.
+Memory: beyond the batch's own logits, at most one float32 copy of them (`labelled_blocks`
+copies only the rows of short runs of labelled positions) and a float64 block of
+`CHUNK_ELEMENTS` values at a time.
 
 This module knows no trainer: `hf_callbacks_plus.callbacks.streaming_metrics.StreamingMetrics`
 connects it to one.
@@ -32,8 +34,10 @@ __all__ = [
     "CHUNK_ELEMENTS",
     "IGNORE_INDEX",
     "TASKS",
+    "VIEW_ELEMENTS",
     "MetricSet",
     "classification_scores",
+    "labelled_blocks",
     "log_normalizers",
     "predicted_classes",
     "rank",
@@ -52,6 +56,11 @@ TASKS = {
 
 #: The label of positions no metric counts (transformers' padding and prompt label).
 IGNORE_INDEX = -100
+
+#: A run of labelled positions with at least this many scores reaches the metrics as a view of the
+#: logits (`labelled_blocks`); shorter runs are copied together, since a metric update per short run
+#: costs more than the copy.
+VIEW_ELEMENTS = 2**16
 
 #: Scores turned into float64 at a time (2 MiB), so a float64 result never costs a float64 copy of a
 #: batch's logits (a vocabulary of 32k x 256 tokens x 8 rows: 500 MB each).
@@ -75,22 +84,10 @@ def _as_tensor(values: Any) -> Any:
     return torch.as_tensor(values)
 
 
-def scored_pairs(logits: Any, labels: Any, task: str, ignore_index: int = IGNORE_INDEX) -> tuple[Any, Any]:
-    """One row of class scores per labelled position, and its label.
-
-    Args:
-        logits: The model's logits (a tensor or array; of a tuple, the first element).
-        labels: The labels, as the model receives them.
-        task: One of `TASKS`. ``"causal_lm"`` predicts position ``t + 1`` from ``t``, as the
-            model's own loss does.
-        ignore_index: Label of positions to leave out. Defaults to -100.
-
-    Returns:
-        ``(scores [n, classes], target [n])``: tensors of the labelled positions only.
-
-    Raises:
-        ValueError: The shapes do not fit the task.
-    """
+def _flat_pairs(logits: Any, labels: Any, task: str, ignore_index: int) -> tuple[Any, Any]:
+    """``(scores [positions, classes], target [positions])`` of every position, ignored ones
+    included (causal LM: the target shifted, the last position ignored); the scores a view of the
+    logits when they are contiguous."""
     import torch
 
     scores, target = _as_tensor(logits), _as_tensor(labels)
@@ -100,20 +97,87 @@ def scored_pairs(logits: Any, labels: Any, task: str, ignore_index: int = IGNORE
                 f"task='classification' needs logits [batch, classes] and labels [batch]; got "
                 f"logits {tuple(scores.shape)} and labels {tuple(target.shape)}."
             )
-    else:
-        if scores.ndim != 3 or target.ndim != 2 or tuple(scores.shape[:2]) != tuple(target.shape):
-            raise ValueError(
-                f"task={task!r} needs logits [batch, tokens, classes] and labels [batch, tokens]; "
-                f"got logits {tuple(scores.shape)} and labels {tuple(target.shape)}."
-            )
-        if task == "causal_lm":  # position t predicts label t + 1: compare without copying the logits
-            target = torch.cat([target[:, 1:], torch.full_like(target[:, :1], ignore_index)], dim=1)
-        scores, target = scores.reshape(-1, scores.shape[-1]), target.reshape(-1)
+        return scores, target
+    if scores.ndim != 3 or target.ndim != 2 or tuple(scores.shape[:2]) != tuple(target.shape):
+        raise ValueError(
+            f"task={task!r} needs logits [batch, tokens, classes] and labels [batch, tokens]; "
+            f"got logits {tuple(scores.shape)} and labels {tuple(target.shape)}."
+        )
+    if task == "causal_lm":  # position t predicts label t + 1: compare without copying the logits
+        target = torch.cat([target[:, 1:], torch.full_like(target[:, :1], ignore_index)], dim=1)
+    return scores.reshape(-1, scores.shape[-1]), target.reshape(-1)
+
+
+def scored_pairs(logits: Any, labels: Any, task: str, ignore_index: int = IGNORE_INDEX) -> tuple[Any, Any]:
+    """One row of class scores per labelled position, and its label, in the positions' order.
+
+    Args:
+        logits: The model's logits (a tensor or array; of a tuple, the first element).
+        labels: The labels, as the model receives them.
+        task: One of `TASKS`. ``"causal_lm"`` predicts position ``t + 1`` from ``t``, as the
+            model's own loss does.
+        ignore_index: Label of positions to leave out. Defaults to -100.
+
+    Returns:
+        ``(scores [n, classes], target [n])``: tensors of the labelled positions only (a copy of
+        their scores when a position is left out; `labelled_blocks` copies less).
+
+    Raises:
+        ValueError: The shapes do not fit the task.
+    """
+    scores, target = _flat_pairs(logits, labels, task, ignore_index)
     keep = target != ignore_index
-    if not bool(keep.all()):  # one copy, of the labelled rows only
+    if not bool(keep.all()):
         rows = keep.nonzero().squeeze(1)
         scores, target = scores.index_select(0, rows), target.index_select(0, rows)
     return scores, target.long()
+
+
+def labelled_blocks(
+    logits: Any, labels: Any, task: str, ignore_index: int = IGNORE_INDEX
+) -> list[tuple[Any, Any]]:
+    """The rows of `scored_pairs` in blocks, most of them views of the logits (no copy).
+
+    A run of consecutive labelled positions with at least `VIEW_ELEMENTS` scores (a causal LM's
+    row, a response) is a block of its own, a view; the positions of the shorter runs are copied
+    together into one more block. A metric whose result does not depend on how its rows are
+    split into ``update`` calls (counts and sums, as every metric of `standard_metrics`) gives
+    the same result from the blocks as from `scored_pairs`.
+
+    Args:
+        logits: As for `scored_pairs`.
+        labels: As for `scored_pairs`.
+        task: As for `scored_pairs`.
+        ignore_index: As for `scored_pairs`. Defaults to -100.
+
+    Returns:
+        ``[(scores [n, classes], target [n]), ...]``; empty when no position is labelled.
+
+    Raises:
+        ValueError: The shapes do not fit the task.
+    """
+    import torch
+
+    scores, target = _flat_pairs(logits, labels, task, ignore_index)
+    keep = target != ignore_index
+    if bool(keep.all()):
+        return [(scores, target.long())] if len(target) else []
+    rows = keep.nonzero().squeeze(1)
+    if not len(rows):
+        return []
+    starts_run = torch.ones_like(rows, dtype=torch.bool)
+    starts_run[1:] = rows[1:] != rows[:-1] + 1
+    run = starts_run.cumsum(0) - 1  # each labelled position's run
+    lengths = torch.bincount(run)
+    long = lengths * scores.shape[-1] >= VIEW_ELEMENTS
+    blocks = [
+        (scores[start : start + length], target[start : start + length].long())
+        for start, length in zip(rows[starts_run][long].tolist(), lengths[long].tolist())
+    ]
+    short = rows[~long[run]]
+    if len(short):  # one copy, of the short runs' rows only
+        blocks.append((scores.index_select(0, short), target.index_select(0, short).long()))
+    return blocks
 
 
 def _to_floats(name: str, value: Any) -> dict[str, float]:

@@ -22,7 +22,7 @@ EXAMPLES = ROOT / "examples"
 
 #: Sizes that make the demo pipeline train in a few seconds.
 TINY = ["--n-train", "96", "--n-eval", "48", "--subset-size", "32", "--eval-steps", "3",
-        "--batch-size", "16", "--hidden-size", "32", "--no-progress"]
+        "--batch-size", "16", "--hidden-size", "32"]
 
 
 def example_env(tmp_path: Path) -> dict[str, str]:
@@ -67,10 +67,13 @@ def run_main(name: str, argv: list[str], tmp_path: Path, monkeypatch, capsys):
     return result, capsys.readouterr().out
 
 
-def run_command(tmp_path: Path, command: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run ``command`` in ``tmp_path`` with :func:`example_env`; fail with its output when it fails."""
+def run_command(tmp_path: Path, command: list[str], timeout: float = 240,
+                unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run ``command`` in ``tmp_path`` with :func:`example_env` less the variables in ``unset``;
+    fail with its output when it fails."""
     env = {**os.environ, **example_env(tmp_path), "PYTHONPATH": str(ROOT)}
-    env.pop("RANK", None)
+    for name in ("RANK", *unset):
+        env.pop(name, None)
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         pytest.fail(f"{command} exited with {result.returncode}\n--- stdout\n{result.stdout[-6000:]}"

@@ -11,16 +11,51 @@ import sys
 
 import pytest
 
-from tests.examples.conftest import EXAMPLES, TINY, run_command, run_main
+from tests.examples.conftest import EXAMPLES, ROOT, TINY, run_command
+from tests.test_docs_console import console_blocks
 
 pytestmark = [pytest.mark.transformers, pytest.mark.mlflow, pytest.mark.wandb]
 
 
-def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path, monkeypatch, capsys):
+#: Run a script as ``python <script> <args>`` does, then say whether DeepSpeed was imported.
+RUN_AND_REPORT_DEEPSPEED = (
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+    "print('deepspeed imported:', sys.modules.get('deepspeed') is not None)"
+)
+
+#: Every line `make demo` prints outside its closing summary: the evaluation and training lines
+#: (ConsoleSummary), the end-of-training record (transformers' printer), EarlyStopping's and
+#: KeepBestCheckpoints' messages.
+DEMO_LINES = re.compile(
+    r"step \d+/\d+ \(epoch [\d.]+\) \| .*"
+    r"|\{'train_runtime': .*\}"
+    r"|EarlyStopping stopped training at step \d+: .*"
+    r"|EarlyStopping summary: .*"
+    r"|KeepBestCheckpoints: kept in .*"
+    r"|  eval_accuracy \(max, k=2\): .*"
+)
+
+
+def test_demo_stops_early_reports_why_and_fills_every_tracker_section(tmp_path):
+    """`make demo`'s command, at tiny sizes (its own defaults otherwise: every tracker, the plot).
+
+    The console holds only the demo's own lines (issue 41): no progress-bar fragment (transformers'
+    bars, the datasets' and the checkpoint shards'), nothing of DeepSpeed, which is not even
+    imported (accelerate imports an installed DeepSpeed in every Trainer; `make` installs it for
+    the tests), no MLflow INFO line, no "[INFO] Running in WANDB offline mode".
+    """
     # min_delta=10 makes every evaluation after the first a non-improvement: with patience 2
     # the stop is at the third evaluation, step 9, whatever the model learns.
-    _, out = run_main("demo", [*TINY, "--runs-dir", str(tmp_path), "--epochs", "10", "--patience", "2",
-                               "--min-delta", "10"], tmp_path, monkeypatch, capsys)
+    command = [sys.executable, "-c", RUN_AND_REPORT_DEEPSPEED, str(EXAMPLES / "demo.py"), *TINY,
+               "--runs-dir", str(tmp_path), "--epochs", "10", "--patience", "2", "--min-delta", "10"]
+    result = run_command(tmp_path, command, unset=("WANDB_MODE",))  # make demo's environment
+    out, err = result.stdout, result.stderr
+    assert out.endswith("deepspeed imported: False\n"), out[-300:]
+    assert "\r" not in out + err, "a progress bar drew on the console"
+    summary = out.index("=" * 78)
+    stray = [line for line in out[:summary].splitlines() + err.splitlines()
+             if line.strip() and not DEMO_LINES.fullmatch(line)]
+    assert not stray, stray
     assert "stopped training at step 9" in out, out
     assert "Best eval_loss" in out and "at step 3." in out
     assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db" in out
@@ -86,3 +121,13 @@ def test_demo_at_default_settings_overfits_visibly_and_stops_on_its_own(tmp_path
     assert last_gap > first_gap + 0.05 and last_gap > 0.1, (first_gap, last_gap)
     assert stop["train_subset_accuracy"] > stop["eval_accuracy"]
     assert "Early stopping (PATIENCE)" in result.stdout
+    # docs/console.md shows this run's lines (one torch thread: the same numbers on every run of a
+    # machine; the throughput is the machine's own); regenerate the block from `make demo` if not
+    (block,) = console_blocks(ROOT / "docs" / "console.md")
+    shown = {without_throughput(line) for line in block if line.startswith(("step ", "EarlyStopping "))}
+    printed = {without_throughput(line) for line in (result.stdout + result.stderr).splitlines()}
+    assert shown <= printed, sorted(shown - printed)
+
+
+def without_throughput(line: str) -> str:
+    return re.sub(r" \| \S+ sequences/s, \S+ tokens/s$", "", line)

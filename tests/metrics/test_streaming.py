@@ -3,7 +3,9 @@ over every batch split, the shapes each task takes, the errors."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -13,10 +15,12 @@ pytest.importorskip("torchmetrics")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from hf_callbacks_plus.metrics import streaming  # noqa: E402
 from hf_callbacks_plus.metrics.streaming import (  # noqa: E402
     CHUNK_ELEMENTS,
     MetricSet,
     classification_scores,
+    labelled_blocks,
     log_normalizers,
     scored_pairs,
     standard_metrics,
@@ -25,15 +29,16 @@ from hf_callbacks_plus.metrics.streaming import (  # noqa: E402
 from tests.streaming_reference import reference_values  # noqa: E402
 
 
-def streamed(task, logits, labels, splits, num_classes=None):
-    """The metrics of `standard_metrics` fed in the given batch splits."""
+def streamed(task, logits, labels, splits, num_classes=None, blocks=False):
+    """The metrics of `standard_metrics` fed in the given batch splits (each batch as `scored_pairs`,
+    or as `labelled_blocks`)."""
     metrics = MetricSet(standard_metrics(task, num_classes))
     start = 0
     for end in [*splits, len(labels)]:
         if end > start:
-            metrics.update(
-                *scored_pairs(torch.as_tensor(logits[start:end]), torch.as_tensor(labels[start:end]), task)
-            )
+            batch = torch.as_tensor(logits[start:end]), torch.as_tensor(labels[start:end])
+            for scores, target in labelled_blocks(*batch, task) if blocks else [scored_pairs(*batch, task)]:
+                metrics.update(scores, target)
         start = end
     return metrics.compute()
 
@@ -81,6 +86,78 @@ def test_token_tasks_equal_numpy_for_any_batch_split(seed, n, length, cuts):
         return
     assert lm["token_accuracy"] == expected["token_accuracy"]
     assert math.isclose(lm["perplexity"], expected["perplexity"], rel_tol=1e-12)
+
+
+def labelled_runs(labels, task):
+    """The lengths of the runs of consecutive labelled positions, counted in plain Python over the
+    flattened labels (causal LM: the labels shifted by one, each row's last position unlabelled)."""
+    if task == "causal_lm":
+        labels = np.concatenate([labels[:, 1:], np.full_like(labels[:, :1], -100)], axis=1)
+    flat = labels.reshape(-1).tolist()
+    return [len(list(run)) for labelled, run in itertools.groupby(flat, key=lambda x: x != -100) if labelled]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 8),
+    length=st.integers(2, 9),
+    classes=st.integers(2, 5),
+    unlabelled=st.sampled_from([0.0, 0.2, 0.6, 1.0]),
+    view_rows=st.integers(1, 5),
+    cuts=st.lists(st.integers(0, 8), max_size=3),
+)
+def test_labelled_blocks_are_views_of_the_long_runs_and_give_the_same_metrics(
+    seed, n, length, classes, unlabelled, view_rows, cuts
+):
+    """`labelled_blocks` holds the rows of `scored_pairs`; each run of labelled positions with at
+    least `VIEW_ELEMENTS` scores is a view of the logits (no copy), the shorter runs one copy; the
+    metrics fed block by block, in any batch split, equal numpy's and scikit-learn's."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, size=(n, length))
+    labels[rng.random(size=labels.shape) < unlabelled] = -100
+    logits = rng.normal(size=(n, length, classes)).astype(np.float32)
+    splits = sorted(c for c in cuts if c < n)
+    with mock.patch.object(streaming, "VIEW_ELEMENTS", view_rows * classes):
+        for task in ("token_classification", "causal_lm"):
+            scores_in, labels_in = torch.from_numpy(logits), torch.from_numpy(labels)
+            blocks = labelled_blocks(scores_in, labels_in, task)
+            scores, target = scored_pairs(scores_in, labels_in, task)
+
+            def rows(pairs):
+                return sorted((int(t), tuple(s)) for part, tags in pairs for s, t in zip(part.tolist(), tags))
+
+            assert rows(blocks) == rows([(scores, target)])
+            shared = scores_in.untyped_storage().data_ptr()
+            views = [s for s, _ in blocks if s.untyped_storage().data_ptr() == shared]
+            runs = labelled_runs(labels, task)
+            everything = runs == [n * length]  # every position labelled: the batch itself
+            assert len(views) == (1 if everything else sum(run >= view_rows for run in runs))
+            assert len(blocks) - len(views) <= 1  # the short runs, copied together
+            if not runs:
+                continue
+            ours = streamed(task, logits, labels, splits, classes, blocks=True)
+            expected = reference_values(logits, labels, task, classes)
+            if task == "causal_lm":
+                assert ours["token_accuracy"] == expected["token_accuracy"]
+                assert math.isclose(ours["perplexity"], expected["perplexity"], rel_tol=1e-12)
+            else:
+                assert ours == expected
+
+
+def test_a_language_model_row_is_one_view_at_the_real_threshold():
+    """At `VIEW_ELEMENTS` as shipped: each row of a causal LM (vocabulary 8192) labelled after a
+    5-token prompt is one view; a tagger's short runs (9 classes) are one copy."""
+    logits = torch.randn(3, 128, 8192)
+    labels = torch.randint(0, 8192, (3, 128))
+    labels[:, :5] = -100
+    blocks = labelled_blocks(logits, labels, "causal_lm")
+    assert [len(target) for _, target in blocks] == [123, 123, 123]  # positions 4..126 predict 5..127
+    assert all(s.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr() for s, _ in blocks)
+    tags = torch.randint(0, 9, (3, 40))
+    tags[:, ::3] = -100
+    (scores, target), = labelled_blocks(torch.randn(3, 40, 9), tags, "token_classification")
+    assert len(target) == 3 * 26
 
 
 def test_classification_scores_by_hand():
