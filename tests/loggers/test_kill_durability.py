@@ -90,7 +90,7 @@ def test_a_killed_and_resumed_training_leaves_every_point_once_in_the_tracker(tm
         from tests.loggers.trackio_helpers import project_name
 
         monkeypatch.setenv("KILL_TEST_TRACKIO_PROJECT", project_name(tmp_path))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_INIT_TIMEOUT": "300"}
     killed = run_script(tmp_path, tracker, moment, kill, env)
     assert killed.returncode == -signal.SIGKILL and f"KILL {MOMENTS[moment]}" in killed.stdout, \
         killed.stderr[-3000:]
@@ -103,6 +103,7 @@ def test_a_killed_and_resumed_training_leaves_every_point_once_in_the_tracker(tm
     missing = sorted(set(expected) - set(found))
     repeated = sorted(point for point, count in found.items() if count > 1)
     assert not missing and not repeated, (f"{len(missing)} missing: {missing[:12]}; "
-                                         f"{len(repeated)} repeated: {repeated[:12]}")
+                                         f"{len(repeated)} repeated: {repeated[:12]}; killed: "
+                                         f"{killed.stderr[-2000:]}; resumed: {resumed.stderr[-2000:]}")
     assert found == expected
     assert not list((tmp_path / ".tracker_journal").glob("*.jsonl"))  # closed cleanly: nothing kept

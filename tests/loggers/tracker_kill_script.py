@@ -115,7 +115,7 @@ def make_logger(tracker: str, out: Path):
     if tracker == "wandb":
         from tests.loggers.wandb_helpers import fast_logger
 
-        return fast_logger(project="kill")
+        return fast_logger(project="kill", flush_timeout=300.0)  # a loaded machine: W&B starts slowly
     if tracker == "tensorboard":
         from hf_callbacks_plus.loggers.tensorboard import TensorBoardLogger
 
