@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -28,6 +30,8 @@ WATCH_CHOICES = ("false", "gradients", "parameters", "all")
 RESUME_CHOICES = ("allow", "must")
 MODE_CHOICES = ("online", "offline", "disabled", "shared")
 STEP_KEY = "train/global_step"
+#: Tries of a rewind (``wandb.init(resume_from=...)``), 1 s then 2 s apart.
+REWIND_ATTEMPTS = 3
 
 
 def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
@@ -172,22 +176,28 @@ class WandbBackend(Backend):
         if version_tuple(wandb, 2) >= (0, 19):
             init["reinit"] = "create_new"
         rewind, self.rewind_to = self.rewind_to, None
-        if rewind is not None and run_id:  # the rows after the checkpoint's are the resumed run's
-            try:
-                self.run = wandb.init(**self._given({**init, "resume": None,
-                                                     "resume_from": f"{run_id}?_step={rewind}"}))
-            except Exception as error:  # online: the run never reached W&B's server
-                logger.warning("WandbLogger: could not rewind run %s to step %d (%s: %s); continuing it "
-                               "without rewinding.", run_id, rewind, type(error).__name__, str(error)[:300])
-                rewind = None
+        for attempt in range(REWIND_ATTEMPTS if rewind is not None and run_id else 0):
+            try:  # the rows after the rewind's are the resumed run's
+                self.run = self._init({**init, "resume": None, "resume_from": f"{run_id}?_step={rewind}"})
+                break
+            except Exception as error:  # a killed training's service may hold the run a moment longer
+                if attempt + 1 == REWIND_ATTEMPTS:  # online: the run never reached W&B's server
+                    logger.warning("WandbLogger: could not rewind run %s to step %d (%s: %s); continuing it "
+                                   "without rewinding.", run_id, rewind, type(error).__name__,
+                                   str(error)[:300])
+                    rewind = None
+                time.sleep(attempt + 1)
         if self.run is None:
-            self.run = wandb.init(**self._given(init))
+            self.run = self._init(init)
         self._opened(rewound=rewind is not None)
         return str(self.run.id)
 
-    @staticmethod
-    def _given(init: dict[str, Any]) -> dict[str, Any]:
-        return {key: value for key, value in init.items() if value is not None}
+    def _init(self, init: dict[str, Any]) -> Any:
+        """``wandb.init`` of the given arguments, with a copy of the settings (W&B fills in the object)."""
+        given = {key: value for key, value in init.items() if value is not None}
+        if "settings" in given:
+            given["settings"] = copy.copy(given["settings"])
+        return self._wandb.init(**given)
 
     def _opened(self, rewound: bool) -> None:
         run = self.run

@@ -65,7 +65,9 @@ class Gate(TrainerCallback):
         if self.done:
             return
         self.done = True
-        (self.out / f"ready-rank{self.rank}").write_text(str(os.getpid()))
+        ready = self.out / f"ready-rank{self.rank}"  # whole when it appears: the test reads it at once
+        ready.with_suffix(".partial").write_text(str(os.getpid()))
+        os.replace(ready.with_suffix(".partial"), ready)
         end = time.monotonic() + GATE_TIMEOUT_SECONDS
         while self.deadline._flag.received is None and not (self.out / "go").exists():
             if time.monotonic() > end:

@@ -203,3 +203,46 @@ def test_a_settings_entry_wandb_refuses_is_named(tmp_path, monkeypatch):
     offline_env(monkeypatch, tmp_path / "wb")
     with pytest.raises(ValueError, match=r"settings=\{'console': 'loud'\}.*console"):
         fast_logger(settings={"console": "loud"})
+
+
+def test_a_refused_rewind_falls_back_with_the_users_settings_untouched(tmp_path, monkeypatch):
+    """W&B writes ``wandb.init``'s arguments into the ``Settings`` object it is given, so the fallback after
+    a refused rewind (``resume_from``: a killed training's service still holding the run) failed with
+    "`resume` or `resume_from` are mutually exclusive". Each ``wandb.init`` now gets a copy. Fault
+    injection: a ``wandb`` whose ``init`` does what W&B does with its settings, then refuses a rewind."""
+    import wandb
+
+    from hf_callbacks_plus.loggers.base import WarnOnce
+    from hf_callbacks_plus.loggers.wandb import WandbBackend
+
+    offline_env(monkeypatch, tmp_path / "wb")
+    settings = wandb.Settings(mode="offline")
+    calls: list[dict] = []
+
+    class RefusingRewindWandb:
+        """Fault injection: the real module, whose ``init`` copies its arguments into the settings given
+        (as W&B does) and refuses ``resume_from``."""
+
+        run = None
+
+        def __getattr__(self, name):
+            return getattr(wandb, name)
+
+        def init(self, **kwargs):
+            given = kwargs["settings"]
+            calls.append({"resume_from": given.resume_from, "resume": given.resume})
+            if kwargs.get("resume_from"):
+                given.resume_from = kwargs["resume_from"]
+                raise RuntimeError("run ID abc is in use")
+            if given.resume_from and kwargs.get("resume"):
+                raise ValueError("`fork_from`, `resume`, or `resume_from` are mutually exclusive")
+            return type("Run", (), {"id": kwargs["id"], "define_metric": lambda *a, **k: None,
+                                    "starting_step": 0})()
+
+    monkeypatch.setattr("hf_callbacks_plus.loggers.wandb.time.sleep", lambda seconds: None)
+    backend = WandbBackend(RefusingRewindWandb(), {"resume": "allow", "mode": "offline"}, settings, "false",
+                           WarnOnce())
+    backend.rewind(10)
+    assert backend.start("abc", "key", resume=True) == "abc"
+    assert len(calls) == 4 and all(call["resume_from"] is None for call in calls)  # 3 rewinds, 1 fallback
+    assert settings.resume_from is None
