@@ -115,18 +115,22 @@ class DurableLogger(TrackerLogger):
                            "before this resume ended before they reached its files).", self.logger_name,
                            len(steps), steps[0], steps[-1], self.backend.location())
 
-    def _append(self, entry: dict[str, Any]) -> None:
+    def _append(self, entry: dict[str, Any]) -> Optional[tuple[int, int]]:
         try:
-            self._wal.append(entry)
+            return self._wal.append(entry)
         except Exception as error:  # a full disk: never into the training loop
             self._lose(1, error)
             self._lost_error = error
+            return None
         finally:
             self._sender.check_silence()
 
     def _write(self, record: LogRecord) -> None:
-        self._append({"kind": "log", "step": record.step, "time": record.time, "metrics": record.metrics,
-                      "summary": record.summary, "position": self.backend.place(record)})
+        offsets = self._append({"kind": "log", "step": record.step, "time": record.time,
+                                "metrics": record.metrics, "summary": record.summary,
+                                "position": self.backend.place(record)})
+        if offsets is not None:
+            self._sender.hand_inline(*offsets, record)
 
     def _write_config(self, params: dict[str, str]) -> None:
         self._append({"kind": "params", "params": params})

@@ -172,8 +172,9 @@ class WriteAheadLog:
     def _line(entry: dict[str, Any]) -> bytes:
         return (json.dumps(entry, allow_nan=True) + "\n").encode()
 
-    def append(self, entry: dict[str, Any]) -> None:
-        """Append one entry: one ``os.write`` of a whole line (the kernel has it when this returns).
+    def append(self, entry: dict[str, Any]) -> tuple[int, int]:
+        """Append one entry: one ``os.write`` of a whole line (the kernel has it when this returns); the
+        offsets of its start and end.
 
         Raises:
             OSError: It could not be written (nothing of it is left in the file).
@@ -181,6 +182,7 @@ class WriteAheadLog:
         data = self._line(entry)
         with self._lock:
             self._write(data)
+            return self._end - len(data), self._end
 
     def _write(self, data: bytes) -> None:
         start, data = self._end, self._owed + data
@@ -387,6 +389,8 @@ class Sender:
         self._refused: dict[str, int] = {}
         self._wake = threading.Event()
         self._progress = threading.Condition()
+        #: Held while entries are handed to the tracker, by the sender's thread or `hand_inline`.
+        self._handing = threading.Lock()
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -514,16 +518,37 @@ class Sender:
             return "fatal"
         if not self._started:
             return self._attempt(self._start_run)
-        if self.wal.size <= self.handed:
-            return "done"
-        limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
-        alone = self.handed < self._isolate_until
-        entries, end = self.wal.read(self.handed, limit, 1 if alone else BATCH_ENTRIES)
-        if not entries:  # only the log's own lines
-            moved = end > self.handed
-            self._ack(end, sent=False)
-            return "ok" if moved and end < self.wal.size else "done"
-        return self._attempt(self._send, entries, end)
+        with self._handing:
+            if self.wal.size <= self.handed:
+                return "done"
+            limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
+            alone = self.handed < self._isolate_until
+            entries, end = self.wal.read(self.handed, limit, 1 if alone else BATCH_ENTRIES)
+            if not entries:  # only the log's own lines
+                moved = end > self.handed
+                self._ack(end, sent=False)
+                return "ok" if moved and end < self.wal.size else "done"
+            return self._attempt(self._send, entries, end)
+
+    def hand_inline(self, start: int, end: int, record: LogRecord) -> bool:
+        """Hand ``record``, the log's entry between offsets ``start`` and ``end``, to a tracker that writes in
+        the background, from the caller's thread, when nothing before it waits (its client's call is a
+        hand-off to its own queue; a second thread doing it would only contend for the GIL). False: the
+        sender's thread hands it (the run is not open yet, a backlog, an error)."""
+        if (self.backend.durable_on_answer or not self._started or self._closing
+                or self.start_error is not None or self.handed != start
+                or not self._handing.acquire(blocking=False)):
+            return False
+        try:
+            if self.handed != start or self._abandoned:
+                return False
+            self.backend.log([record], self.run_id)
+            self._ack(end)
+            return True
+        except Exception:  # the sender's thread tries it again and tells what fails
+            return False
+        finally:
+            self._handing.release()
 
     def send_to_end(self, stop: Optional[Callable[[], bool]] = None) -> None:
         """Send everything on this thread (``replay``) unless ``stop()`` says to stop between calls; raise
@@ -631,6 +656,10 @@ class Sender:
 
     def _confirm(self) -> None:
         """Drop from the file what a tracker that writes in the background holds in its files now."""
+        with self._handing:
+            self._confirm_held()
+
+    def _confirm_held(self) -> None:
         self._confirm_wanted, self._confirmed_at = False, time.monotonic()
         try:
             durable = self.backend.confirm_durable()  # covers every record handed so far

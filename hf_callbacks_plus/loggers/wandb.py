@@ -176,15 +176,16 @@ class WandbBackend(Backend):
         if version_tuple(wandb, 2) >= (0, 19):
             init["reinit"] = "create_new"
         rewind, self.rewind_to = self.rewind_to, None
+        failures: list[str] = []
         for attempt in range(REWIND_ATTEMPTS if rewind is not None and run_id else 0):
             try:  # the rows after the rewind's are the resumed run's
                 self.run = self._init({**init, "resume": None, "resume_from": f"{run_id}?_step={rewind}"})
                 break
             except Exception as error:  # a killed training's service may hold the run a moment longer
+                failures.append(f"{type(error).__name__}: {str(error)[:300]}")
                 if attempt + 1 == REWIND_ATTEMPTS:  # online: the run never reached W&B's server
-                    logger.warning("WandbLogger: could not rewind run %s to step %d (%s: %s); continuing it "
-                                   "without rewinding.", run_id, rewind, type(error).__name__,
-                                   str(error)[:300])
+                    logger.warning("WandbLogger: could not rewind run %s to step %d (%s); continuing it "
+                                   "without rewinding.", run_id, rewind, "; ".join(failures))
                     rewind = None
                 time.sleep(attempt + 1)
         if self.run is None:

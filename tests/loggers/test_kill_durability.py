@@ -90,7 +90,10 @@ def test_a_killed_and_resumed_training_leaves_every_point_once_in_the_tracker(tm
         from tests.loggers.trackio_helpers import project_name
 
         monkeypatch.setenv("KILL_TEST_TRACKIO_PROJECT", project_name(tmp_path))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_INIT_TIMEOUT": "300"}
+    # WANDB_SERVICE: the W&B service of this test process (a W&B test before this one started it); the
+    # training must start its own, as a training does, so that its kill takes the service with it
+    env = {**{key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"},
+           "PYTHONPATH": str(REPO), "WANDB_INIT_TIMEOUT": "300"}
     killed = run_script(tmp_path, tracker, moment, kill, env)
     assert killed.returncode == -signal.SIGKILL and f"KILL {MOMENTS[moment]}" in killed.stdout, \
         killed.stderr[-3000:]
