@@ -17,7 +17,7 @@ from .base import FINISHED, Backend, LogRecord, WarnOnce, is_main_process, logge
 from .config import typed
 from .durable import DurableLogger
 from .secrets import command_line_has_secret, mask_secrets
-from .wandb_files import last_history_step
+from .wandb_files import HistoryTail
 
 __all__ = ["LOG_MODEL_CHOICES", "WATCH_CHOICES", "WandbBackend", "WandbLogger", "wandb_disabled_reason"]
 
@@ -142,6 +142,7 @@ class WandbBackend(Backend):
         self._row_training_step: Optional[int] = None  # the row's train/global_step
         self._row_keys: set[str] = set()
         self._offset = 0  # added to every row: a given run W&B holds rows of (online)
+        self._tail: Optional[HistoryTail] = None  # the run file, read on from where it was last read
 
     def new_run_id(self) -> str:
         """A W&B run id made here (``wandb.init(id=...)``): the first checkpoint names the run."""
@@ -235,7 +236,9 @@ class WandbBackend(Backend):
         path = getattr(getattr(self.run, "settings", None), "sync_file", None)
         if not self._owns_run or not path:
             return None
-        step = last_history_step(path)
+        if self._tail is None or str(self._tail.path) != str(path):  # a new run, or a rewound one
+            self._tail = HistoryTail(path)
+        step = self._tail.read()
         return None if step is None else step - self._offset
 
     def rewind(self, position: int) -> None:

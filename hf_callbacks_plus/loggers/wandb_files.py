@@ -3,7 +3,7 @@
 W&B's service writes every record of a run to ``<sync_dir>/run-<id>.wandb`` (offline runs, and the local
 copy of online ones) in 32 KiB blocks it keeps in memory until they are full: what it holds when it is
 killed is not in the file. `WandbLogger`'s journal keeps every row until this file holds it
-(`last_history_step`); the test kit's ``read_wandb_run`` folds the whole run.
+(`HistoryTail`, read on from where it stopped); the test kit's ``read_wandb_run`` folds the whole run.
 
 The format (nothing from ``wandb``'s private internals): a LevelDB-style log of protobuf
 ``wandb.proto.wandb_internal_pb2.Record`` messages:
@@ -25,7 +25,7 @@ from typing import Optional, Union
 
 from .._compat import require
 
-__all__ = ["BLOCK_LEN", "WandbLogFormatError", "last_history_step", "split_records"]
+__all__ = ["BLOCK_LEN", "ChunkReader", "HistoryTail", "WandbLogFormatError", "split_records"]
 
 FILE_HEADER_IDENT = b":W&B"
 FILE_HEADER_MAGIC = 0xBEE1
@@ -55,6 +55,14 @@ def split_records(data: bytes, name: str) -> tuple[list[bytes], bool]:
     Raises:
         WandbLogFormatError: Bad file header, checksum mismatch or chunks out of order.
     """
+    check_header(data, name)
+    chunks = ChunkReader(name)
+    records = chunks.feed(data[HEADER_LEN:])
+    return records, chunks.truncated
+
+
+def check_header(data: bytes, name: str) -> None:
+    """Raise `WandbLogFormatError` unless ``data`` starts with a W&B run log's file header."""
     if len(data) < HEADER_LEN:
         raise WandbLogFormatError(f"{name}: {len(data)} bytes, too short for a W&B run log header")
     ident, magic, version = FILE_HEADER.unpack_from(data, 0)
@@ -67,51 +75,73 @@ def split_records(data: bytes, name: str) -> tuple[list[bytes], bool]:
         raise WandbLogFormatError(
             f"{name}: W&B run log version {version} is not supported (only {FILE_HEADER_VERSION})"
         )
-    records: list[bytes] = []
-    pending: Optional[bytearray] = None
-    pos = HEADER_LEN
-    size = len(data)
-    while pos < size:
-        left_in_block = BLOCK_LEN - pos % BLOCK_LEN
-        if left_in_block < HEADER_LEN:  # zero padding at the end of a block
-            pos += left_in_block
-            continue
-        if size - pos < HEADER_LEN:
-            return records, True
-        checksum, length, kind = CHUNK_HEADER.unpack_from(data, pos)
-        if checksum == 0 and length == 0 and kind == 0:  # preallocated, never written
-            return records, pending is not None
-        start = pos + HEADER_LEN
-        end = start + length
-        if length > left_in_block - HEADER_LEN:
-            raise WandbLogFormatError(
-                f"{name}: chunk at offset {pos} claims {length} bytes, more than its block holds"
-            )
-        if end > size:
-            return records, True
-        payload = data[start:end]
-        if zlib.crc32(bytes((kind,)) + payload) & 0xFFFFFFFF != checksum:
-            raise WandbLogFormatError(f"{name}: checksum mismatch in the chunk at offset {pos}")
-        pos = end
-        if kind == CHUNK_FULL:
-            _expect_no_pending(pending, name, pos)
-            records.append(payload)
-        elif kind == CHUNK_FIRST:
-            _expect_no_pending(pending, name, pos)
-            pending = bytearray(payload)
-        elif kind in (CHUNK_MIDDLE, CHUNK_LAST):
-            if pending is None:
+
+
+class ChunkReader:
+    """Joins the chunks of a run log into records, fed the file's bytes after its header piece by piece
+    (a file still being written is read again from `position`, the end of its last whole chunk)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: Offset in the file of the first byte not consumed yet.
+        self.position = HEADER_LEN
+        self._pending: Optional[bytearray] = None
+        self._ended = False  # a preallocated, never written chunk: the writer stopped there
+        self._cut = False  # the bytes fed last end inside a chunk
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the bytes fed so far end inside a record."""
+        return self._pending is not None or self._cut
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The records completed by ``data``, the file's bytes from `position` on; the bytes of a chunk
+        cut at the end are not consumed (feed them again, with what follows)."""
+        records: list[bytes] = []
+        name, base, offset, size = self.name, self.position, 0, len(data)
+        while offset < size and not self._ended:
+            pos = base + offset
+            left_in_block = BLOCK_LEN - pos % BLOCK_LEN
+            if left_in_block < HEADER_LEN:  # zero padding at the end of a block
+                offset += min(left_in_block, size - offset)
+                continue
+            if size - offset < HEADER_LEN:
+                break
+            checksum, length, kind = CHUNK_HEADER.unpack_from(data, offset)
+            if checksum == 0 and length == 0 and kind == 0:  # preallocated, never written
+                self._ended = True
+                break
+            if length > left_in_block - HEADER_LEN:
                 raise WandbLogFormatError(
-                    f"{name}: chunk of type {kind} at offset {pos - length - HEADER_LEN} "
-                    "continues a record that never started"
+                    f"{name}: chunk at offset {pos} claims {length} bytes, more than its block holds"
                 )
-            pending += payload
-            if kind == CHUNK_LAST:
-                records.append(bytes(pending))
-                pending = None
-        else:
-            raise WandbLogFormatError(f"{name}: unknown chunk type {kind} at offset {pos - length}")
-    return records, pending is not None
+            start = offset + HEADER_LEN
+            if start + length > size:
+                break
+            payload = data[start:start + length]
+            if zlib.crc32(bytes((kind,)) + payload) & 0xFFFFFFFF != checksum:
+                raise WandbLogFormatError(f"{name}: checksum mismatch in the chunk at offset {pos}")
+            offset = start + length
+            if kind == CHUNK_FULL:
+                _expect_no_pending(self._pending, name, base + offset)
+                records.append(payload)
+            elif kind == CHUNK_FIRST:
+                _expect_no_pending(self._pending, name, base + offset)
+                self._pending = bytearray(payload)
+            elif kind in (CHUNK_MIDDLE, CHUNK_LAST):
+                if self._pending is None:
+                    raise WandbLogFormatError(
+                        f"{name}: chunk of type {kind} at offset {pos} continues a record that never started"
+                    )
+                self._pending += payload
+                if kind == CHUNK_LAST:
+                    records.append(bytes(self._pending))
+                    self._pending = None
+            else:
+                raise WandbLogFormatError(f"{name}: unknown chunk type {kind} at offset {pos}")
+        self.position = base + offset
+        self._cut = offset < size and not self._ended
+        return records
 
 
 def _expect_no_pending(pending: Optional[bytearray], name: str, pos: int) -> None:
@@ -119,20 +149,36 @@ def _expect_no_pending(pending: Optional[bytearray], name: str, pos: int) -> Non
         raise WandbLogFormatError(f"{name}: a new record starts at offset {pos} inside an unfinished one")
 
 
-def last_history_step(path: Union[str, Path]) -> Optional[int]:
-    """The ``_step`` of the last history row the file holds whole (None: no row, or no file yet).
+class HistoryTail:
+    """The ``_step`` of the last history row a run file holds whole, read on from where it was last read
+    (each call reads only what W&B wrote since: a long run's file is gigabytes)."""
 
-    Raises:
-        WandbLogFormatError: The file is not a W&B run log, or it is corrupted.
-    """
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return None
-    pb = require("wandb.proto.wandb_internal_pb2", "WandbLogger")
-    last = None
-    for payload in split_records(data, str(path))[0]:
-        record = pb.Record.FromString(payload)
-        if record.WhichOneof("record_type") == "history":
-            last = record.history.step.num
-    return last
+    def __init__(self, path: Union[str, Path]) -> None:
+        self.path = Path(path)
+        self.last_step: Optional[int] = None
+        self._chunks = ChunkReader(str(path))
+
+    def read(self) -> Optional[int]:
+        """The last whole history row's ``_step`` (None: no row, or no file yet).
+
+        Raises:
+            WandbLogFormatError: The file is not a W&B run log, or it is corrupted.
+        """
+        try:
+            with self.path.open("rb") as file:
+                if self._chunks.position == HEADER_LEN:
+                    check_header(file.read(HEADER_LEN), str(self.path))
+                file.seek(self._chunks.position)
+                data = file.read()
+        except FileNotFoundError:
+            return self.last_step
+        except WandbLogFormatError:
+            if self.path.stat().st_size < HEADER_LEN:  # the service has not written its header yet
+                return self.last_step
+            raise
+        pb = require("wandb.proto.wandb_internal_pb2", "WandbLogger")
+        for payload in self._chunks.feed(data):
+            record = pb.Record.FromString(payload)
+            if record.WhichOneof("record_type") == "history":
+                self.last_step = record.history.step.num
+        return self.last_step

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_callbacks_plus.loggers.wandb_files import HistoryTail, split_records
 from hf_callbacks_plus.testing import read_wandb_run
 from hf_callbacks_plus.testing.wandb_reader import (
     BLOCK_LEN,
@@ -158,6 +159,7 @@ def _history(step: int, size: int) -> bytes:
     item.key, item.value_json = "v", f'"{"y" * size}"'
     step_item = record.history.item.add()
     step_item.key, step_item.value_json = "_step", str(step)
+    record.history.step.num = step  # W&B's service sets both
     return record.SerializeToString()
 
 
@@ -177,6 +179,35 @@ def test_block_boundaries(tmp_path: Path, gap: int) -> None:
     run = read_wandb_run(path)
     assert run.steps() == [0, 1, 2]
     assert len(run.history[1]["v"]) == 50_000
+
+
+@pytest.mark.parametrize("gap", [0, 1, 6, 7, 8])
+def test_history_tail_reads_a_growing_file_on_from_where_it_stopped(tmp_path: Path, gap: int) -> None:
+    # WandbLogger asks for the last whole row at every checkpoint of a run whose file grows to gigabytes:
+    # each read must cost only what was written since, and agree with reading the whole file at every cut
+    # (inside a chunk header, a payload, a block's zero padding, a record spanning blocks).
+    wanted = BLOCK_LEN - 7 - 7 - gap
+    size = wanted - len(_history(0, 0))
+    while len(_history(0, size)) > wanted:
+        size -= 1
+    payloads = [_history(0, size), _history(1, 50_000), _history(2, 10), _history(3, 70_000), _history(4, 5)]
+    data = _write_log(payloads)
+    path = tmp_path / "run-growing.wandb"
+    path.write_bytes(b"")
+    tail = HistoryTail(path)
+    assert HistoryTail(tmp_path / "run-missing.wandb").read() is None
+    written = 0
+    for cut in sorted({*range(0, len(data), 997), *range(BLOCK_LEN - 20, BLOCK_LEN + 20),
+                       *range(2 * BLOCK_LEN - 20, 2 * BLOCK_LEN + 20), len(data)}):
+        with path.open("ab") as file:
+            file.write(data[written:cut])
+        # what the read takes from the file: the bytes written since, plus a chunk it had seen cut
+        assert cut - tail._chunks.position <= cut - written + BLOCK_LEN
+        written = cut
+        whole = split_records(data[:cut], "cut")[0] if cut >= 7 else []
+        expected = max((pb.Record.FromString(r).history.step.num for r in whole), default=None)
+        assert tail.read() == expected, cut
+    assert tail.read() == 4
 
 
 def test_middle_chunk_without_first_is_an_error(tmp_path: Path) -> None:
