@@ -6,11 +6,6 @@ No ``restore_callback_states_from_checkpoint`` anywhere: the callback restores i
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +17,7 @@ from tests.callbacks.early_stopping_helpers import (
     scripted_lightweight,
     scripted_trainer,
 )
+from tests.kill_at_pause import kill_when_paused
 
 pytestmark = pytest.mark.transformers
 
@@ -105,27 +101,7 @@ KILL_POINTS = [pytest.param("7:between", marks=pytest.mark.second_tier), "8:mid-
 @pytest.mark.parametrize("pause", KILL_POINTS)
 def test_sigkill_then_resume_from_newest_complete_checkpoint(tmp_path, pause):
     script = str(Path(__file__).with_name("early_stopping_kill_script.py"))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    stderr = (tmp_path / "stderr.txt").open("w")
-    process = subprocess.Popen([sys.executable, script, str(tmp_path), pause], cwd=REPO, env=env,
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "paused").exists():
-            if process.poll() is not None:
-                output = (tmp_path / "stderr.txt").read_text()[-3000:]
-                pytest.fail(f"the run ended before the kill point: {output}")
-            assert time.monotonic() < deadline, "the run did not reach the kill point within 120 s"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stdin.close()
-        stderr.close()
-    assert process.returncode == -signal.SIGKILL
+    kill_when_paused(script, [str(tmp_path), pause], tmp_path / "paused", tmp_path / "stderr.txt", within=120)
     complete = [step for step in checkpoint_steps(tmp_path)
                 if (tmp_path / f"checkpoint-{step}" / "trainer_state.json").exists()]
     assert complete == [2, 4, 6]

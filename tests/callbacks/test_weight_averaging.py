@@ -525,39 +525,13 @@ def test_a_run_killed_inside_a_save_resumes_from_the_last_complete_checkpoint_bi
     average's file written, not its trainer_state.json): the folder is incomplete, TrainerPlus
     resumes from checkpoint-2, and the run ends with the average, weights and records of the
     uninterrupted one."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     from tests.callbacks.weight_averaging_kill_script import run
+    from tests.kill_at_pause import kill_when_paused
 
-    repo = Path(__file__).resolve().parents[2]
     script = str(Path(__file__).with_name("weight_averaging_kill_script.py"))
     killed = tmp_path / "killed"
     killed.mkdir()
-    stderr = (tmp_path / "stderr.txt").open("w")
-    process = subprocess.Popen([sys.executable, script, str(killed), "4"], cwd=repo,
-                               env={**os.environ, "PYTHONPATH": str(repo)}, stdin=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
-        deadline = time.monotonic() + 180
-        while not (killed / "paused").exists():
-            if process.poll() is not None:
-                output = (tmp_path / "stderr.txt").read_text()[-3000:]
-                pytest.fail(f"the run ended before the kill point: {output}")
-            assert time.monotonic() < deadline, "the run did not reach the kill point within 180 s"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stdin.close()
-        stderr.close()
-    assert process.returncode == -signal.SIGKILL
+    kill_when_paused(script, [str(killed), "4"], killed / "paused", tmp_path / "stderr.txt")
     half = sorted(p.name for p in (killed / "checkpoint-4").iterdir())
     assert "weight_average-bema.safetensors" in half and "trainer_state.json" not in half
     resumed, averaging = run(str(killed), resume=True)
