@@ -25,6 +25,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from tests.callbacks.sharded_callbacks import StopAt
+
 STEPS, EVERY, STOP_AT, DECAY = 6, 2, 4, 0.7
 
 
@@ -73,15 +75,6 @@ class AtTrainBegin(TrainerCallback):
         import torch
 
         torch.save(self.averaging.average.flat(), self.path)
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
 
 
 def averaging_under_engine(out: Path, engine: str, trainer: str = "trainer") -> None:
