@@ -129,6 +129,10 @@ def main() -> None:
         "signal_to_checkpoint": deadline.signal_to_checkpoint,
     }
     (out / f"result-rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # as docs/distributed.md says: gloo's threads can
+        dist.destroy_process_group()  # abort a rank in the interpreter's teardown (pytorch#190489)
     if options.exit_code:
         sys.exit(deadline.exit_code)
 
