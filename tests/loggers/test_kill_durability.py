@@ -43,10 +43,14 @@ def expected_points(out: Path) -> Counter:
 
 def tracker_points(out: Path, tracker: str, env: dict) -> Counter:
     if tracker == "wandb":
-        from tests.loggers.wandb_helpers import points, runs, synced_history
+        from hf_callbacks_plus.testing.wandb_reader import find_wandb_runs, read_wandb_run
+        from tests.loggers.wandb_helpers import points, synced_history
 
-        return Counter(point for point in points(synced_history(runs(Path(env["WANDB_DIR"]))))
-                       if point[0] in KEYS.values())
+        # the killed run never gets its exit record: read as it is; the resumed one once W&B wrote it all
+        paths = find_wandb_runs(Path(env["WANDB_DIR"]))
+        resumed = max(paths, key=lambda path: path.parent.name)  # offline-run-<date>_<time>-<id>
+        runs = [read_wandb_run(path, wait=20 if path == resumed else 0) for path in paths]
+        return Counter(point for point in points(synced_history(runs)) if point[0] in KEYS.values())
     if tracker == "tensorboard":
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
