@@ -86,7 +86,6 @@ class ChunkReader:
         #: Offset in the file of the first byte not consumed yet.
         self.position = HEADER_LEN
         self._pending: Optional[bytearray] = None
-        self._ended = False  # a preallocated, never written chunk: the writer stopped there
         self._cut = False  # the bytes fed last end inside a chunk
 
     @property
@@ -99,7 +98,8 @@ class ChunkReader:
         cut at the end are not consumed (feed them again, with what follows)."""
         records: list[bytes] = []
         name, base, offset, size = self.name, self.position, 0, len(data)
-        while offset < size and not self._ended:
+        unwritten = False  # zeros where a chunk starts: space the writer has not filled yet (read it again)
+        while offset < size:
             pos = base + offset
             left_in_block = BLOCK_LEN - pos % BLOCK_LEN
             if left_in_block < HEADER_LEN:  # zero padding at the end of a block
@@ -108,8 +108,8 @@ class ChunkReader:
             if size - offset < HEADER_LEN:
                 break
             checksum, length, kind = CHUNK_HEADER.unpack_from(data, offset)
-            if checksum == 0 and length == 0 and kind == 0:  # preallocated, never written
-                self._ended = True
+            if checksum == 0 and length == 0 and kind == 0:  # preallocated, not written yet
+                unwritten = True
                 break
             if length > left_in_block - HEADER_LEN:
                 raise WandbLogFormatError(
@@ -140,7 +140,7 @@ class ChunkReader:
             else:
                 raise WandbLogFormatError(f"{name}: unknown chunk type {kind} at offset {pos}")
         self.position = base + offset
-        self._cut = offset < size and not self._ended
+        self._cut = offset < size and not unwritten
         return records
 
 

@@ -210,6 +210,17 @@ def test_history_tail_reads_a_growing_file_on_from_where_it_stopped(tmp_path: Pa
     assert tail.read() == 4
 
 
+def test_history_tail_reads_on_past_space_preallocated_then_written(tmp_path: Path) -> None:
+    # zeros where the next chunk starts are space not written yet, not the end of the run
+    first, both = _write_log([_history(0, 10)]), _write_log([_history(0, 10), _history(1, 10)])
+    path = tmp_path / "run-prealloc.wandb"
+    path.write_bytes(first + b"\0" * 64)
+    tail = HistoryTail(path)
+    assert tail.read() == 0
+    path.write_bytes(both + b"\0" * 64)
+    assert tail.read() == 1
+
+
 def test_middle_chunk_without_first_is_an_error(tmp_path: Path) -> None:
     data = bytearray(_write_log([]))
     data += struct.pack("<IHB", zlib.crc32(bytes((3,)) + b"ab"), 2, 3) + b"ab"
