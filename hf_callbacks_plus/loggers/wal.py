@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -542,7 +543,9 @@ class Sender:
         try:
             if self.handed != start or self._abandoned:
                 return False
-            self.backend.log([record], self.run_id)
+            unheld = self._unheld(record)  # as the sender's thread would send it
+            if unheld is not None:
+                self.backend.log([unheld], self.run_id)
             self._ack(end)
             return True
         except Exception:  # the sender's thread tries it again and tells what fails
@@ -611,7 +614,9 @@ class Sender:
         backend, run_id, first = self.backend, self.run_id, entries[0]
         kind, sent = first.get("kind"), True
         if kind == "log":
-            records = [record for record in map(self._unheld, entries) if record]
+            records = [record for entry in entries if (record := self._unheld(LogRecord(
+                int(entry["step"]), int(entry["time"]), entry.get("metrics") or {},
+                entry.get("summary") or {}, entry.get("position"))))]
             if records:
                 backend.log(records, run_id)
         elif kind == "params":
@@ -632,15 +637,15 @@ class Sender:
         self.sent += len(entries)
         self._ack(end, sent)
 
-    def _unheld(self, entry: dict) -> Optional[LogRecord]:
-        """The entry's record without the points at or below the boundary in force."""
-        step, metrics, held = int(entry["step"]), entry.get("metrics") or {}, self.held
+    def _unheld(self, record: LogRecord) -> Optional[LogRecord]:
+        """``record`` without the points at or below the boundary in force (the run held them before this
+        session); None when nothing is left."""
+        held, metrics = self.held, record.metrics
         if held:
-            metrics = {key: value for key, value in metrics.items() if step > held.get(key, -1)}
-        summary = entry.get("summary") or {}
-        if not (metrics or summary):
+            metrics = {key: value for key, value in metrics.items() if record.step > held.get(key, -1)}
+        if not (metrics or record.summary):
             return None
-        return LogRecord(step, int(entry["time"]), metrics, summary, entry.get("position"))
+        return record if metrics is record.metrics else dataclasses.replace(record, metrics=metrics)
 
     def _ack(self, offset: int, sent: bool = True) -> None:
         if self._abandoned:

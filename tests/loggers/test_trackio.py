@@ -231,3 +231,34 @@ def test_not_installed_bad_arguments_and_a_project_trackio_refuses(monkeypatch):
     monkeypatch.setitem(sys.modules, "trackio", None)  # FakeMissingTrackio: as if not installed
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'hf-callbacks-plus\[trackio\]'"):
         TrackioLogger()
+
+
+def test_a_resumed_run_that_opens_late_logs_no_point_its_store_held(tmp_path):
+    # trackio cannot rewind: a resumed run leaves out the points its store holds. When the run opens
+    # after the training logged on (a slow trackio.init), the records after it are handed on the
+    # training thread: they too must leave out what the store held (step 8 was logged twice).
+    from transformers import TrainerCallback
+
+    from hf_callbacks_plus.loggers.trackio import TrackioLogger
+    from tests.loggers.faults import FaultInjectingBackend
+
+    project = project_name(tmp_path)
+    arguments = dict(max_steps=8, logging_steps=1, save_strategy="steps", save_steps=4, n_train=32)
+    make_trainer(tmp_path, callbacks=[TrackioLogger(project=project)], **arguments).train()
+    time.sleep(1.1)  # trackio's runs are told apart by the second they start
+    resumed = TrackioLogger(project=project)
+    opening = resumed.backend = FaultInjectingBackend(resumed.backend, gated=("start",))
+
+    class OpenAtStep7(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.global_step == 7 and not opening.gate.is_set():
+                opening.gate.set()
+                deadline = time.monotonic() + 30
+                while resumed._sender.handed < resumed._sender.wal.size and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the backlog sent: step 8 is handed on the training thread
+
+    make_trainer(tmp_path, callbacks=[OpenAtStep7(), resumed], **arguments).train(
+        resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    counted = points(project)
+    assert not [point for point, count in counted.items() if count > 1]
+    assert sorted({step for (key, step) in counted if key == "train/loss"}) == list(range(1, 9))
