@@ -148,11 +148,12 @@ def test_at_a_checkpoint_save_every_event_is_on_disk_in_the_event_file_or_the_wr
 
     class ReadAtSave(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
+            # the log first: a step leaves it only once the event file holds it
+            in_log = {entry["step"] for entry in map(json.loads, logger.wal_path.read_text().splitlines())
+                      if "train/loss" in entry.get("metrics", {})}
             directory = Path(logger.backend.directory)
             in_events = {event.step for event in raw_events(directory)
                          if any(value.tag == "train/loss" for value in event.summary.value)}
-            in_log = {entry["step"] for entry in map(json.loads, logger.wal_path.read_text().splitlines())
-                      if "train/loss" in entry.get("metrics", {})}
             seen[state.global_step] = (in_events, in_log)
 
     trainer = make_trainer(tmp_path, callbacks=[logger, ReadAtSave()], max_steps=8, logging_steps=1,
