@@ -57,6 +57,10 @@ _FRESH = (
 )
 
 
+#: One worker runs this module under pytest-xdist: the fresh interpreter starts once.
+pytestmark = pytest.mark.xdist_group("fresh_interpreter")
+
+
 @pytest.fixture(scope="module")
 def fresh_interpreter() -> dict:
     """What a fresh interpreter reports (one for every check here: each would pay the transformers import)."""

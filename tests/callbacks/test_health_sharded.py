@@ -28,12 +28,14 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("trl")
 
 FIRST_TIER = ("zero3", "fsdp2")
+#: The guard's four actions take 8-10 s an engine: ZeRO-3 (the DeepSpeed step hook) in the first tier
+GUARD_FIRST_TIER = ("zero3",)
 #: FSDP1's own resume is not bit-identical on this harness (the decisions are): weights not compared
 RESUME_NOT_EXACT = ("fsdp1_full", "fsdp1_sharded")
 
 
 @pytest.mark.parametrize(("engine", "trainer"), engine_scenarios(guard_under_engine, trainers=TRAINERS,
-                                                                 first_tier=FIRST_TIER))
+                                                                 first_tier=GUARD_FIRST_TIER))
 def test_spike_is_caught_and_acted_on_by_every_rank(engine, trainer, distributed_outcome):
     for rank in distributed_outcome.json():
         skip, resume, rollback, stop = rank["skip"], rank["resume"], rank["rollback"], rank["stop"]

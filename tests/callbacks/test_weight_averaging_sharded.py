@@ -112,6 +112,6 @@ def check(folder, engine: str, trainer: str, ranks: list[dict]) -> None:
 
 
 @pytest.mark.parametrize(("engine", "trainer"), engine_scenarios(
-    averaging_under_engine, trainers=("trainer", "sft_lora"), first_tier=("zero3", "fsdp2")))
+    averaging_under_engine, trainers=("trainer", "sft_lora"), first_tier=("zero3",)))  # FSDP: second tier
 def test_the_average_under_each_engine(engine, trainer, distributed_outcome):
     check(distributed_outcome.dir, engine, trainer, distributed_outcome.json())

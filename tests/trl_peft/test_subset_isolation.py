@@ -189,7 +189,13 @@ def own_records(trainer: Any) -> list[dict]:
 
 DATA = ("random", "group-by-length", "dataset-generator", "transform-generator")
 COLLATORS = ("no-generator", "own-generator")
-CELLS = [(trainer, data, collator) for trainer in ("trainer", "trainerplus", "sft") for data in DATA
+#: The first tier runs every data kind and collator with the stock Trainer, and two cells each of
+#: TrainerPlus and SFT; the second tier, every cell.
+FIRST_TIER_OTHERS = {("random", "no-generator"), ("group-by-length", "own-generator")}
+CELLS = [pytest.param(trainer, data, collator, id=f"{trainer}-{data}-{collator}",
+                      marks=() if trainer == "trainer" or (data, collator) in FIRST_TIER_OTHERS
+                      else pytest.mark.second_tier)
+         for trainer in ("trainer", "trainerplus", "sft") for data in DATA
          for collator in COLLATORS if trainer != "sft" or data in ("random", "group-by-length")]
 _BASELINES: dict[tuple, list] = {}
 

@@ -8,6 +8,8 @@ on exactly the rows ``TrainSubsetEvaluation`` picks, at the same steps and weigh
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hf_callbacks_plus.callbacks.early_stopping import EarlyStopping
@@ -60,8 +62,18 @@ OWN_EVAL_METRICS = {
 }
 
 
-@pytest.mark.parametrize("kind", [pytest.param("sft", marks=pytest.mark.compat), "dpo", "reward"])
-@pytest.mark.parametrize("wiring", ["run_before_integrations", "mixin"])
+#: The first tier runs each trainer once and each wiring with SFT; the second tier, the whole matrix.
+SECOND_TIER = {("dpo", "run_before_integrations"), ("reward", "mixin"), ("grpo", "mixin")}
+
+
+def cell(kind: str, wiring: str) -> Any:
+    marks = [pytest.mark.compat] if kind == "sft" else []
+    marks += [pytest.mark.second_tier] if (kind, wiring) in SECOND_TIER else []
+    return pytest.param(kind, wiring, marks=marks, id=f"{wiring}-{kind}")
+
+
+@pytest.mark.parametrize(("kind", "wiring"), [cell(kind, wiring) for kind in ("sft", "dpo", "reward")
+                                              for wiring in ("run_before_integrations", "mixin")])
 def test_trainer_numbers_unchanged_and_subset_metrics_are_its_own(kind, wiring, tmp_path, tmp_path_factory):
     expected = baseline(kind, tmp_path_factory)
     subset, ours = run_ours(kind, tmp_path, wiring)
@@ -116,8 +128,8 @@ def grpo_run(output_dir, wiring=None):
     return subset, [{k: v for k, v in r.items() if k not in timing} for r in runs.history(trainer)]
 
 
-@pytest.mark.parametrize("wiring", ["run_before_integrations", "mixin"])
-def test_grpo_numbers_unchanged_and_subset_rewards_reported(wiring, tmp_path, tmp_path_factory):
+@pytest.mark.parametrize(("kind", "wiring"), [cell("grpo", "run_before_integrations"), cell("grpo", "mixin")])
+def test_grpo_numbers_unchanged_and_subset_rewards_reported(kind, wiring, tmp_path, tmp_path_factory):
     """GRPO generates completions (sampling: random generators) at every evaluation."""
     if "grpo" not in _BASELINES:
         _BASELINES["grpo"] = grpo_run(tmp_path_factory.mktemp("baseline-grpo"))[1]
