@@ -256,11 +256,19 @@ class WriteAheadLog:
                 start = newline + 1
             pending, position = data[start:], position + start
 
-    def entries(self, offset: int) -> Iterator[tuple[dict[str, Any], int]]:
-        """The entries from ``offset`` (the log's own lines left out), each with the offset after it."""
+    def entries(self, offset: int, own: bool = False) -> Iterator[tuple[Optional[dict[str, Any]], int]]:
+        """The entries from ``offset``, each with the offset after it; the log's own lines (target, ``sent``)
+        and corrupt ones (told) are left out, or given as None with ``own``."""
         for line, end in self._lines(offset):
+            entry = None
             if not line.startswith((TARGET_LINE, SENT_LINE)):
-                yield json.loads(line), end
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    logger.warning("%s: skipping a corrupt line at byte %d of %s.",
+                                   self.target.get("logger"), end - len(line), self.path)
+            if entry is not None or own:
+                yield entry, end
 
     def keep(self, start: int, end: Optional[int] = None, before: Iterable[dict[str, Any]] = ()) -> None:
         """Keep only the entries between offsets ``start`` and ``end`` (default: the file's end), after
@@ -293,36 +301,29 @@ class WriteAheadLog:
         one other entry; and the offset after them (and after the log's own lines among them)."""
         found: list[dict] = []
         points = 0
-        for line, end in self._lines(offset):
-            if line.startswith((TARGET_LINE, SENT_LINE)):
-                offset = end
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset, self.path)
-                offset = end
-                continue
-            size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
-            if found and (entry.get("kind") != "log" or found[0].get("kind") != "log"
-                          or points + size > max_points or len(found) >= max_entries):
-                break
-            found.append(entry)
-            points, offset = points + size, end
+        for entry, end in self.entries(offset, own=True):
+            if entry is not None:
+                size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
+                if found and (entry.get("kind") != "log" or found[0].get("kind") != "log"
+                              or points + size > max_points or len(found) >= max_entries):
+                    break
+                found.append(entry)
+                points += size
+            offset = end
         return found, offset
 
     def pending(self, offset: int) -> dict[str, Any]:
         """What lies past ``offset``: log records, their points and steps, params, files, the last status."""
         counts: dict[str, Any] = {"log": 0, "points": 0, "steps": [], "params": 0, "file": 0, "status": None}
-        for line, _ in self._lines(offset):
-            entry = {} if line.startswith((TARGET_LINE, SENT_LINE)) else json.loads(line)
+        for entry, _ in self.entries(offset):
             kind = entry.get("kind")
             if kind == "log":
                 counts["points"] += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
                 counts["steps"].append(int(entry["step"]))
             if kind in ("log", "params", "file"):
                 counts[kind] += 1
-            counts["status"] = entry.get("status") if kind == "finish" else counts["status"]
+            elif kind == "finish":
+                counts["status"] = entry.get("status")
         return counts
 
 
@@ -330,8 +331,8 @@ def describe_pending(counts: dict[str, Any]) -> str:
     """``"5 log record(s) (40 points, steps 3-7), the params, 1 file(s) and the final status FAILED"``."""
     steps = counts["steps"]
     parts = [f"{counts['log']} log record(s) ({counts['points']} points, steps {min(steps)}-{max(steps)})"
-             ] if steps else []
-    parts += ["the params"] * bool(counts["params"]) + [f"{counts['file']} file(s)"] * bool(counts["file"])
+             ] * bool(steps) + ["the params"] * bool(counts["params"])
+    parts += [f"{counts['file']} file(s)"] * bool(counts["file"])
     parts += [f"the final status {counts['status']}"] * bool(counts["status"])
     return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "nothing"
 
@@ -482,7 +483,7 @@ class Sender:
                 if not self.backend.durable_on_answer and self.handed >= self.wal.size:
                     self._trim(self.wal.size)  # a finished run is in the tracker's files
             except Exception as error:
-                self._cause = self._explain(error)[0]
+                self._cause = self.backend.explain(error)[0]
         if self.acked >= self.wal.size:
             return True
         logger.warning("%s: %s were not delivered (%s); they are kept in %s: %s.", self.name,
@@ -499,7 +500,7 @@ class Sender:
     def _why_not_delivered(self, status: str) -> str:
         where = getattr(self.backend, "where", self.name)
         if self.start_error is not None:
-            reason = f"{where}: {self._explain(self.start_error)[0]}"
+            reason = f"{where}: {self.backend.explain(self.start_error)[0]}"
         elif self._call_started is not None and not self._hopeless:
             reason = f"a call to {where} had not answered after {time.monotonic() - self._call_started:.0f} s"
         elif self._down_since is not None:
@@ -522,7 +523,7 @@ class Sender:
         with self._handing:
             if self.wal.size <= self.handed:
                 return "done"
-            limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
+            limit = CALL_BATCHES * self.backend.max_metrics_per_batch
             alone = self.handed < self._isolate_until
             entries, end = self.wal.read(self.handed, limit, 1 if alone else BATCH_ENTRIES)
             if not entries:  # only the log's own lines
@@ -574,7 +575,7 @@ class Sender:
                         self._confirm_wanted or time.monotonic() - self._confirmed_at > CONFIRM_SECONDS):
                     self._confirm()
                 backlog = self.wal.size - self.handed
-                left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
+                left = self._last_send + self.backend.send_interval - time.monotonic()
                 if (self._started and 0 < backlog < FULL_BATCH_BYTES and left > 0
                         and not (self._closing or self._flushing)):
                     self._wait(min(left, POLL_SECONDS))  # gather about a second's records in one call
@@ -661,24 +662,21 @@ class Sender:
 
     def _confirm(self) -> None:
         """Drop from the file what a tracker that writes in the background holds in its files now."""
-        with self._handing:
-            self._confirm_held()
-
-    def _confirm_held(self) -> None:
         self._confirm_wanted, self._confirmed_at = False, time.monotonic()
-        try:
-            durable = self.backend.confirm_durable()  # covers every record handed so far
-        except Exception as error:  # the log keeps every record
-            logger.warning("%s: could not learn how far %s holds the run (%s); its log keeps every "
-                           "record.", self.name, self.backend.location(), self._explain(error)[0])
-            return
-        held = self.acked
-        for entry, after in self.wal.entries(self.acked) if durable is not None else ():
-            log = entry.get("kind") == "log"
-            if after > self.handed or (log and entry.get("position", durable) > durable):
-                break
-            held = after if log else held
-        self._trim(held)
+        with self._handing:
+            try:
+                durable = self.backend.confirm_durable()  # covers every record handed so far
+            except Exception as error:  # the log keeps every record
+                logger.warning("%s: could not learn how far %s holds the run (%s); its log keeps every "
+                               "record.", self.name, self.backend.location(), self.backend.explain(error)[0])
+                return
+            held = self.acked
+            for entry, after in self.wal.entries(self.acked) if durable is not None else ():
+                log = entry.get("kind") == "log"
+                if after > self.handed or (log and entry.get("position", durable) > durable):
+                    break
+                held = after if log else held
+            self._trim(held)
 
     def _trim(self, offset: int) -> None:
         """Drop the entries before ``offset`` (held by a tracker that writes in the background)."""
@@ -691,14 +689,9 @@ class Sender:
             self._isolate_until = max(0, self._isolate_until - drop)
             self._progress.notify_all()
 
-    def _explain(self, error: BaseException) -> tuple[str, Optional[str]]:
-        explain = getattr(self.backend, "explain", None)
-        return explain(error) if explain is not None else (f"{type(error).__name__}: {error}", None)
-
     def _probe(self) -> bool:
         """Ask the backend, cheaply, whether the store can be reached; tell it at once when it cannot."""
-        probe = getattr(self.backend, "probe", None)
-        found = probe() if probe is not None else None
+        found = self.backend.probe()
         if found is not None:
             self._unreachable(*found)
         return found is None
@@ -733,7 +726,7 @@ class Sender:
         return "ok"
 
     def _failed(self, error: Exception, entries: Optional[list[dict]], end: int) -> str:
-        cause, kind = self._explain(error)
+        cause, kind = self.backend.explain(error)
         if kind in ("refused", "dns", "tls") or (
                 kind != "auth" and self.backend.is_transient(error)):
             return self._unreachable(cause, kind)
@@ -776,12 +769,12 @@ class Sender:
                 continue
             try:
                 sender = replay(path, self.for_target, stop=lambda: self._closing or self._abandoned,
-                                pace=getattr(self.backend, "send_interval", 0.0))
+                                pace=self.backend.send_interval)
             except (RuntimeError, FileNotFoundError):  # another process has it
                 continue
             except Exception as error:  # kept for a later run or a replay
                 logger.warning("%s: could not send what %s holds (%s); %s.", self.name, path,
-                               self._explain(error)[0], replay_hint(path))
+                               self.backend.explain(error)[0], replay_hint(path))
                 continue
             if sender.acked >= sender.wal.size:
                 logger.warning("%s: sent %d entries an earlier training left in %s to run %s.", self.name,
