@@ -116,22 +116,14 @@ class WriteAheadLog:
         self.path = Path(path)
         #: What the first line names (logger, tracking URI with credentials masked, experiment, run key).
         self.target: dict[str, Any] = {}
-        #: Times the file was emptied (`Sender.flush` waits for an end of one generation).
-        self.generation = 0
+        #: Bytes dropped from the file's start since it was opened (emptied, or kept from an offset on):
+        #: ``dropped + offset`` names one place in the log whatever is dropped later.
+        self.dropped = 0
+        #: The file's size, and the offset of its first entry (after the target line); read-only.
+        self.size = self.first = 0
         self._fd: Optional[int] = None
         self._lock = threading.Lock()
-        self._end = self._start = 0
         self._owed = b""  # lines the last emptying could not write; they go first in the next write
-
-    @property
-    def size(self) -> int:
-        """The file's size in bytes."""
-        return self._end
-
-    @property
-    def first(self) -> int:
-        """The offset of the first entry (after the target line)."""
-        return self._start
 
     def open(self, target: Optional[dict[str, Any]], wait: float) -> None:
         """Open and lock the file; without ``target`` it must exist; with it, a new or empty file gets it
@@ -153,18 +145,18 @@ class WriteAheadLog:
     def _load(self, fd: int, target: Optional[dict[str, Any]], writable: bool) -> None:
         self._fd = fd
         try:
-            size = self._end = os.fstat(fd).st_size
+            size = self.size = os.fstat(fd).st_size
             if writable and size and os.pread(fd, 1, size - 1) != b"\n":
                 tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
-                self._end = size - len(tail) + tail.rfind(b"\n") + 1
-                os.ftruncate(fd, self._end)
-            if self._end == 0 and target is not None:
+                self.size = size - len(tail) + tail.rfind(b"\n") + 1
+                os.ftruncate(fd, self.size)
+            if self.size == 0 and target is not None:
                 self._write(self._line({"kind": "target", **target}))
-            first, self._start = next(self._lines(0), (b"", 0))
-            if not first.startswith(TARGET_LINE):
+            line, self.first = next(self._lines(0), (b"", 0))
+            if not line.startswith(TARGET_LINE):
                 raise ValueError(f"{self.path} is not a write-ahead log of hf-callbacks-plus (its first "
                                  "line names no target)")
-            self.target = json.loads(first)
+            self.target = json.loads(line)
         except BaseException:
             self.close()
             raise
@@ -183,10 +175,10 @@ class WriteAheadLog:
         data = self._line(entry)
         with self._lock:
             self._write(data)
-            return self._end - len(data), self._end
+            return self.size - len(data), self.size
 
     def _write(self, data: bytes) -> None:
-        start, data = self._end, self._owed + data
+        start, data = self.size, self._owed + data
         try:
             view = memoryview(data)
             while view:
@@ -197,12 +189,12 @@ class WriteAheadLog:
             except OSError:
                 pass
             raise
-        self._end, self._owed = start + len(data), b""
+        self.size, self._owed = start + len(data), b""
 
-    def end(self) -> tuple[int, int]:
-        """``(generation, size)``, read together."""
+    def end(self) -> int:
+        """``dropped + size``, read together."""
         with self._lock:
-            return self.generation, self._end
+            return self.dropped + self.size
 
     def settle(self, acked: int, run_id: Optional[str], boundary: bool) -> int:
         """Record that the store holds everything before ``acked``; return the offset to go on from.
@@ -213,18 +205,18 @@ class WriteAheadLog:
         is left out (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
         """
         with self._lock:
-            if acked < self._end:
+            if acked < self.size:
                 compacted, line = False, {"kind": "sent", "offset": acked, "run_id": run_id}
             else:
-                os.ftruncate(self._fd, self._start)
-                self._end, self.generation = self._start, self.generation + 1
-                compacted, line = True, {"kind": "sent", "offset": self._start, "run_id": run_id}
+                os.ftruncate(self._fd, self.first)
+                self.size, self.dropped = self.first, self.dropped + self.size - self.first
+                compacted, line = True, {"kind": "sent", "offset": self.first, "run_id": run_id}
                 self._owed = self._line({"kind": "boundary", "compacted": True}) if boundary else b""
             try:
                 self._write(self._line(line))
             except OSError:
                 pass
-            return self._end if compacted else acked
+            return self.size if compacted else acked
 
     def sync(self) -> None:
         """``fsync`` the file (a checkpoint is saved: it survives a machine crash too)."""
@@ -245,8 +237,8 @@ class WriteAheadLog:
     def _lines(self, offset: int) -> Iterator[tuple[bytes, int]]:
         """Complete lines from ``offset`` to the end, each with the offset after it."""
         pending, position = b"", offset  # ``pending`` starts at ``position``
-        while offset < self._end:
-            chunk = os.pread(self._fd, min(CHUNK_BYTES, self._end - offset), offset)
+        while offset < self.size:
+            chunk = os.pread(self._fd, min(CHUNK_BYTES, self.size - offset), offset)
             if not chunk:
                 return
             offset += len(chunk)
@@ -276,19 +268,20 @@ class WriteAheadLog:
         this one (appends wait)."""
         with self._lock:
             kept = b"".join(map(self._line, before))
-            kept += os.pread(self._fd, (self._end if end is None else end) - start, start)
+            kept += os.pread(self._fd, (self.size if end is None else end) - start, start)
             temporary = self.path.with_name(self.path.name + ".new")
-            temporary.write_bytes(os.pread(self._fd, self._start, 0) + kept)
+            temporary.write_bytes(os.pread(self._fd, self.first, 0) + kept)
             os.replace(temporary, self.path)
             fd = _open_locked(self.path, 0.0, create=False)
             os.close(self._fd)
-            self._fd, self._end, self._owed = fd, self._start + len(kept), b""
+            self.dropped += start - self.first
+            self._fd, self.size, self._owed = fd, self.first + len(kept), b""
 
     def recover(self) -> tuple[int, Optional[str], bool]:
         """From the ``sent`` lines: the offset the store acknowledged, the run's id, and whether a
         boundary lies before that offset (the steps the run held must be asked for again)."""
-        acked, run_id, boundaries = self._start, self.target.get("run_id"), []
-        for line, end in self._lines(self._start):
+        acked, run_id, boundaries = self.first, self.target.get("run_id"), []
+        for line, end in self._lines(self.first):
             if line.startswith(SENT_LINE):
                 sent = json.loads(line)
                 acked, run_id = max(acked, int(sent["offset"])), sent.get("run_id") or run_id
@@ -331,8 +324,8 @@ def describe_pending(counts: dict[str, Any]) -> str:
     """``"5 log record(s) (40 points, steps 3-7), the params, 1 file(s) and the final status FAILED"``."""
     steps = counts["steps"]
     parts = [f"{counts['log']} log record(s) ({counts['points']} points, steps {min(steps)}-{max(steps)})"
-             ] * bool(steps) + ["the params"] * bool(counts["params"])
-    parts += [f"{counts['file']} file(s)"] * bool(counts["file"])
+             ] if steps else []
+    parts += ["the params"] * bool(counts["params"]) + [f"{counts['file']} file(s)"] * bool(counts["file"])
     parts += [f"the final status {counts['status']}"] * bool(counts["status"])
     return " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts) or "nothing"
 
@@ -345,8 +338,7 @@ class Sender:
 
     Args:
         wal: The log, open.
-        backend: The store (MLflow's: ``is_transient``, ``explain``, ``probe``, ``send_interval``,
-            ``max_metrics_per_batch``).
+        backend: The store.
         run_key: The run's key (finds the run when its id is not known). Defaults to the log's.
         run_id: The run's id, when known. Defaults to the log's.
         resume: The run may exist already. Defaults to True.
@@ -369,8 +361,8 @@ class Sender:
         self.resume = resume or logged_run_id is not None
         #: The offsets the tracker holds everything before, and was handed everything before.
         self.acked = self.handed = acked
-        #: Bytes dropped from the file's start since this sender began (held by a background tracker).
-        self.trimmed = 0
+        #: Where `flush` waits for (`WriteAheadLog.end`): ``acked``, or ``handed`` to a background tracker.
+        self.reached = wal.dropped + acked
         self._confirm_wanted, self._confirmed_at = False, time.monotonic()
         #: The steps the run held at the last boundary (None: no boundary met).
         self.held: Optional[dict[str, int]] = None
@@ -386,7 +378,7 @@ class Sender:
         self._cause = ""
         self._last_error: BaseException = RuntimeError("nothing sent yet")
         self._deadline = float("inf")
-        self._isolate_until = self._flushing = self._generation = 0
+        self._isolate_until = self._flushing = 0
         self._last_send = 0.0
         self._refused: dict[str, int] = {}
         self._wake = threading.Event()
@@ -424,30 +416,21 @@ class Sender:
     def flush(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until everything appended so far is acknowledged (handed to a
         tracker that writes in the background, which then writes what it holds: ``backend.sync``)."""
-        generation, target = self.wal.end()
-        if not self.backend.durable_on_answer:
-            generation, target = -1, target + self.trimmed
+        target = self.wal.end()
         end = time.monotonic() + timeout
         self._flushing += 1
         self._wake.set()
         try:
             with self._progress:
-                while not self._reached(generation, target) and self._thread.is_alive():
+                while self.reached < target and self._thread.is_alive():
                     if time.monotonic() >= end:
                         return False
                     self._progress.wait(min(end - time.monotonic(), 0.2))
             if not self.backend.durable_on_answer:
                 self.backend.sync()
-            return self._reached(generation, target)
+            return self.reached >= target
         finally:
             self._flushing -= 1
-
-    def _reached(self, generation: int, offset: int) -> bool:
-        """Emptying the file waits for everything in it: a later generation holds everything before
-        (generation -1: handed, ``offset`` counted from the start of the sender's file)."""
-        if generation < 0:
-            return self.handed + self.trimmed >= offset
-        return self._generation > generation or (self._generation == generation and self.acked >= offset)
 
     def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
         """Send what is left for at most ``timeout`` seconds (``grace`` more for a call in flight; not at
@@ -657,7 +640,8 @@ class Sender:
         with self._progress:
             self.handed = offset
             if durable:
-                self.acked, self._generation = offset, self.wal.generation
+                self.acked = offset
+            self.reached = self.wal.dropped + offset
             self._progress.notify_all()
 
     def _confirm(self) -> None:
@@ -685,7 +669,7 @@ class Sender:
             return
         self.wal.keep(offset)
         with self._progress:
-            self.handed, self.trimmed, self.acked = self.handed - drop, self.trimmed + drop, self.wal.first
+            self.handed, self.acked = self.handed - drop, self.wal.first
             self._isolate_until = max(0, self._isolate_until - drop)
             self._progress.notify_all()
 
