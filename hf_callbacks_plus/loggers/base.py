@@ -7,7 +7,6 @@ import contextlib
 import logging
 import math
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -22,6 +21,7 @@ from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, flatten_metrics, grammar_for
 from ..metrics.numbers import to_float
+from .artifacts import stage_folder
 from .config import collect_config, truncate
 from .secrets import REDACTED, looks_like_secret, mask_secrets
 
@@ -397,17 +397,11 @@ class TrackerLogger(SelfRestoringState):
         """
         if not self._is_open or type(self.backend).log_file is Backend.log_file:
             return False
-        staging = Path(self._output_dir or tempfile.gettempdir()) / ".tracker_artifacts" / name
-        try:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            shutil.copy2(path, staging / Path(path).name)
-        except OSError as error:
-            self.warn(("log_file", name), "%s: could not stage %s for upload (%s); not uploaded.",
-                      self.logger_name, path, error)
-            return False
-        self._write_file(str(staging), name, artifact_type)
-        return True
+        staging = Path(self._output_dir or tempfile.gettempdir()) / ".tracker_artifacts"
+        staged = stage_folder(path, staging, name)
+        if staged is not None:
+            self._write_file(str(staged), name, artifact_type)
+        return staged is not None
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Hand what was logged to disk or to the tracker; False when not all there after ``timeout`` s."""
