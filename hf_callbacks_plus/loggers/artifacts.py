@@ -43,15 +43,20 @@ def _copy(source: str, target: str) -> None:
     copy_file(source, target)
 
 
-def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str) -> Optional[Path]:
-    """Copy of ``source`` under ``staging_root`` (replaced; copy-on-write where the file system can);
-    None, with a warning, on failure."""
+def stage_folder(source: os.PathLike | str, staging_root: os.PathLike | str,
+                 name: Optional[str] = None) -> Optional[Path]:
+    """Copy of the folder ``source`` (a file: a folder holding it) as ``staging_root/name`` (default: its
+    name; replaced; copy-on-write where the file system can); None, with a warning, on failure."""
     source = Path(source)
-    target = Path(staging_root) / source.name
+    target = Path(staging_root) / (name or source.name)
     try:
         if target.exists():
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if not source.is_dir():
+            target.mkdir()
+            _copy(str(source), str(target / source.name))
+            return target
         shutil.copytree(source, target, copy_function=_copy,
                         ignore=shutil.ignore_patterns(*NEVER_UPLOADED))
     except (OSError, ValueError) as error:

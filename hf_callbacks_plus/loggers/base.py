@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -15,12 +15,13 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from ..core.claims import TrainBeginClaims
 from ..core.stateful import SelfRestoringState
 from ..metrics.keys import KeyGrammar, flatten_metrics, grammar_for
 from ..metrics.numbers import to_float
+from .artifacts import stage_folder
 from .config import collect_config, truncate
 from .secrets import REDACTED, looks_like_secret, mask_secrets
 
@@ -67,11 +68,16 @@ class Backend:
 
     #: Shown in messages.
     name = "backend"
-    #: The position of the last record placed (`place`).
+    #: The positions of the last record placed (`place`) and of the last one handed to `log` (set by a
+    #: client that writes in the background, for `confirm_durable`).
     position: Optional[int] = None
+    handed: Optional[int] = None
     #: True when a call that returned means the tracker's files hold what it was given (MLflow's store);
     #: False for a client that writes in the background (`confirm_durable` tells how far it has).
     durable_on_answer = True
+    #: The sender's pace: seconds between two calls, and points per batch of the store (`wal.Sender`).
+    send_interval = 0.0
+    max_metrics_per_batch = 1000
 
     def new_run_id(self) -> Optional[str]:
         """A new run's id when the client chooses it (W&B, TensorBoard, JSONL). Defaults to None."""
@@ -104,8 +110,10 @@ class Backend:
         """Close the run with ``"FINISHED"`` or ``"FAILED"``."""
         raise NotImplementedError
 
-    def sync(self) -> None:
-        """Write what the library buffers to disk (a checkpoint is saved). Defaults to nothing."""
+    def sync(self) -> bool:
+        """Write what the library buffers to disk (a checkpoint is saved); False when it could not.
+        Defaults to nothing (True)."""
+        return True
 
     def place(self, record: LogRecord, position: Optional[int] = None) -> int:
         """Set where ``record`` goes in the run (``position`` when it was placed before, a record sent
@@ -115,12 +123,23 @@ class Backend:
 
     def confirm_durable(self) -> Optional[int]:
         """The position up to which the tracker's own files hold every record handed before this call
-        (it may block; called on the sender's thread), or None when unknown. Defaults to None."""
-        return None
+        (it may block; called on the sender's thread), or None when unknown. Defaults to every position
+        before the last one handed, once `sync` wrote (the last may get more records: a resume sends it
+        again whole)."""
+        return self.handed - 1 if self.handed is not None and self.sync() else None
 
     def is_transient(self, error: BaseException) -> bool:
         """Whether a call that raised ``error`` may succeed when retried. Defaults to False."""
         return False
+
+    def explain(self, error: BaseException) -> tuple[str, Optional[str]]:
+        """The cause of ``error`` in words, and its kind (``"refused"``, ``"dns"``, ``"tls"``, ``"auth"``,
+        else None). Defaults to its type and text."""
+        return f"{type(error).__name__}: {error}", None
+
+    def probe(self) -> Optional[tuple[str, str]]:
+        """Ask cheaply whether the store answers: `explain`'s cause and kind when not. Defaults to None."""
+        return None
 
     def rewind(self, position: int) -> None:
         """Make a resumed session go on after ``position``: what the run holds after it is dropped.
@@ -338,6 +357,7 @@ class TrackerLogger(SelfRestoringState):
         #: True while the run opened by this train()'s first ``_open`` (not a reopening for evaluate()).
         self._session_start = False
         self._lost = 0
+        self._lost_error: Optional[BaseException] = None
         self._trainer_ref: Optional[weakref.ref[Any]] = None
         self._output_dir: Optional[str] = None
         self._lifecycle_lock = threading.Lock()
@@ -377,17 +397,11 @@ class TrackerLogger(SelfRestoringState):
         """
         if not self._is_open or type(self.backend).log_file is Backend.log_file:
             return False
-        staging = Path(self._output_dir or tempfile.gettempdir()) / ".tracker_artifacts" / name
-        try:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            shutil.copy2(path, staging / Path(path).name)
-        except OSError as error:
-            self.warn(("log_file", name), "%s: could not stage %s for upload (%s); not uploaded.",
-                      self.logger_name, path, error)
-            return False
-        self._write_file(str(staging), name, artifact_type)
-        return True
+        staging = Path(self._output_dir or tempfile.gettempdir()) / ".tracker_artifacts"
+        staged = stage_folder(path, staging, name)
+        if staged is not None:
+            self._write_file(str(staged), name, artifact_type)
+        return staged is not None
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Hand what was logged to disk or to the tracker; False when not all there after ``timeout`` s."""
@@ -520,11 +534,8 @@ class TrackerLogger(SelfRestoringState):
     def _open_run(self, resume: bool, boundary: bool) -> None:
         """Open the run; with ``boundary``, fix the steps it held before this session."""
         backend = self.backend
-        try:
+        with self._told_unwritable(backend.location):
             self.run_id = backend.start(self.run_id, self.run_key, resume)
-        except OSError as error:
-            raise OSError(error.errno, f"{self.logger_name}: cannot write the run to {backend.location()}: "
-                          f"{error.strerror or error}. Pass a writable location.") from error
         if boundary:
             held = dict(self._restored_steps)
             for key, step in backend.logged_steps(self.run_id).items():
@@ -551,10 +562,7 @@ class TrackerLogger(SelfRestoringState):
 
     def _close_run(self, status: str, timeout: float) -> bool:
         ok = self._call(self.backend.finish, status, self.run_id)
-        if self._lost:
-            logger.error("%s: %d record(s) could not be written to %s and are not in the run (every logged "
-                         "record is also in the trainer's state.log_history, trainer_state.json).",
-                         self.logger_name, self._lost, self.backend.location())
+        self._tell_lost(self.backend.location())
         return ok and self._lost == 0
 
     def _call(self, function: Callable[..., Any], *args: Any) -> bool:
@@ -565,8 +573,23 @@ class TrackerLogger(SelfRestoringState):
             return False
         return True
 
+    @contextlib.contextmanager
+    def _told_unwritable(self, where: Callable[[], Any]) -> Iterator[None]:
+        """An ``OSError`` inside names the logger and ``where()`` (at train begin: the user fixes it)."""
+        try:
+            yield
+        except OSError as error:
+            raise OSError(error.errno, f"{self.logger_name}: cannot write the run to {where()}: "
+                          f"{error.strerror or error}. Pass a writable location.") from error
+
+    def _tell_lost(self, where: Any) -> None:
+        if self._lost:
+            logger.error("%s: %d record(s) could not be written to %s (%s) and are not in the run (every "
+                         "logged record is also in the trainer's state.log_history, trainer_state.json).",
+                         self.logger_name, self._lost, where, self._lost_error)
+
     def _lose(self, count: int, error: BaseException) -> None:
-        self._lost += count
+        self._lost, self._lost_error = self._lost + count, error
         if self._lost == count:
             logger.error("%s: could not write to %s (%s: %s); training continues, and every record that "
                          "cannot be written is counted and told at the end.", self.logger_name,

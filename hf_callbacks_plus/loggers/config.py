@@ -7,9 +7,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from ..metrics.keys import flatten_metrics
 from .secrets import is_vocabulary_token, redact_config
 
-__all__ = ["collect_config", "flatten_config", "truncate", "typed"]
+__all__ = ["collect_config", "truncate", "typed"]
 
 logger = logging.getLogger("hf_callbacks_plus")
 
@@ -33,16 +34,9 @@ def typed(value: str) -> Any:
     return value
 
 
-def flatten_config(config: Mapping[str, Any], prefix: str = "", separator: str = ".") -> dict[str, Any]:
-    """Flatten nested dicts (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``); other values are kept."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{separator}{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat.update(flatten_config(value, name, separator))
-        else:
-            flat[name] = value
-    return flat
+def _flat(config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """``config`` flat (`flatten_metrics`: ``{"a": {"b": 1}}`` -> ``a.b``), its keys under ``prefix.``."""
+    return {f"{prefix}.{key}": value for key, value in flatten_metrics(config).items()}
 
 
 def args_to_dict(args: Any) -> dict[str, Any]:
@@ -69,13 +63,9 @@ def args_to_dict(args: Any) -> dict[str, Any]:
 def model_config_to_dict(model: Any) -> dict[str, Any]:
     """The model's ``config.to_dict()`` (or a dict config), else {}."""
     config = getattr(model, "config", None)
-    if config is None:
-        return {}
     to_dict = getattr(config, "to_dict", None)
-    if callable(to_dict):
-        result = to_dict()
-        return result if isinstance(result, dict) else {}
-    return dict(config) if isinstance(config, dict) else {}
+    result = to_dict() if callable(to_dict) else config
+    return dict(result) if isinstance(result, dict) else {}
 
 
 def model_facts(model: Any) -> dict[str, Any]:
@@ -98,16 +88,13 @@ def model_facts(model: Any) -> dict[str, Any]:
             to_dict = getattr(adapter_config, "to_dict", None)
             values = to_dict() if callable(to_dict) else getattr(adapter_config, "__dict__", {})
             if isinstance(values, Mapping):
-                facts.update(flatten_config(values, prefix=f"peft_config.{adapter}"))
+                facts.update(_flat(values, f"peft_config.{adapter}"))
     return facts
 
 
 def collect_config(args: Any, model: Any = None) -> dict[str, str]:
     """``args`` (``TrainingArguments``, ``LoopArguments``, a dataclass or a dict: bare keys), the model
     config (``model.<key>``), its parameter count and peft config, flat, as redacted strings."""
-    config = flatten_config(args_to_dict(args))
-    model_config = model_config_to_dict(model)
-    if model_config:
-        config.update(flatten_config(model_config, prefix="model"))
-    config.update(model_facts(model))
+    config = {**flatten_metrics(args_to_dict(args)), **_flat(model_config_to_dict(model), "model"),
+              **model_facts(model)}
     return redact_config(config)

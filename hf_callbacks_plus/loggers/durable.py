@@ -13,9 +13,8 @@ the file again up to the checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 from .base import FAILED, FINISHED, LogRecord, TrackerLogger, logger
 from .wal import Sender, WriteAheadLog
@@ -33,7 +32,6 @@ class DurableLogger(TrackerLogger):
         super().__init__(**kwargs)
         self._wal: Optional[WriteAheadLog] = None
         self._sender: Optional[Sender] = None
-        self._lost_error: Optional[BaseException] = None
         #: The position of the last record placed when the resumed checkpoint was saved.
         self._checkpoint_position: Optional[int] = None
 
@@ -84,15 +82,6 @@ class DurableLogger(TrackerLogger):
         self.run_id = self._sender.run_id
         self._sender.start()
 
-    @contextlib.contextmanager
-    def _told_unwritable(self, where: Callable[[], Any]) -> Iterator[None]:
-        """An ``OSError`` inside names the logger and ``where()`` (at train begin: the user fixes it)."""
-        try:
-            yield
-        except OSError as error:
-            raise OSError(error.errno, f"{self.logger_name}: cannot write the run to {where()}: "
-                          f"{error.strerror or error}. Pass a writable location.") from error
-
     def _rewind(self, wal: WriteAheadLog, boundary: bool) -> None:
         """Keep the log's records up to the resumed checkpoint (none for a new run) and rewind the
         tracker to just before the first of them, so they are sent again."""
@@ -120,7 +109,6 @@ class DurableLogger(TrackerLogger):
             return self._wal.append(entry)
         except Exception as error:  # a full disk: never into the training loop
             self._lose(1, error)
-            self._lost_error = error
             return None
         finally:
             self._sender.check_silence()
@@ -145,21 +133,18 @@ class DurableLogger(TrackerLogger):
         return self._sender.flush(timeout)
 
     def _close_run(self, status: str, timeout: float) -> bool:
-        wal, sender, lost = self._wal, self._sender, self._lost
+        wal, sender = self._wal, self._sender
         try:
             wal.append({"kind": "finish", "status": status})
         except OSError:  # a full disk: the sender sets the status itself
             pass
         finished = status == FINISHED  # an exception waits for no unreachable store
         delivered = sender.close(status, timeout, grace=5.0 if finished else 1.0, while_down=finished)
-        if lost:
-            logger.error("%s: %d record(s) could not be written to %s (%s) and are not in the run (every "
-                         "logged record is also in the trainer's state.log_history, trainer_state.json).",
-                         self.logger_name, lost, wal.path, self._lost_error)
+        self._tell_lost(wal.path)
         wal.close(delete=delivered)
         self.backend.close()
         self._wal = self._sender = None
-        return delivered and lost == 0 and not sender.dropped
+        return delivered and self._lost == 0 and not sender.dropped
 
     def close_after_exception(self) -> bool:
         """Close the run FAILED within ``min(flush_timeout, exception_timeout)`` s, at once while the

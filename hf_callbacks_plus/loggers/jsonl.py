@@ -39,12 +39,13 @@ class JsonlBackend(Backend):
         """The file."""
         return str(self._file())
 
-    def sync(self) -> None:
+    def sync(self) -> bool:
         """``fsync`` the file (every append is already in the OS's hands; this survives a machine crash)."""
         path = self._file()
         if path.is_file():
             with open(path, "a", encoding="utf-8") as handle:
                 os.fsync(handle.fileno())
+        return True
 
     def _close_partial_line(self) -> None:
         """End a file cut mid-line (a killed process) with a newline; readers skip the partial line."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Union
 
 from .base import _STOCK_REPORT_TO, TrackerLogger
@@ -20,21 +21,13 @@ def _stock_classes() -> dict[str, Any]:
 
 
 def _build(kind: str, stock: Any) -> TrackerLogger:
-    if kind == "mlflow":
-        from .mlflow import MLflowLogger
-
-        return MLflowLogger()
-    if kind == "tensorboard":
-        from .tensorboard import TensorBoardLogger
-
-        return TensorBoardLogger(log_dir=getattr(stock, "logging_dir", None))
-    if kind == "trackio":
-        from .trackio import TrackioLogger
-
-        return TrackioLogger()
-    from .wandb import WandbLogger
-
-    return WandbLogger()
+    """Our logger for the stock callback ``stock`` (``loggers/<kind>.py``: ``XCallback`` -> ``XLogger``)."""
+    stock_name = next(cls for cls, report_to in _STOCK_REPORT_TO.items() if report_to == kind)
+    module = importlib.import_module(f"{__package__}.{kind}")
+    logger_class = getattr(module, stock_name.replace("Callback", "Logger"))
+    if kind == "tensorboard":  # the stock callback's folder
+        return logger_class(log_dir=getattr(stock, "logging_dir", None))
+    return logger_class()
 
 
 def replace_report_to_callbacks(trainer: Any, mlflow: LoggerChoice = True, wandb: LoggerChoice = True,

@@ -60,7 +60,6 @@ class TensorBoardBackend(Backend):
         self.directory: Optional[str] = None
         #: Set by the logger when ``train()`` resumes: events after the checkpoint's step are purged.
         self.purge_step: Optional[int] = None
-        self._handed: Optional[int] = None  # the step of the last record given to the writer
 
     def new_run_id(self) -> str:
         """The run's folder name (``uuid4().hex[:12]``)."""
@@ -87,7 +86,7 @@ class TensorBoardBackend(Backend):
         writer = self._writer
         file_writer = writer._get_file_writer()
         for record in records:
-            self._handed = record.step
+            self.handed = record.step
             walltime = record.time / 1000.0
             values = [self._value(key, value) for key, value in record.metrics.items()]
             texts = []
@@ -114,19 +113,11 @@ class TensorBoardBackend(Backend):
         """The run's folder."""
         return str(self.directory)
 
-    def sync(self) -> None:
+    def sync(self) -> bool:
         """Write what the writer holds to disk (the writer's flush waits for its queue thread)."""
         if self._writer is not None:
             self._writer.flush()
-
-    def confirm_durable(self) -> Optional[int]:
-        """Flush the writer: every step before the last one handed is then in the event file (the last
-        step may get more records: it stays in our log, so a resume purges and sends it whole)."""
-        writer, last = self._writer, self._handed
-        if writer is None or last is None:
-            return None
-        writer.flush()
-        return last - 1
+        return self._writer is not None
 
     def rewind(self, position: int) -> None:
         """The resumed run's writer purges the events after ``position``."""

@@ -47,7 +47,6 @@ class TrackioBackend(Backend):
         self.project = "huggingface"
         self.name_prefix = "run"
         self.run: Any = None
-        self._handed: Optional[int] = None  # the step of the last record given to the run
 
     def new_run_id(self) -> str:
         """A new run's name (trackio finds a run by its name): ``<run_name or "run">-<8 hex digits>``."""
@@ -84,23 +83,15 @@ class TrackioBackend(Backend):
         """One ``Run.log`` per record at its step; trackio has no run summary, so texts are values too."""
         for record in records:
             self.run.log({**record.metrics, **record.summary}, step=record.step)
-            self._handed = record.step
+            self.handed = record.step
 
     def log_config(self, params: dict[str, str], run_id: str) -> None:
         """Into ``run.config``, which trackio writes with the run's first record."""
         self.run.config.update({key: typed(value) for key, value in params.items()})
 
-    def confirm_durable(self) -> Optional[int]:
-        """Write what the run queued: every step before the last one placed is then in the store."""
-        last = self._handed
-        return last - 1 if last is not None and self._flush() else None
-
-    def sync(self) -> None:
-        """Write what the run queued to its store now (trackio writes every 0.5 s)."""
-        self._flush()
-
-    def _flush(self) -> bool:
-        """Write the run's queue to the local store; False when it could not (a Space, a busy writer)."""
+    def sync(self) -> bool:
+        """Write the run's queue to the local store now (trackio writes every 0.5 s); False when it could
+        not (a Space, a busy writer)."""
         flush, lock = (getattr(self.run, name, None) for name in ("_flush_queues_inline", "_client_lock"))
         if not (callable(flush) and lock is not None and self._local() and lock.acquire(timeout=5.0)):
             return False

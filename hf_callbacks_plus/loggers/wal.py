@@ -116,22 +116,14 @@ class WriteAheadLog:
         self.path = Path(path)
         #: What the first line names (logger, tracking URI with credentials masked, experiment, run key).
         self.target: dict[str, Any] = {}
-        #: Times the file was emptied (`Sender.flush` waits for an end of one generation).
-        self.generation = 0
+        #: Bytes dropped from the file's start since it was opened (emptied, or kept from an offset on):
+        #: ``dropped + offset`` names one place in the log whatever is dropped later.
+        self.dropped = 0
+        #: The file's size, and the offset of its first entry (after the target line); read-only.
+        self.size = self.first = 0
         self._fd: Optional[int] = None
         self._lock = threading.Lock()
-        self._end = self._start = 0
         self._owed = b""  # lines the last emptying could not write; they go first in the next write
-
-    @property
-    def size(self) -> int:
-        """The file's size in bytes."""
-        return self._end
-
-    @property
-    def first(self) -> int:
-        """The offset of the first entry (after the target line)."""
-        return self._start
 
     def open(self, target: Optional[dict[str, Any]], wait: float) -> None:
         """Open and lock the file; without ``target`` it must exist; with it, a new or empty file gets it
@@ -153,18 +145,18 @@ class WriteAheadLog:
     def _load(self, fd: int, target: Optional[dict[str, Any]], writable: bool) -> None:
         self._fd = fd
         try:
-            size = self._end = os.fstat(fd).st_size
+            size = self.size = os.fstat(fd).st_size
             if writable and size and os.pread(fd, 1, size - 1) != b"\n":
                 tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
-                self._end = size - len(tail) + tail.rfind(b"\n") + 1
-                os.ftruncate(fd, self._end)
-            if self._end == 0 and target is not None:
+                self.size = size - len(tail) + tail.rfind(b"\n") + 1
+                os.ftruncate(fd, self.size)
+            if self.size == 0 and target is not None:
                 self._write(self._line({"kind": "target", **target}))
-            first, self._start = next(self._lines(0), (b"", 0))
-            if not first.startswith(TARGET_LINE):
+            line, self.first = next(self._lines(0), (b"", 0))
+            if not line.startswith(TARGET_LINE):
                 raise ValueError(f"{self.path} is not a write-ahead log of hf-callbacks-plus (its first "
                                  "line names no target)")
-            self.target = json.loads(first)
+            self.target = json.loads(line)
         except BaseException:
             self.close()
             raise
@@ -183,10 +175,10 @@ class WriteAheadLog:
         data = self._line(entry)
         with self._lock:
             self._write(data)
-            return self._end - len(data), self._end
+            return self.size - len(data), self.size
 
     def _write(self, data: bytes) -> None:
-        start, data = self._end, self._owed + data
+        start, data = self.size, self._owed + data
         try:
             view = memoryview(data)
             while view:
@@ -197,12 +189,12 @@ class WriteAheadLog:
             except OSError:
                 pass
             raise
-        self._end, self._owed = start + len(data), b""
+        self.size, self._owed = start + len(data), b""
 
-    def end(self) -> tuple[int, int]:
-        """``(generation, size)``, read together."""
+    def end(self) -> int:
+        """``dropped + size``, read together."""
         with self._lock:
-            return self.generation, self._end
+            return self.dropped + self.size
 
     def settle(self, acked: int, run_id: Optional[str], boundary: bool) -> int:
         """Record that the store holds everything before ``acked``; return the offset to go on from.
@@ -213,18 +205,18 @@ class WriteAheadLog:
         is left out (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
         """
         with self._lock:
-            if acked < self._end:
+            if acked < self.size:
                 compacted, line = False, {"kind": "sent", "offset": acked, "run_id": run_id}
             else:
-                os.ftruncate(self._fd, self._start)
-                self._end, self.generation = self._start, self.generation + 1
-                compacted, line = True, {"kind": "sent", "offset": self._start, "run_id": run_id}
+                os.ftruncate(self._fd, self.first)
+                self.size, self.dropped = self.first, self.dropped + self.size - self.first
+                compacted, line = True, {"kind": "sent", "offset": self.first, "run_id": run_id}
                 self._owed = self._line({"kind": "boundary", "compacted": True}) if boundary else b""
             try:
                 self._write(self._line(line))
             except OSError:
                 pass
-            return self._end if compacted else acked
+            return self.size if compacted else acked
 
     def sync(self) -> None:
         """``fsync`` the file (a checkpoint is saved: it survives a machine crash too)."""
@@ -245,8 +237,8 @@ class WriteAheadLog:
     def _lines(self, offset: int) -> Iterator[tuple[bytes, int]]:
         """Complete lines from ``offset`` to the end, each with the offset after it."""
         pending, position = b"", offset  # ``pending`` starts at ``position``
-        while offset < self._end:
-            chunk = os.pread(self._fd, min(CHUNK_BYTES, self._end - offset), offset)
+        while offset < self.size:
+            chunk = os.pread(self._fd, min(CHUNK_BYTES, self.size - offset), offset)
             if not chunk:
                 return
             offset += len(chunk)
@@ -256,11 +248,19 @@ class WriteAheadLog:
                 start = newline + 1
             pending, position = data[start:], position + start
 
-    def entries(self, offset: int) -> Iterator[tuple[dict[str, Any], int]]:
-        """The entries from ``offset`` (the log's own lines left out), each with the offset after it."""
+    def entries(self, offset: int, own: bool = False) -> Iterator[tuple[Optional[dict[str, Any]], int]]:
+        """The entries from ``offset``, each with the offset after it; the log's own lines (target, ``sent``)
+        and corrupt ones (told) are left out, or given as None with ``own``."""
         for line, end in self._lines(offset):
+            entry = None
             if not line.startswith((TARGET_LINE, SENT_LINE)):
-                yield json.loads(line), end
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    logger.warning("%s: skipping a corrupt line at byte %d of %s.",
+                                   self.target.get("logger"), end - len(line), self.path)
+            if entry is not None or own:
+                yield entry, end
 
     def keep(self, start: int, end: Optional[int] = None, before: Iterable[dict[str, Any]] = ()) -> None:
         """Keep only the entries between offsets ``start`` and ``end`` (default: the file's end), after
@@ -268,19 +268,20 @@ class WriteAheadLog:
         this one (appends wait)."""
         with self._lock:
             kept = b"".join(map(self._line, before))
-            kept += os.pread(self._fd, (self._end if end is None else end) - start, start)
+            kept += os.pread(self._fd, (self.size if end is None else end) - start, start)
             temporary = self.path.with_name(self.path.name + ".new")
-            temporary.write_bytes(os.pread(self._fd, self._start, 0) + kept)
+            temporary.write_bytes(os.pread(self._fd, self.first, 0) + kept)
             os.replace(temporary, self.path)
             fd = _open_locked(self.path, 0.0, create=False)
             os.close(self._fd)
-            self._fd, self._end, self._owed = fd, self._start + len(kept), b""
+            self.dropped += start - self.first
+            self._fd, self.size, self._owed = fd, self.first + len(kept), b""
 
     def recover(self) -> tuple[int, Optional[str], bool]:
         """From the ``sent`` lines: the offset the store acknowledged, the run's id, and whether a
         boundary lies before that offset (the steps the run held must be asked for again)."""
-        acked, run_id, boundaries = self._start, self.target.get("run_id"), []
-        for line, end in self._lines(self._start):
+        acked, run_id, boundaries = self.first, self.target.get("run_id"), []
+        for line, end in self._lines(self.first):
             if line.startswith(SENT_LINE):
                 sent = json.loads(line)
                 acked, run_id = max(acked, int(sent["offset"])), sent.get("run_id") or run_id
@@ -293,36 +294,29 @@ class WriteAheadLog:
         one other entry; and the offset after them (and after the log's own lines among them)."""
         found: list[dict] = []
         points = 0
-        for line, end in self._lines(offset):
-            if line.startswith((TARGET_LINE, SENT_LINE)):
-                offset = end
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                logger.warning("MLflowLogger: skipping a corrupt line at byte %d of %s.", offset, self.path)
-                offset = end
-                continue
-            size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
-            if found and (entry.get("kind") != "log" or found[0].get("kind") != "log"
-                          or points + size > max_points or len(found) >= max_entries):
-                break
-            found.append(entry)
-            points, offset = points + size, end
+        for entry, end in self.entries(offset, own=True):
+            if entry is not None:
+                size = len(entry.get("metrics", ())) + len(entry.get("summary", ())) or 1
+                if found and (entry.get("kind") != "log" or found[0].get("kind") != "log"
+                              or points + size > max_points or len(found) >= max_entries):
+                    break
+                found.append(entry)
+                points += size
+            offset = end
         return found, offset
 
     def pending(self, offset: int) -> dict[str, Any]:
         """What lies past ``offset``: log records, their points and steps, params, files, the last status."""
         counts: dict[str, Any] = {"log": 0, "points": 0, "steps": [], "params": 0, "file": 0, "status": None}
-        for line, _ in self._lines(offset):
-            entry = {} if line.startswith((TARGET_LINE, SENT_LINE)) else json.loads(line)
+        for entry, _ in self.entries(offset):
             kind = entry.get("kind")
             if kind == "log":
                 counts["points"] += len(entry.get("metrics", {})) + len(entry.get("summary", {}))
                 counts["steps"].append(int(entry["step"]))
             if kind in ("log", "params", "file"):
                 counts[kind] += 1
-            counts["status"] = entry.get("status") if kind == "finish" else counts["status"]
+            elif kind == "finish":
+                counts["status"] = entry.get("status")
         return counts
 
 
@@ -344,8 +338,7 @@ class Sender:
 
     Args:
         wal: The log, open.
-        backend: The store (MLflow's: ``is_transient``, ``explain``, ``probe``, ``send_interval``,
-            ``max_metrics_per_batch``).
+        backend: The store.
         run_key: The run's key (finds the run when its id is not known). Defaults to the log's.
         run_id: The run's id, when known. Defaults to the log's.
         resume: The run may exist already. Defaults to True.
@@ -368,8 +361,8 @@ class Sender:
         self.resume = resume or logged_run_id is not None
         #: The offsets the tracker holds everything before, and was handed everything before.
         self.acked = self.handed = acked
-        #: Bytes dropped from the file's start since this sender began (held by a background tracker).
-        self.trimmed = 0
+        #: Where `flush` waits for (`WriteAheadLog.end`): ``acked``, or ``handed`` to a background tracker.
+        self.reached = wal.dropped + acked
         self._confirm_wanted, self._confirmed_at = False, time.monotonic()
         #: The steps the run held at the last boundary (None: no boundary met).
         self.held: Optional[dict[str, int]] = None
@@ -385,7 +378,7 @@ class Sender:
         self._cause = ""
         self._last_error: BaseException = RuntimeError("nothing sent yet")
         self._deadline = float("inf")
-        self._isolate_until = self._flushing = self._generation = 0
+        self._isolate_until = self._flushing = 0
         self._last_send = 0.0
         self._refused: dict[str, int] = {}
         self._wake = threading.Event()
@@ -423,30 +416,21 @@ class Sender:
     def flush(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until everything appended so far is acknowledged (handed to a
         tracker that writes in the background, which then writes what it holds: ``backend.sync``)."""
-        generation, target = self.wal.end()
-        if not self.backend.durable_on_answer:
-            generation, target = -1, target + self.trimmed
+        target = self.wal.end()
         end = time.monotonic() + timeout
         self._flushing += 1
         self._wake.set()
         try:
             with self._progress:
-                while not self._reached(generation, target) and self._thread.is_alive():
+                while self.reached < target and self._thread.is_alive():
                     if time.monotonic() >= end:
                         return False
                     self._progress.wait(min(end - time.monotonic(), 0.2))
             if not self.backend.durable_on_answer:
                 self.backend.sync()
-            return self._reached(generation, target)
+            return self.reached >= target
         finally:
             self._flushing -= 1
-
-    def _reached(self, generation: int, offset: int) -> bool:
-        """Emptying the file waits for everything in it: a later generation holds everything before
-        (generation -1: handed, ``offset`` counted from the start of the sender's file)."""
-        if generation < 0:
-            return self.handed + self.trimmed >= offset
-        return self._generation > generation or (self._generation == generation and self.acked >= offset)
 
     def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
         """Send what is left for at most ``timeout`` seconds (``grace`` more for a call in flight; not at
@@ -482,7 +466,7 @@ class Sender:
                 if not self.backend.durable_on_answer and self.handed >= self.wal.size:
                     self._trim(self.wal.size)  # a finished run is in the tracker's files
             except Exception as error:
-                self._cause = self._explain(error)[0]
+                self._cause = self.backend.explain(error)[0]
         if self.acked >= self.wal.size:
             return True
         logger.warning("%s: %s were not delivered (%s); they are kept in %s: %s.", self.name,
@@ -499,7 +483,7 @@ class Sender:
     def _why_not_delivered(self, status: str) -> str:
         where = getattr(self.backend, "where", self.name)
         if self.start_error is not None:
-            reason = f"{where}: {self._explain(self.start_error)[0]}"
+            reason = f"{where}: {self.backend.explain(self.start_error)[0]}"
         elif self._call_started is not None and not self._hopeless:
             reason = f"a call to {where} had not answered after {time.monotonic() - self._call_started:.0f} s"
         elif self._down_since is not None:
@@ -522,7 +506,7 @@ class Sender:
         with self._handing:
             if self.wal.size <= self.handed:
                 return "done"
-            limit = CALL_BATCHES * (getattr(self.backend, "max_metrics_per_batch", None) or 1000)
+            limit = CALL_BATCHES * self.backend.max_metrics_per_batch
             alone = self.handed < self._isolate_until
             entries, end = self.wal.read(self.handed, limit, 1 if alone else BATCH_ENTRIES)
             if not entries:  # only the log's own lines
@@ -574,7 +558,7 @@ class Sender:
                         self._confirm_wanted or time.monotonic() - self._confirmed_at > CONFIRM_SECONDS):
                     self._confirm()
                 backlog = self.wal.size - self.handed
-                left = self._last_send + getattr(self.backend, "send_interval", 0.0) - time.monotonic()
+                left = self._last_send + self.backend.send_interval - time.monotonic()
                 if (self._started and 0 < backlog < FULL_BATCH_BYTES and left > 0
                         and not (self._closing or self._flushing)):
                     self._wait(min(left, POLL_SECONDS))  # gather about a second's records in one call
@@ -656,29 +640,27 @@ class Sender:
         with self._progress:
             self.handed = offset
             if durable:
-                self.acked, self._generation = offset, self.wal.generation
+                self.acked = offset
+            self.reached = self.wal.dropped + offset
             self._progress.notify_all()
 
     def _confirm(self) -> None:
         """Drop from the file what a tracker that writes in the background holds in its files now."""
-        with self._handing:
-            self._confirm_held()
-
-    def _confirm_held(self) -> None:
         self._confirm_wanted, self._confirmed_at = False, time.monotonic()
-        try:
-            durable = self.backend.confirm_durable()  # covers every record handed so far
-        except Exception as error:  # the log keeps every record
-            logger.warning("%s: could not learn how far %s holds the run (%s); its log keeps every "
-                           "record.", self.name, self.backend.location(), self._explain(error)[0])
-            return
-        held = self.acked
-        for entry, after in self.wal.entries(self.acked) if durable is not None else ():
-            log = entry.get("kind") == "log"
-            if after > self.handed or (log and entry.get("position", durable) > durable):
-                break
-            held = after if log else held
-        self._trim(held)
+        with self._handing:
+            try:
+                durable = self.backend.confirm_durable()  # covers every record handed so far
+            except Exception as error:  # the log keeps every record
+                logger.warning("%s: could not learn how far %s holds the run (%s); its log keeps every "
+                               "record.", self.name, self.backend.location(), self.backend.explain(error)[0])
+                return
+            held = self.acked
+            for entry, after in self.wal.entries(self.acked) if durable is not None else ():
+                log = entry.get("kind") == "log"
+                if after > self.handed or (log and entry.get("position", durable) > durable):
+                    break
+                held = after if log else held
+            self._trim(held)
 
     def _trim(self, offset: int) -> None:
         """Drop the entries before ``offset`` (held by a tracker that writes in the background)."""
@@ -687,18 +669,13 @@ class Sender:
             return
         self.wal.keep(offset)
         with self._progress:
-            self.handed, self.trimmed, self.acked = self.handed - drop, self.trimmed + drop, self.wal.first
+            self.handed, self.acked = self.handed - drop, self.wal.first
             self._isolate_until = max(0, self._isolate_until - drop)
             self._progress.notify_all()
 
-    def _explain(self, error: BaseException) -> tuple[str, Optional[str]]:
-        explain = getattr(self.backend, "explain", None)
-        return explain(error) if explain is not None else (f"{type(error).__name__}: {error}", None)
-
     def _probe(self) -> bool:
         """Ask the backend, cheaply, whether the store can be reached; tell it at once when it cannot."""
-        probe = getattr(self.backend, "probe", None)
-        found = probe() if probe is not None else None
+        found = self.backend.probe()
         if found is not None:
             self._unreachable(*found)
         return found is None
@@ -733,7 +710,7 @@ class Sender:
         return "ok"
 
     def _failed(self, error: Exception, entries: Optional[list[dict]], end: int) -> str:
-        cause, kind = self._explain(error)
+        cause, kind = self.backend.explain(error)
         if kind in ("refused", "dns", "tls") or (
                 kind != "auth" and self.backend.is_transient(error)):
             return self._unreachable(cause, kind)
@@ -776,12 +753,12 @@ class Sender:
                 continue
             try:
                 sender = replay(path, self.for_target, stop=lambda: self._closing or self._abandoned,
-                                pace=getattr(self.backend, "send_interval", 0.0))
+                                pace=self.backend.send_interval)
             except (RuntimeError, FileNotFoundError):  # another process has it
                 continue
             except Exception as error:  # kept for a later run or a replay
                 logger.warning("%s: could not send what %s holds (%s); %s.", self.name, path,
-                               self._explain(error)[0], replay_hint(path))
+                               self.backend.explain(error)[0], replay_hint(path))
                 continue
             if sender.acked >= sender.wal.size:
                 logger.warning("%s: sent %d entries an earlier training left in %s to run %s.", self.name,

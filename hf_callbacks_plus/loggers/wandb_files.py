@@ -122,31 +122,23 @@ class ChunkReader:
             if zlib.crc32(bytes((kind,)) + payload) & 0xFFFFFFFF != checksum:
                 raise WandbLogFormatError(f"{name}: checksum mismatch in the chunk at offset {pos}")
             offset = start + length
-            if kind == CHUNK_FULL:
-                _expect_no_pending(self._pending, name, base + offset)
-                records.append(payload)
-            elif kind == CHUNK_FIRST:
-                _expect_no_pending(self._pending, name, base + offset)
-                self._pending = bytearray(payload)
-            elif kind in (CHUNK_MIDDLE, CHUNK_LAST):
-                if self._pending is None:
-                    raise WandbLogFormatError(
-                        f"{name}: chunk of type {kind} at offset {pos} continues a record that never started"
-                    )
-                self._pending += payload
-                if kind == CHUNK_LAST:
-                    records.append(bytes(self._pending))
-                    self._pending = None
-            else:
+            if kind in (CHUNK_FULL, CHUNK_FIRST):
+                if self._pending is not None:
+                    raise WandbLogFormatError(f"{name}: a new record starts at offset {base + offset} inside "
+                                              "an unfinished one")
+                self._pending = bytearray()
+            elif kind not in (CHUNK_MIDDLE, CHUNK_LAST):
                 raise WandbLogFormatError(f"{name}: unknown chunk type {kind} at offset {pos}")
+            elif self._pending is None:
+                raise WandbLogFormatError(
+                    f"{name}: chunk of type {kind} at offset {pos} continues a record that never started")
+            self._pending += payload
+            if kind in (CHUNK_FULL, CHUNK_LAST):
+                records.append(bytes(self._pending))
+                self._pending = None
         self.position = base + offset
         self._cut = offset < size and not unwritten
         return records
-
-
-def _expect_no_pending(pending: Optional[bytearray], name: str, pos: int) -> None:
-    if pending is not None:
-        raise WandbLogFormatError(f"{name}: a new record starts at offset {pos} inside an unfinished one")
 
 
 class HistoryTail:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_callbacks_plus.loggers.base import Renderer, normalize_value
-from hf_callbacks_plus.loggers.config import collect_config, flatten_config
+from hf_callbacks_plus.loggers.config import collect_config
 from hf_callbacks_plus.loggers.jsonl import JsonlLogger
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger, clean_mlflow_name
 from hf_callbacks_plus.loggers.secrets import REDACTED, is_secret_key, redact_config
@@ -78,8 +78,8 @@ def test_collect_config_redacts_training_arguments_and_model_config(tmp_path):
     assert not any("x" * 34 in value or "s3cr3t" in value for value in params.values())
 
 
-def test_flatten_config():
-    assert flatten_config({"a": {"b": {"c": 1}}, "d": [1]}) == {"a.b.c": 1, "d": [1]}
+def test_a_nested_config_is_logged_flat():
+    assert collect_config({"a": {"b": {"c": 1}}, "d": [1]}) == {"a.b.c": "1", "d": "[1]"}
 
 
 def test_a_name_collision_gets_a_suffix_and_one_warning(caplog):

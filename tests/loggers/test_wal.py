@@ -214,6 +214,24 @@ def test_a_half_written_line_is_dropped_when_the_log_is_reopened(tmp_path):
     assert kinds == ["target", "log", "log"]
 
 
+def test_a_corrupt_line_is_skipped_by_every_reader_of_the_log(tmp_path, caplog):
+    """A line that is not JSON (a disk fault) is left out, with a warning, by the sender's reads and by
+    the listing of ``hf-callbacks-plus replay --dry-run`` (which raised before)."""
+    wal = WriteAheadLog(tmp_path / "key.jsonl")
+    wal.open({"logger": "MLflowLogger", "run_key": "key"}, wait=0)
+    wal.append({"kind": "log", "step": 1, "time": 0, "metrics": {"a": 1.0}, "summary": {}})
+    wal.close()
+    with open(wal.path, "ab") as handle:
+        handle.write(b'{"kind": "log", "st\x00\x00\n')
+    listing = WriteAheadLog(wal.path)
+    listing.inspect()
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        assert listing.pending(listing.first)["steps"] == [1]
+        assert [entry["step"] for entry in listing.read(0, 1000, 100)[0]] == [1]
+    listing.close()
+    assert any("corrupt line" in record.getMessage() for record in caplog.records)
+
+
 def test_a_log_deleted_by_its_holder_is_never_written_by_the_one_that_waited(tmp_path, monkeypatch):
     """The holder removes the log and lets go while another opener waits for the lock: the waiter then
     holds and writes the file the path names. (With two processes: test_wal_faults.py.)"""
