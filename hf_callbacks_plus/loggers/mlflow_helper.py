@@ -1,22 +1,20 @@
-"""The store a tracking URI names (`Store`: the URI parsed once), and the helper process that makes it
+"""The store a tracking URI names (`Store`, the URI parsed once), and the helper process that makes it
 and writes its large calls, as a tracking server makes and writes its own store.
 
 **Making a store.** MLflow makes a store's tables with alembic, whose migration state is process-wide:
-two creations at once in one process (ours, and the user's own ``MlflowClient`` or fluent call on the
-training thread) break each other and the store. So the training process never makes one: `make_store`
-runs in the helper, which never replaces a store another process made meanwhile.
+two creations at once in one process (ours, and the user's own MLflow calls on the training thread)
+break each other and the store. So only the helper makes one (`make_store`), never replacing a store
+another process made meanwhile.
 
 **Writing it.** MLflow writes a sqlite, database or file store in the calling process with about 90 µs
 of SQLAlchemy work per point, holding the GIL: at 500 metrics a step ``train()`` of the 100 ms model
-took 55 % longer (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper; the
-sender waits on the pipe without the GIL. Small calls stay in this process, and so do the large ones
-until they have taken a second: its import of mlflow costs about 2.5 s of CPU, which a run that logs
-little to an existing store never pays. It starts in the background (or stays up after making the
-store) and takes calls once it says it is up: no call waits for its start.
+took 55 % longer (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper, once
+such calls have taken a second here (its import of mlflow costs about 2.5 s of CPU, which a run that
+logs little never pays). It starts in the background; no call waits for its start.
 
 The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
-code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes: at
-`StoreHelper.close`, or when this process ends, killed or not.
+code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes,
+also when this process is killed.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ import re
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -49,23 +46,25 @@ __all__ = ["HelperEnded", "Store", "StoreHelper", "make_store", "store_is_made"]
 DATABASES = ("postgresql", "mysql", "mssql")
 #: Tracking URIs of one word that name a remote store (Databricks' profiles and Unity Catalog).
 REMOTE_NAMES = ("databricks", "databricks-uc", "uc")
-#: The helper starts once this process has spent this long in the calls it would take: a run that
-#: logs little never pays its start (mlflow's import: about 2.5 s of CPU).
+#: The helper starts once this process has spent this long in the calls it would take.
 START_AFTER_SECONDS = 1.0
 #: How long `StoreHelper.close` waits for an idle helper to end.
 CLOSE_SECONDS = 5.0
 #: How long `make_store` waits for another process to finish a store it is making.
 WAIT_SECONDS = 60.0
-_HEADER = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
 class Store:
-    """A tracking URI, parsed once: ``uri`` as MLflow is given it (a local store's path made absolute:
-    a replay from another folder reaches the same store, and MLflow caches a store per URI string), its
-    ``scheme`` (lower case; a one-word remote URI's word), ``kind`` (``"sqlite"`` or ``"file"``: a local
-    store at ``path``; ``"database"``: another SQLAlchemy database; ``"memory"``: an in-memory sqlite
-    database; ``"remote"``: a server, Databricks, a plugin's store)."""
+    """A tracking URI, parsed once.
+
+    Attributes:
+        uri: As MLflow is given it; a local store's path absolute (a replay from another folder reaches
+            the same store, and MLflow caches a store per URI string).
+        scheme: Lower case; a one-word remote URI's word.
+        kind: ``"sqlite"`` or ``"file"`` (a local store at ``path``), ``"database"`` (another SQLAlchemy
+            database), ``"memory"`` (in-memory sqlite), ``"remote"`` (a server, Databricks, a plugin's).
+    """
 
     uri: str
     scheme: str
@@ -103,53 +102,48 @@ class Store:
         return self.scheme in ("http", "https")
 
 
-@contextmanager
-def _engine(uri: str) -> Iterator[Any]:
+def _on_engine(uri: str, call: Any) -> Any:
+    """``call(engine)`` on a new SQLAlchemy engine for ``uri``."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(uri)
     try:
-        yield engine
+        return call(engine)
     finally:
         engine.dispose()
 
 
-def _has_tables(engine: Any) -> bool:
-    from mlflow.store.db.utils import _all_tables_exist
-    from sqlalchemy.exc import OperationalError
-
-    try:
-        return _all_tables_exist(engine)
-    except OperationalError as error:
-        if "locked" in str(error):  # its maker holds it
-            return False
-        raise
-
-
 def store_is_made(store: Store) -> bool:
-    """Whether a store `Store.written_here` exists with every table of MLflow's models: opening it then
-    runs no migration (MLflow's own test, ``_all_tables_exist``)."""
+    """Whether a store `Store.written_here` has every table of MLflow's models (MLflow's own test): opening
+    it runs no migration. One its maker holds locked is not."""
     if store.path is not None and not os.path.exists(store.path):
         return False
     if store.kind == "file":
         return True
-    with _engine(store.uri) as engine:
-        return _has_tables(engine)
+    from mlflow.store.db.utils import _all_tables_exist
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return _on_engine(store.uri, _all_tables_exist)
+    except OperationalError as error:
+        if "locked" not in str(error):
+            raise
+        return False
 
 
 def make_store(store: Store) -> None:
     """Make the store whole, in the helper process only (alembic's state is process-wide).
 
     A sqlite or file store that does not exist is made as ``<store>.creating-<pid>`` and moved to its
-    place unless a store appeared there meanwhile, which is used, never replaced; the next creation removes
-    the draft of a process that died. Another database without MLflow's tables gets them at once when it is
-    empty, under MLflow's own lock. A store someone else is making is waited for, at most `WAIT_SECONDS`;
-    one still not whole then is made whole as MLflow does when it opens one.
+    place unless a store appeared there meanwhile, which is used, never replaced; the next creation
+    removes the draft of a process that died. Another database gets MLflow's tables at once when it has
+    none. A store someone else is making is waited for, at most `WAIT_SECONDS`; one still not whole
+    then is made whole as MLflow does when it opens one.
     """
     if store.path is not None and not os.path.exists(store.path):
         for draft in glob.glob(f"{glob.escape(store.path)}.creating-*"):  # with their journal files
             try:
-                os.kill(int(re.match(r"\d+", draft[len(store.path) + 10:]).group()), 0)
+                os.kill(int(re.match(r"\d+", draft[len(f"{store.path}.creating-"):]).group()), 0)
             except ProcessLookupError:
                 _remove(draft)
             except (AttributeError, OSError):
@@ -160,8 +154,7 @@ def make_store(store: Store) -> None:
             if store.kind == "sqlite":
                 from mlflow.store.db.utils import _safe_initialize_tables
 
-                with _engine(f"sqlite:///{draft}") as engine:
-                    _safe_initialize_tables(engine)
+                _on_engine(f"sqlite:///{draft}", _safe_initialize_tables)
             else:
                 from mlflow.store.tracking.file_store import FileStore
                 from mlflow.utils.file_utils import path_to_local_file_uri
@@ -175,22 +168,22 @@ def make_store(store: Store) -> None:
     from mlflow.store.db.utils import _is_empty_database, _safe_initialize_tables
 
     deadline = time.monotonic() + WAIT_SECONDS
-    with _engine(store.uri) as engine:
-        while not _has_tables(engine):
-            if time.monotonic() >= deadline or store.kind == "database" and _is_empty_database(engine):
-                try:
-                    _safe_initialize_tables(engine)
-                except Exception:  # made meanwhile by another (a database refuses the second maker)
-                    if not _has_tables(engine):
-                        raise
-                return
-            time.sleep(0.1)
+    while not store_is_made(store):
+        empty = store.kind == "database" and _on_engine(store.uri, _is_empty_database)
+        if empty or time.monotonic() >= deadline:
+            try:
+                _on_engine(store.uri, _safe_initialize_tables)
+            except Exception:  # made meanwhile by another (a database refuses the second maker)
+                if not store_is_made(store):
+                    raise
+            return
+        time.sleep(0.1)
 
 
 def _move_unless_there(source: str, target: str) -> None:
     """Rename ``source`` to ``target`` unless ``target`` exists, which is never replaced: Linux's
-    ``renameat2(RENAME_NOREPLACE)``; where it is missing, a hard link for a file, and for a folder a
-    rename, which replaces at most an empty folder."""
+    ``renameat2(RENAME_NOREPLACE)``; without it, a hard link for a file, and for a folder a rename,
+    which replaces at most an empty folder."""
     try:
         try:
             if ctypes.CDLL(None, use_errno=True).renameat2(-100, os.fsencode(source), -100,  # AT_FDCWD
@@ -217,22 +210,22 @@ class HelperEnded(ConnectionError):
 
 
 def _write(stream: BinaryIO, value: Any) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    pickle.dump(value, stream, protocol=pickle.HIGHEST_PROTOCOL)
     stream.flush()
 
 
 def _read(stream: BinaryIO) -> Any:
-    header = stream.read(_HEADER.size)
-    size = _HEADER.unpack(header)[0] if len(header) == _HEADER.size else -1
-    data = stream.read(size) if size >= 0 else b""
-    if size < 0 or len(data) < size:
-        raise EOFError("the pipe closed")
-    return pickle.loads(data)
+    """One value from the pipe (a pickle ends itself). Raises ``EOFError`` when the pipe closed."""
+    try:
+        return pickle.load(stream)
+    except pickle.UnpicklingError as error:  # cut short
+        raise EOFError("the pipe closed") from error
 
 
 class StoreHelper:
-    """A helper process that makes a store (`make_store`) and takes its large ``log_batch`` calls.
+    """A helper process that makes a store (`make_store`) and takes its large ``log_batch`` calls; one
+    thread calls it at a time (the sender's). A call that finds the helper ended raises `HelperEnded`
+    and the next one starts another; a call that failed in the helper raises `StoreCallFailed`.
 
     Args:
         tracking_uri: The store (its real URI: it goes through the pipe, never on a command line).
@@ -248,12 +241,7 @@ class StoreHelper:
 
     def takes(self, points: int) -> bool:
         """Whether a call of ``points`` goes to the helper: ``min_points`` or more, once this process has
-        spent `START_AFTER_SECONDS` in such calls (the helper is started then, if making the store did not)
-        and the helper is up. Never waits: until the helper has imported mlflow, calls stay here.
-
-        Raises:
-            HelperEnded: The helper could not start, or ended while starting.
-        """
+        spent `START_AFTER_SECONDS` in such calls (the helper is started then) and the helper is up."""
         return points >= self.min_points and self.seconds_here >= START_AFTER_SECONDS and self.start(0.0)
 
     def spent(self, points: int, seconds: float) -> None:
@@ -268,22 +256,11 @@ class StoreHelper:
 
     def log_batch(self, run_id: str, metrics: list[tuple[str, float, int, int]],
                   tags: list[tuple[str, str]]) -> None:
-        """``MlflowClient.log_batch`` in the helper (started and waited for when it is not up); metrics as
-        ``(key, value, timestamp, step)``. One thread calls it (the sender's).
-
-        Raises:
-            StoreCallFailed: The call failed in the helper (classified there).
-            HelperEnded: The helper could not start, or has ended.
-        """
+        """``MlflowClient.log_batch`` in the helper; metrics as ``(key, value, timestamp, step)``."""
         self._call((run_id, metrics, tags))
 
     def make_store(self) -> None:
-        """`make_store` in the helper (started and waited for).
-
-        Raises:
-            StoreCallFailed: It failed in the helper (classified there).
-            HelperEnded: The helper could not start, or has ended.
-        """
+        """`make_store` in the helper."""
         self._call("make")
 
     def _call(self, call: Any) -> None:
@@ -300,11 +277,7 @@ class StoreHelper:
 
     def start(self, timeout: Optional[float] = None) -> bool:
         """Start the helper if none runs; whether it is up (it has imported mlflow) within ``timeout``
-        seconds (None: wait until it is).
-
-        Raises:
-            HelperEnded: The helper could not start, or ended while starting.
-        """
+        seconds (None: wait until it is)."""
         with self._ended_as_error():
             if self._process is None:
                 root = str(Path(__file__).resolve().parents[2])  # this package, as this process imported it
@@ -321,7 +294,7 @@ class StoreHelper:
 
     @contextmanager
     def _ended_as_error(self) -> Iterator[None]:
-        """A failure of the pipe as `HelperEnded`; the dead helper is forgotten (a later call starts one)."""
+        """A failure of the pipe as `HelperEnded`; the dead helper is forgotten."""
         try:
             yield
         except (OSError, EOFError) as error:
@@ -335,8 +308,8 @@ class StoreHelper:
             raise HelperEnded(f"the helper process writing the store ended (exit code {code})") from error
 
     def close(self) -> None:
-        """End the helper: one still starting is stopped; a call still in flight (an abandoned sender's) is
-        not waited for, the helper ends after it. A later call starts a new helper."""
+        """End the helper: one still starting is stopped; a call in flight (an abandoned sender's) is not
+        waited for, the helper ends after it."""
         process, self._process, up = self._process, None, self._up
         self._up = False
         if process is None:
