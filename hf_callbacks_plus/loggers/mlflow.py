@@ -20,16 +20,21 @@ from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
 from .base import Backend, LogRecord, WarnOnce
 from .durable import DurableLogger
-from .mlflow_errors import explain_mlflow_error, is_transient_mlflow_error
-from .mlflow_helper import DATABASES, REMOTE_NAMES, HelperEnded, Store, StoreHelper, store_is_made
+from .mlflow_helper import (
+    KNOWN_TRACKING_SCHEMES,
+    HelperEnded,
+    Store,
+    StoreHelper,
+    explain_mlflow_error,
+    is_transient_mlflow_error,
+    store_is_made,
+)
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
            "explain_mlflow_error", "is_transient_mlflow_error", "validate_tracking_uri"]
 
 LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
-#: Tracking URI schemes MLflow understands out of the box (plugins add more).
-KNOWN_TRACKING_SCHEMES = ("file", "sqlite", *DATABASES, "http", "https", *REMOTE_NAMES)
 #: Tag holding the client-made run key: a resume finds the run by it.
 RUN_KEY_TAG = "hf_callbacks_plus.run_key"
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")

@@ -1,20 +1,9 @@
 """The store a tracking URI names (`Store`, the URI parsed once), and the helper process that makes it
-and writes its large calls, as a tracking server makes and writes its own store.
-
-**Making a store.** MLflow makes a store's tables with alembic, whose migration state is process-wide:
-two creations at once in one process (ours, and the user's own MLflow calls on the training thread)
-break each other and the store. So only the helper makes one (`make_store`), never replacing a store
-another process made meanwhile.
-
-**Writing it.** MLflow writes a sqlite, database or file store in the calling process with about 90 µs
-of SQLAlchemy work per point, holding the GIL: at 500 metrics a step ``train()`` of the 100 ms model
-took 55 % longer (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper, once
-such calls have taken a second here (its import of mlflow costs about 2.5 s of CPU, which a run that
-logs little never pays). It starts in the background; no call waits for its start.
-
-The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
-code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes,
-also when this process is killed.
+and writes its large calls, as a tracking server does (docs/architecture.md, "Who writes a local store",
+"Who makes a new store"): MLflow's migrations use alembic, whose state is process-wide, so only the
+helper makes a store; MLflow writes a local store holding the GIL (about 90 µs a point), so calls of a
+full batch go over a pipe to the helper once they have taken a second here. The helper classifies its
+own errors (`StoreCallFailed`), ignores SIGINT and SIGTERM and ends when its pipe closes.
 """
 
 from __future__ import annotations
@@ -29,6 +18,8 @@ import re
 import select
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -38,20 +29,112 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 from urllib.parse import urlparse
 
-from .mlflow_errors import StoreCallFailed, explain_mlflow_error, is_transient_mlflow_error
-
-__all__ = ["HelperEnded", "Store", "StoreHelper", "make_store", "store_is_made"]
+__all__ = ["HelperEnded", "Store", "StoreCallFailed", "StoreHelper", "explain_mlflow_error",
+           "is_transient_mlflow_error", "make_store", "store_is_made"]
 
 #: SQLAlchemy dialects MLflow stores in besides sqlite.
 DATABASES = ("postgresql", "mysql", "mssql")
 #: Tracking URIs of one word that name a remote store (Databricks' profiles and Unity Catalog).
 REMOTE_NAMES = ("databricks", "databricks-uc", "uc")
+#: Tracking URI schemes MLflow understands out of the box (plugins add more).
+KNOWN_TRACKING_SCHEMES = ("file", "sqlite", *DATABASES, "http", "https", *REMOTE_NAMES)
 #: The helper starts once this process has spent this long in the calls it would take.
 START_AFTER_SECONDS = 1.0
 #: How long `StoreHelper.close` waits for an idle helper to end.
 CLOSE_SECONDS = 5.0
 #: How long `make_store` waits for another process to finish a store it is making.
 WAIT_SECONDS = 60.0
+#: MLflow error codes of a store that may answer later (the request itself was fine).
+_TRANSIENT_ERROR_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "INTERNAL_ERROR",
+                                    "DEADLINE_EXCEEDED"})
+#: What an MLflow error message shows of an HTTP 5xx/429 answer or of retries given up.
+_TRANSIENT_MESSAGE = re.compile(
+    r"max retries exceeded|too many \d{3} error responses|error code (5\d\d|429)\b|"
+    r"\b(5\d\d|429) (server error|too many requests)|database is locked", re.IGNORECASE)
+
+
+class StoreCallFailed(Exception):
+    """An MLflow call that failed in the helper, as the helper classified it (a pickled exception loses
+    its cause and error code): `explain_mlflow_error`'s ``cause`` and ``kind``, and ``transient``,
+    `is_transient_mlflow_error`'s verdict."""
+
+    message_is_cause = True
+
+    def __init__(self, cause: str, transient: bool, kind: Optional[str]) -> None:
+        super().__init__(cause)
+        self.transient, self.kind = transient, kind
+
+
+def is_transient_mlflow_error(error: BaseException) -> bool:
+    """Tell whether an error of an MLflow call may clear by itself (worth retrying): a connection or
+    timeout error, an MLflow error of a transient code or an HTTP 5xx/429, a locked sqlite database, or
+    an error caused by one of these. Anything else (a refused value, a missing run, a bug) is permanent."""
+    transient = getattr(error, "transient", None)
+    if isinstance(transient, bool):  # the helper process's verdict
+        return transient
+    import requests  # both installed with mlflow
+    import urllib3
+
+    web, lost = requests.exceptions, urllib3.exceptions
+    network = (ConnectionError, TimeoutError, web.ConnectionError, web.Timeout, lost.MaxRetryError,
+               lost.NewConnectionError, lost.ProtocolError, lost.TimeoutError)
+    for _ in range(5):  # the error and what caused it (``raise ... from``)
+        if error is None:
+            return False
+        code = getattr(error, "error_code", None)
+        if isinstance(error, network) or isinstance(code, str) and (
+                code in _TRANSIENT_ERROR_CODES or _TRANSIENT_MESSAGE.search(str(error))):
+            return True
+        if type(error).__name__ == "OperationalError" and "database is locked" in str(error):
+            return True  # sqlite3's, or SQLAlchemy's around it
+        error = error.__cause__
+    return False
+
+
+def explain_mlflow_error(error: BaseException, uri: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """Why an MLflow call failed, whole, and its kind: ``"refused"``, ``"dns"`` or ``"tls"`` (the server
+    cannot be reached, and waiting does not change that), ``"auth"`` (it refused the credentials),
+    ``"timeout"``, or None (anything else: the error's own message, cut only past 1000 characters)."""
+    if getattr(error, "message_is_cause", False):  # told already: the helper's verdict, an unreachable store
+        return str(error), getattr(error, "kind", None)
+    chain: list[BaseException] = []
+    while error is not None and len(chain) < 10 and error not in chain:
+        chain.append(error)
+        reason = getattr(error, "reason", None)  # urllib3's MaxRetryError
+        reason = reason if isinstance(reason, BaseException) else None
+        error = error.__cause__ or error.__context__ or reason
+    text = " ".join(str(each) for each in chain)
+    parsed = urlparse(uri or "")
+    try:
+        port = parsed.port or {"http": 80, "https": 443}.get(parsed.scheme)
+    except ValueError:
+        port = None
+    place = f"{parsed.hostname}:{port}" if parsed.hostname else "the server"
+    code = getattr(chain[0], "error_code", None)
+    if any(isinstance(each, ConnectionRefusedError) for each in chain) or "Connection refused" in text:
+        return (f"connection refused at {place}: nothing listens there (is the server running, and is the "
+                "port right?)"), "refused"
+    if any(isinstance(each, socket.gaierror) for each in chain) or "Failed to resolve" in text:
+        return (f"the host name {parsed.hostname or ''!r} does not resolve (is it spelled right, and is this "
+                "machine on its network?)"), "dns"
+    tls = [each for each in chain if isinstance(each, ssl.SSLError)]
+    if tls or "SSLError" in text:
+        return (f"the TLS handshake with {place} failed ({tls[-1] if tls else text[-300:]}): an http:// "
+                "server addressed as https://, or its certificate (MLFLOW_TRACKING_SERVER_CERT_PATH, "
+                "MLFLOW_TRACKING_INSECURE_TLS)"), "tls"
+    if code == "UNAUTHENTICATED" or "error code 401" in text:
+        return (f"{place} refused the credentials (HTTP 401): set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"), "auth"
+    if code == "PERMISSION_DENIED" or "error code 403" in text:
+        return (f"{place} refused access (HTTP 403): the credentials lack a permission on the experiment or "
+                "the run"), "auth"
+    if any("timeout" in type(each).__name__.lower() for each in chain) or "timed out" in text:
+        return (f"no answer from {place} within the request timeout (MLFLOW_HTTP_REQUEST_TIMEOUT, "
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES)"), "timeout"
+    message = f"{type(chain[0]).__name__}: {chain[0]}"
+    if len(message) > 1000:
+        message = f"{message[:1000].rsplit(' ', 1)[0]} ... ({len(message) - 1000} more characters)"
+    return message, None
 
 
 @dataclass(frozen=True)
