@@ -176,7 +176,7 @@ class Store:
 
     @property
     def written_here(self) -> bool:
-        """MLflow writes it from the calling process, and a helper process reaches the same store."""
+        """MLflow writes it in the calling process (a helper process reaches the same store)."""
         return self.kind in ("sqlite", "file", "database")
 
     @property
