@@ -11,6 +11,7 @@ import sqlite3
 import sys
 import time
 from contextlib import closing
+from importlib import import_module
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Optional
@@ -19,28 +20,24 @@ from .._compat import env_flag, require
 from .artifacts import save_model_to_temp, stage_folder
 from .base import Backend, LogRecord, WarnOnce
 from .durable import DurableLogger
-from .mlflow_errors import explain_mlflow_error, is_transient_mlflow_error
-from .mlflow_helper import DATABASES, REMOTE_NAMES, HelperEnded, Store, StoreHelper, store_is_made
+from .mlflow_helper import (
+    KNOWN_TRACKING_SCHEMES,
+    HelperEnded,
+    Store,
+    StoreHelper,
+    explain_mlflow_error,
+    is_transient_mlflow_error,
+    store_is_made,
+)
 from .secrets import mask_secrets, mask_url_credentials, remember_credentials, unmask_url
 
 __all__ = ["LOG_ARTIFACTS_CHOICES", "RUN_KEY_TAG", "MLflowBackend", "MLflowLogger", "UnusableRunError",
-           "explain_mlflow_error", "is_transient_mlflow_error", "mlflow_limits", "validate_tracking_uri"]
+           "explain_mlflow_error", "is_transient_mlflow_error", "validate_tracking_uri"]
 
 LOG_ARTIFACTS_CHOICES = ("false", "checkpoint", "end", "all")
-#: Tracking URI schemes MLflow understands out of the box (plugins add more).
-KNOWN_TRACKING_SCHEMES = ("file", "sqlite", *DATABASES, "http", "https", *REMOTE_NAMES)
 #: Tag holding the client-made run key: a resume finds the run by it.
 RUN_KEY_TAG = "hf_callbacks_plus.run_key"
 _BAD_NAME_CHARS = re.compile(r"[^/\w.\- :]")
-
-
-def mlflow_limits() -> dict[str, int]:
-    """MLflow's own value and batch limits (``mlflow.utils.validation``)."""
-    from mlflow.utils import validation
-
-    names = ("MAX_PARAM_VAL_LENGTH", "MAX_PARAMS_TAGS_PER_BATCH", "MAX_ENTITY_KEY_LENGTH",
-             "MAX_TAG_VAL_LENGTH", "MAX_METRICS_PER_BATCH")
-    return {name: getattr(validation, name) for name in names}
 
 
 class UnusableRunError(ValueError):
@@ -52,7 +49,7 @@ def _plugin_schemes() -> set[str]:
         from importlib.metadata import entry_points
 
         return {entry.name for entry in entry_points().select(group="mlflow.tracking_store")}
-    except Exception:  # metadata problems must not break validation
+    except Exception:  # metadata problems (or Python 3.9) must not break validation
         return set()
 
 
@@ -61,49 +58,46 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
 
     Raises:
         ValueError: The URI cannot work (an unknown scheme, a file store the installed mlflow refuses, a
-            sqlite database that cannot be created where the URI says); the message names it.
+            sqlite database that cannot be created, or one left half-made); the message names it.
         TypeError: ``uri`` is not a string.
     """
     if uri is None or uri == "":
         return None
     if not isinstance(uri, str):
         raise TypeError(f"tracking_uri must be a str, got {type(uri).__name__}: {uri!r}")
-    store = Store.parse(uri)
+    store, refused = Store.parse(uri), f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}"
     if store.kind == "file":
-        _refuse_file_store_if_disabled(uri)
+        allowed = getattr(import_module("mlflow.environment_variables"), "MLFLOW_ALLOW_FILE_STORE", None)
+        if allowed is not None and not allowed.get():  # None: an mlflow that still takes file stores
+            raise ValueError(f"{refused} is a file store, which the installed mlflow refuses. Use a database "
+                             "store, e.g. tracking_uri='sqlite:///mlflow.db', or set "
+                             "MLFLOW_ALLOW_FILE_STORE=true to keep the file store.")
     elif store.kind == "sqlite":
-        _refuse_unusable_sqlite_path(uri, store.path)
+        for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
+            require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
+        folder = os.path.dirname(store.path)
+        while not os.path.exists(folder):
+            folder = os.path.dirname(folder)
+        problem = ("is a directory" if os.path.isdir(store.path) else
+                   f"cannot be created: {folder!r} is a file, not a folder" if not os.path.isdir(folder) else
+                   f"cannot be created: the folder {folder!r} is not writable"
+                   if not os.access(folder, os.W_OK | os.X_OK) else None)
+        if problem is not None:
+            raise ValueError(f"{refused}: the sqlite database {store.path!r} {problem}. Use a path in a "
+                             "writable folder, e.g. tracking_uri='sqlite:///mlflow.db' (relative to the "
+                             "working directory) or 'sqlite:////absolute/path/mlflow.db'.")
+        _refuse_half_made_sqlite(refused, store)
     elif store.scheme.split("+")[0] not in KNOWN_TRACKING_SCHEMES and store.scheme not in _plugin_schemes():
-        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} has an unknown scheme "
-                         f"{store.scheme!r}. Valid schemes: {', '.join(KNOWN_TRACKING_SCHEMES)}, a local "
-                         "path, or a scheme registered by an MLflow plugin.")
+        raise ValueError(f"{refused} has an unknown scheme {store.scheme!r}. Valid schemes: "
+                         f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an "
+                         "MLflow plugin.")
     return uri
 
 
-def _refuse_unusable_sqlite_path(uri: str, path: str) -> None:
-    """Refuse now a sqlite database MLflow cannot create (its folder is under a file, or not writable)."""
-    for module in ("sqlalchemy", "alembic"):  # not in mlflow-skinny: said now, not after training
-        require(module, f"MLflowLogger(tracking_uri={uri!r}) (a local sqlite store)")
-    problem = "is a directory" if os.path.isdir(path) else None
-    ancestor = os.path.dirname(path)
-    while problem is None and not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if problem is None and not os.path.isdir(ancestor):
-        problem = f"cannot be created: {ancestor!r} is a file, not a folder"
-    elif problem is None and not os.access(ancestor, os.W_OK | os.X_OK):
-        problem = f"cannot be created: the folder {ancestor!r} is not writable"
-    if problem is not None:
-        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} "
-                         f"{problem}. Use a path in a writable folder, e.g. "
-                         "tracking_uri='sqlite:///mlflow.db' (relative to the working directory) or "
-                         "'sqlite:////absolute/path/mlflow.db'.")
-    _refuse_half_made_sqlite(uri, path)
-
-
-def _refuse_half_made_sqlite(uri: str, path: str) -> None:
+def _refuse_half_made_sqlite(refused: str, store: Store) -> None:
     """Refuse, with the repair, a sqlite store a process left while creating or upgrading its tables."""
     try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as db:
+        with closing(sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=1.0)) as db:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             left = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
             runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if left and "runs" in tables else 0
@@ -114,23 +108,11 @@ def _refuse_half_made_sqlite(uri: str, path: str) -> None:
     repair = "; ".join(f"DROP TABLE {name}" if name[len("_alembic_tmp_"):] in tables else
                        f"ALTER TABLE {name} RENAME TO {name[len('_alembic_tmp_'):]}" for name in left)
     fix = ("it holds no runs: delete the file and MLflowLogger creates it again" if not runs else
-           f"it holds {runs} run(s): back it up, run `sqlite3 {path} '{repair}'`, then "
-           f"`mlflow db upgrade {uri}`")
-    raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}: the sqlite database {path!r} was left "
-                     "half-made by a process that ended while creating or upgrading its tables "
+           f"it holds {runs} run(s): back it up, run `sqlite3 {store.path} '{repair}'`, then "
+           f"`mlflow db upgrade {store.uri}`")
+    raise ValueError(f"{refused}: the sqlite database {store.path!r} was left half-made by a process that "
+                     "ended while creating or upgrading its tables "
                      f"({', '.join(left)} left over), and MLflow cannot open it. To repair it: {fix}.")
-
-
-def _refuse_file_store_if_disabled(uri: str) -> None:
-    try:
-        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
-    except ImportError:  # mlflow missing (said at start) or an mlflow that still accepts file stores
-        return
-    if not MLFLOW_ALLOW_FILE_STORE.get():
-        raise ValueError(f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r} is a file store, which the "
-                         "installed mlflow refuses. Use a database store, e.g. "
-                         "tracking_uri='sqlite:///mlflow.db', or set MLFLOW_ALLOW_FILE_STORE=true to keep "
-                         "the file store.")
 
 
 def parse_tags_env() -> dict[str, str]:
@@ -154,7 +136,7 @@ def clean_mlflow_name(name: str) -> str:
 
 
 class MLflowBackend(Backend):
-    """One MLflow store through ``MlflowClient``: ``log_batch`` and ``set_terminated``.
+    """One MLflow store through ``MlflowClient``.
 
     Args:
         tracking_uri: Where to log (None: MLflow's default, read now).
@@ -175,14 +157,13 @@ class MLflowBackend(Backend):
     def __init__(self, tracking_uri: Optional[str], experiment_name: Optional[str],
                  run_name: Optional[str] = None, tags: Optional[dict[str, str]] = None,
                  warn: Optional[WarnOnce] = None, helper: bool = True) -> None:
-        #: The store (a local store's path made absolute now: MLflow caches a store per URI string, so a
-        #: relative one would keep the file of the working directory it was first opened from).
         self.store = Store.parse(tracking_uri or require("mlflow", "MLflowLogger").get_tracking_uri())
         self.experiment_name, self.run_name = experiment_name, run_name
         self.tags, self._warn = dict(tags or {}), warn or WarnOnce()
-        limits = mlflow_limits()
-        self.max_tag_length: int = limits["MAX_TAG_VAL_LENGTH"]
-        self.max_metrics_per_batch: int = limits["MAX_METRICS_PER_BATCH"]
+        from mlflow.utils import validation
+
+        self.max_tag_length: int = validation.MAX_TAG_VAL_LENGTH
+        self.max_metrics_per_batch: int = validation.MAX_METRICS_PER_BATCH
         #: Set at train begin: the active fluent run (``nested``), and whether to run MLflow's monitor.
         self.parent_run_id: Optional[str] = None
         self.system_metrics = False
@@ -190,8 +171,7 @@ class MLflowBackend(Backend):
         self.log_path: Optional[Path] = None
         self._client = self._monitor = None
         self._tried = False
-        #: Makes a new store and writes large calls from a helper process (None: a store MLflow does not
-        #: write in this process).
+        #: Makes a new store and writes large calls (None: a store MLflow does not write in this process).
         self.helper: Optional[StoreHelper] = (StoreHelper(
             self.store.uri, self.max_metrics_per_batch if helper else math.inf) if self.store.written_here
             else None)
@@ -200,7 +180,7 @@ class MLflowBackend(Backend):
     def for_target(cls, target: dict[str, Any], tracking_uri: Optional[str] = None,
                    helper: bool = True) -> MLflowBackend:
         """The backend a write-ahead log's target names, or ``tracking_uri`` (a masked URI's real value is
-        one given earlier in this process, or ``MLFLOW_TRACKING_URI``); ``helper`` as in the constructor.
+        one given earlier in this process, or ``MLFLOW_TRACKING_URI``).
 
         Raises:
             ValueError: Another logger's log, or a masked URI whose real value is unknown.
@@ -213,9 +193,8 @@ class MLflowBackend(Backend):
         return cls(validate_tracking_uri(uri), target.get("experiment_name"), helper=helper)
 
     def target(self, run_key: str) -> dict[str, Any]:
-        """What a write-ahead log records of its target: the tracking URI as a replay from any folder
-        reaches it (a local store's path absolute, MLflow's default when none is given; credentials
-        masked), the experiment, the run key."""
+        """What a write-ahead log records of its target: the store as a replay from any folder reaches it
+        (credentials masked), the experiment, the run key."""
         return {"logger": self.name, "tracking_uri": mask_url_credentials(self.store.uri),
                 "experiment_name": self.experiment_name, "run_key": run_key}
 
@@ -232,9 +211,13 @@ class MLflowBackend(Backend):
         """`explain_mlflow_error` for this store's URI."""
         return explain_mlflow_error(error, self.store.uri)
 
+    def is_transient(self, error: BaseException) -> bool:
+        """Only errors known to be transient (`is_transient_mlflow_error`)."""
+        return is_transient_mlflow_error(error)
+
     def probe(self, timeout: float = 2.0) -> Optional[tuple[str, str]]:
         """An http(s) store asked once, without retries (``GET /health``): the cause and kind when it
-        cannot be reached (refused, DNS, TLS), else None (it answered anything, or only slowly)."""
+        cannot be reached (refused, DNS, TLS), else None."""
         if not self.store.http:
             return None
         from mlflow.utils.credentials import get_default_host_creds
@@ -251,9 +234,8 @@ class MLflowBackend(Backend):
 
     @property
     def client(self) -> Any:
-        """The ``MlflowClient`` (made on first use; a store without MLflow's tables is made whole first, by
-        the helper process: MLflow's migrations never run in this process, where the user's own MLflow
-        calls may be making a store at the same time)."""
+        """The ``MlflowClient``, made on first use; a store without MLflow's tables is made whole first by
+        the helper (MLflow's migrations never run in this process, where the user's may)."""
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
@@ -300,43 +282,40 @@ class MLflowBackend(Backend):
         Raises:
             UnusableRunError: The run to reattach to does not exist or is deleted.
         """
+        from mlflow.entities import ViewType
+
         client = self.client
         resume, self._tried = resume or self._tried, True  # a retry: the first try may have created it
-        if resume and not run_id and run_key:
-            run_id = self._run_with_key(run_key)  # None: the first process never created it
+        if resume and not run_id and run_key:  # None when the first process never created it
+            if not re.fullmatch(r"[0-9A-Za-z_-]+", run_key):
+                raise UnusableRunError(f"MLflowLogger: run_key must be letters, digits, '_' or '-', got "
+                                       f"{run_key!r} (from the resumed checkpoint).")
+            run_id = next(iter(self._runs_with_key(run_key, self._experiment_id(), ViewType.ALL)), None)
         if resume and run_id:
             self._check_usable(run_id)
             client.update_run(run_id, status="RUNNING")
             if self.tags:
-                self._set_tags(self.tags, run_id)
+                from mlflow.entities import RunTag
+
+                tags = [RunTag(str(k), str(v)[: self.max_tag_length]) for k, v in self.tags.items()]
+                client.log_batch(run_id, tags=tags, synchronous=True)
         else:
             tags = {**self.tags, RUN_KEY_TAG: run_key}
             if self.parent_run_id:
                 tags["mlflow.parentRunId"] = self.parent_run_id
             experiment_id = self._experiment_id()
             run_id = client.create_run(experiment_id, run_name=self.run_name, tags=tags).info.run_id
-            for twin in self._runs_with_key(run_key, experiment_id):  # made by a retry inside mlflow
-                if twin != run_id:
+            for twin in self._runs_with_key(run_key, experiment_id, ViewType.ACTIVE_ONLY):
+                if twin != run_id:  # made by a retry inside mlflow
                     client.delete_run(twin)
         if self.system_metrics and self._monitor is None:
             self._start_monitor(run_id, resume)
         return run_id
 
-    def _run_with_key(self, run_key: str) -> Optional[str]:
-        from mlflow.entities import ViewType
-
-        if not re.fullmatch(r"[0-9A-Za-z_-]+", run_key):
-            raise UnusableRunError(f"MLflowLogger: run_key must be letters, digits, '_' or '-', got "
-                                   f"{run_key!r} (from the resumed checkpoint).")
-        runs = self._runs_with_key(run_key, self._experiment_id(), ViewType.ALL)
-        return runs[0] if runs else None
-
-    def _runs_with_key(self, run_key: str, experiment_id: str, view: Any = None) -> list[str]:
+    def _runs_with_key(self, run_key: str, experiment_id: str, view: Any) -> list[str]:
         """Ids of the runs tagged ``run_key``, the newest first."""
-        from mlflow.entities import ViewType
-
         runs = self.client.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_key}'",
-                                       run_view_type=view or ViewType.ACTIVE_ONLY, max_results=10)
+                                       run_view_type=view, max_results=10)
         return [run.info.run_id for run in runs]
 
     def _check_usable(self, run_id: str) -> None:
@@ -373,12 +352,8 @@ class MLflowBackend(Backend):
     def logged_steps(self, run_id: str) -> dict[str, int]:
         """Last step per metric the run holds."""
         client = self.client
-        steps = {}
-        for key in client.get_run(run_id).data.metrics:
-            history = client.get_metric_history(run_id, key)
-            if history:
-                steps[key] = max(int(metric.step) for metric in history)
-        return steps
+        histories = [client.get_metric_history(run_id, key) for key in client.get_run(run_id).data.metrics]
+        return {points[0].key: max(int(point.step) for point in points) for points in histories if points}
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
         """One ``log_batch`` call (``MlflowClient`` splits it into requests within MLflow's limits).
@@ -424,12 +399,6 @@ class MLflowBackend(Backend):
 
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()], synchronous=True)
 
-    def _set_tags(self, tags: dict[str, str], run_id: str) -> None:
-        from mlflow.entities import RunTag
-
-        items = [RunTag(str(k), str(v)[: self.max_tag_length]) for k, v in tags.items()]
-        self.client.log_batch(run_id, tags=items, synchronous=True)
-
     def log_file(self, folder: str, name: str, kind: str, run_id: str) -> None:
         """Upload a folder under ``name/``."""
         if not Path(folder).is_dir():
@@ -447,10 +416,6 @@ class MLflowBackend(Backend):
                 self._warn(("system-metrics-finish",), "MLflowLogger: stopping the system metrics monitor "
                            "failed: %s", error)
         self.client.set_terminated(run_id, status=status)
-
-    def is_transient(self, error: BaseException) -> bool:
-        """Only errors known to be transient (`is_transient_mlflow_error`)."""
-        return is_transient_mlflow_error(error)
 
 
 class MLflowLogger(DurableLogger):
@@ -527,9 +492,10 @@ class MLflowLogger(DurableLogger):
             raise ValueError(f"backoff must be (initial, max) with 0 < initial <= max, got {backoff!r}")
         self.backoff = (float(backoff[0]), float(backoff[1]))
         self.wal_dir = None if wal_dir is None else str(wal_dir)
-        limits = mlflow_limits()
-        self.max_name_length = limits["MAX_ENTITY_KEY_LENGTH"]
-        self.max_param_length = limits["MAX_PARAM_VAL_LENGTH"]
+        from mlflow.utils import validation
+
+        self.max_name_length = validation.MAX_ENTITY_KEY_LENGTH
+        self.max_param_length = validation.MAX_PARAM_VAL_LENGTH
         self.backend: Backend = MLflowBackend(self.tracking_uri, self.experiment_name, self.run_name,
                                               self.tags, warn=self.warn)
 
@@ -546,12 +512,12 @@ class MLflowLogger(DurableLogger):
 
     @property
     def wal_path(self) -> Optional[Path]:
-        """The run's write-ahead log (None before the run has a key)."""
+        """The run's write-ahead log, `local_location` (None before the run has a key)."""
         location = self.local_location()
         return None if location is None else Path(location)
 
     def explicit_location(self) -> Optional[str]:
-        """The log in ``wal_dir``, when given."""
+        """``<wal_dir>/<run key>.jsonl``, when ``wal_dir`` is given."""
         if self.wal_dir is None or self.run_key is None:
             return None
         return str(Path(self.wal_dir) / f"{self.run_key}.jsonl")
@@ -610,8 +576,7 @@ class MLflowLogger(DurableLogger):
                           self.max_name_length)
             else:
                 kept[name] = value
-        if self.max_log_params is not None:
-            kept = dict(list(kept.items())[: self.max_log_params])
+        kept = dict(list(kept.items())[: self.max_log_params])
         if kept:
             super()._write_config(kept)
 

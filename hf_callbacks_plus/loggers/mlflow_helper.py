@@ -1,22 +1,9 @@
-"""The store a tracking URI names (`Store`: the URI parsed once), and the helper process that makes it
-and writes its large calls, as a tracking server makes and writes its own store.
-
-**Making a store.** MLflow makes a store's tables with alembic, whose migration state is process-wide:
-two creations at once in one process (ours, and the user's own ``MlflowClient`` or fluent call on the
-training thread) break each other and the store. So the training process never makes one: `make_store`
-runs in the helper, which never replaces a store another process made meanwhile.
-
-**Writing it.** MLflow writes a sqlite, database or file store in the calling process with about 90 µs
-of SQLAlchemy work per point, holding the GIL: at 500 metrics a step ``train()`` of the 100 ms model
-took 55 % longer (docs/benchmarks.md). So large ``log_batch`` calls go over a pipe to the helper; the
-sender waits on the pipe without the GIL. Small calls stay in this process, and so do the large ones
-until they have taken a second: its import of mlflow costs about 2.5 s of CPU, which a run that logs
-little to an existing store never pays. It starts in the background (or stays up after making the
-store) and takes calls once it says it is up: no call waits for its start.
-
-The helper classifies its own errors (`StoreCallFailed`: a pickled exception loses its cause and error
-code), ignores SIGINT and SIGTERM (the training decides when to stop) and ends when its pipe closes: at
-`StoreHelper.close`, or when this process ends, killed or not.
+"""The store a tracking URI names (`Store`, the URI parsed once), and the helper process that makes it
+and writes its large calls, as a tracking server does (docs/architecture.md, "Who writes a local store",
+"Who makes a new store"): MLflow's migrations use alembic, whose state is process-wide, so only the
+helper makes a store; MLflow writes a local store holding the GIL (about 90 µs a point), so calls of a
+full batch go over a pipe to the helper once they have taken a second here. The helper classifies its
+own errors (`StoreCallFailed`), ignores SIGINT and SIGTERM and ends when its pipe closes.
 """
 
 from __future__ import annotations
@@ -31,7 +18,8 @@ import re
 import select
 import shutil
 import signal
-import struct
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -41,31 +29,125 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 from urllib.parse import urlparse
 
-from .mlflow_errors import StoreCallFailed, explain_mlflow_error, is_transient_mlflow_error
-
-__all__ = ["HelperEnded", "Store", "StoreHelper", "make_store", "store_is_made"]
+__all__ = ["HelperEnded", "Store", "StoreCallFailed", "StoreHelper", "explain_mlflow_error",
+           "is_transient_mlflow_error", "make_store", "store_is_made"]
 
 #: SQLAlchemy dialects MLflow stores in besides sqlite.
 DATABASES = ("postgresql", "mysql", "mssql")
 #: Tracking URIs of one word that name a remote store (Databricks' profiles and Unity Catalog).
 REMOTE_NAMES = ("databricks", "databricks-uc", "uc")
-#: The helper starts once this process has spent this long in the calls it would take: a run that
-#: logs little never pays its start (mlflow's import: about 2.5 s of CPU).
+#: Tracking URI schemes MLflow understands out of the box (plugins add more).
+KNOWN_TRACKING_SCHEMES = ("file", "sqlite", *DATABASES, "http", "https", *REMOTE_NAMES)
+#: The helper starts once this process has spent this long in the calls it would take.
 START_AFTER_SECONDS = 1.0
 #: How long `StoreHelper.close` waits for an idle helper to end.
 CLOSE_SECONDS = 5.0
 #: How long `make_store` waits for another process to finish a store it is making.
 WAIT_SECONDS = 60.0
-_HEADER = struct.Struct("<Q")
+#: MLflow error codes of a store that may answer later (the request itself was fine).
+_TRANSIENT_ERROR_CODES = frozenset({"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "INTERNAL_ERROR",
+                                    "DEADLINE_EXCEEDED"})
+#: What an MLflow error message shows of an HTTP 5xx/429 answer or of retries given up.
+_TRANSIENT_MESSAGE = re.compile(
+    r"max retries exceeded|too many \d{3} error responses|error code (5\d\d|429)\b|"
+    r"\b(5\d\d|429) (server error|too many requests)|database is locked", re.IGNORECASE)
+
+
+class StoreCallFailed(Exception):
+    """An MLflow call that failed in the helper, as the helper classified it (a pickled exception loses
+    its cause and error code): `explain_mlflow_error`'s ``cause`` and ``kind``, and ``transient``,
+    `is_transient_mlflow_error`'s verdict."""
+
+    message_is_cause = True
+
+    def __init__(self, cause: str, transient: bool, kind: Optional[str]) -> None:
+        super().__init__(cause)
+        self.transient, self.kind = transient, kind
+
+
+def is_transient_mlflow_error(error: BaseException) -> bool:
+    """Tell whether an error of an MLflow call may clear by itself (worth retrying): a connection or
+    timeout error, an MLflow error of a transient code or an HTTP 5xx/429, a locked sqlite database, or
+    an error caused by one of these. Anything else (a refused value, a missing run, a bug) is permanent."""
+    transient = getattr(error, "transient", None)
+    if isinstance(transient, bool):  # the helper process's verdict
+        return transient
+    import requests  # both installed with mlflow
+    import urllib3
+
+    web, lost = requests.exceptions, urllib3.exceptions
+    network = (ConnectionError, TimeoutError, web.ConnectionError, web.Timeout, lost.MaxRetryError,
+               lost.NewConnectionError, lost.ProtocolError, lost.TimeoutError)
+    for _ in range(5):  # the error and what caused it (``raise ... from``)
+        if error is None:
+            return False
+        code = getattr(error, "error_code", None)
+        if isinstance(error, network) or isinstance(code, str) and (
+                code in _TRANSIENT_ERROR_CODES or _TRANSIENT_MESSAGE.search(str(error))):
+            return True
+        if type(error).__name__ == "OperationalError" and "database is locked" in str(error):
+            return True  # sqlite3's, or SQLAlchemy's around it
+        error = error.__cause__
+    return False
+
+
+def explain_mlflow_error(error: BaseException, uri: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """Why an MLflow call failed, whole, and its kind: ``"refused"``, ``"dns"`` or ``"tls"`` (the server
+    cannot be reached, and waiting does not change that), ``"auth"`` (it refused the credentials),
+    ``"timeout"``, or None (anything else: the error's own message, cut only past 1000 characters)."""
+    if getattr(error, "message_is_cause", False):  # told already: the helper's verdict, an unreachable store
+        return str(error), getattr(error, "kind", None)
+    chain: list[BaseException] = []
+    while error is not None and len(chain) < 10 and error not in chain:
+        chain.append(error)
+        reason = getattr(error, "reason", None)  # urllib3's MaxRetryError
+        reason = reason if isinstance(reason, BaseException) else None
+        error = error.__cause__ or error.__context__ or reason
+    text = " ".join(str(each) for each in chain)
+    parsed = urlparse(uri or "")
+    try:
+        port = parsed.port or {"http": 80, "https": 443}.get(parsed.scheme)
+    except ValueError:
+        port = None
+    place = f"{parsed.hostname}:{port}" if parsed.hostname else "the server"
+    code = getattr(chain[0], "error_code", None)
+    if any(isinstance(each, ConnectionRefusedError) for each in chain) or "Connection refused" in text:
+        return (f"connection refused at {place}: nothing listens there (is the server running, and is the "
+                "port right?)"), "refused"
+    if any(isinstance(each, socket.gaierror) for each in chain) or "Failed to resolve" in text:
+        return (f"the host name {parsed.hostname or ''!r} does not resolve (is it spelled right, and is this "
+                "machine on its network?)"), "dns"
+    tls = [each for each in chain if isinstance(each, ssl.SSLError)]
+    if tls or "SSLError" in text:
+        return (f"the TLS handshake with {place} failed ({tls[-1] if tls else text[-300:]}): an http:// "
+                "server addressed as https://, or its certificate (MLFLOW_TRACKING_SERVER_CERT_PATH, "
+                "MLFLOW_TRACKING_INSECURE_TLS)"), "tls"
+    if code == "UNAUTHENTICATED" or "error code 401" in text:
+        return (f"{place} refused the credentials (HTTP 401): set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN"), "auth"
+    if code == "PERMISSION_DENIED" or "error code 403" in text:
+        return (f"{place} refused access (HTTP 403): the credentials lack a permission on the experiment or "
+                "the run"), "auth"
+    if any("timeout" in type(each).__name__.lower() for each in chain) or "timed out" in text:
+        return (f"no answer from {place} within the request timeout (MLFLOW_HTTP_REQUEST_TIMEOUT, "
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES)"), "timeout"
+    message = f"{type(chain[0]).__name__}: {chain[0]}"
+    if len(message) > 1000:
+        message = f"{message[:1000].rsplit(' ', 1)[0]} ... ({len(message) - 1000} more characters)"
+    return message, None
 
 
 @dataclass(frozen=True)
 class Store:
-    """A tracking URI, parsed once: ``uri`` as MLflow is given it (a local store's path made absolute:
-    a replay from another folder reaches the same store, and MLflow caches a store per URI string), its
-    ``scheme`` (lower case; a one-word remote URI's word), ``kind`` (``"sqlite"`` or ``"file"``: a local
-    store at ``path``; ``"database"``: another SQLAlchemy database; ``"memory"``: an in-memory sqlite
-    database; ``"remote"``: a server, Databricks, a plugin's store)."""
+    """A tracking URI, parsed once.
+
+    Attributes:
+        uri: As MLflow is given it; a local store's path absolute (a replay from another folder reaches
+            the same store, and MLflow caches a store per URI string).
+        scheme: Lower case; a one-word remote URI's word.
+        kind: ``"sqlite"`` or ``"file"`` (a local store at ``path``), ``"database"`` (another SQLAlchemy
+            database), ``"memory"`` (in-memory sqlite), ``"remote"`` (a server, Databricks, a plugin's).
+    """
 
     uri: str
     scheme: str
@@ -94,7 +176,7 @@ class Store:
 
     @property
     def written_here(self) -> bool:
-        """MLflow writes it from the calling process, and a helper process reaches the same store."""
+        """MLflow writes it in the calling process (a helper process reaches the same store)."""
         return self.kind in ("sqlite", "file", "database")
 
     @property
@@ -103,53 +185,48 @@ class Store:
         return self.scheme in ("http", "https")
 
 
-@contextmanager
-def _engine(uri: str) -> Iterator[Any]:
+def _on_engine(uri: str, call: Any) -> Any:
+    """``call(engine)`` on a new SQLAlchemy engine for ``uri``."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(uri)
     try:
-        yield engine
+        return call(engine)
     finally:
         engine.dispose()
 
 
-def _has_tables(engine: Any) -> bool:
-    from mlflow.store.db.utils import _all_tables_exist
-    from sqlalchemy.exc import OperationalError
-
-    try:
-        return _all_tables_exist(engine)
-    except OperationalError as error:
-        if "locked" in str(error):  # its maker holds it
-            return False
-        raise
-
-
 def store_is_made(store: Store) -> bool:
-    """Whether a store `Store.written_here` exists with every table of MLflow's models: opening it then
-    runs no migration (MLflow's own test, ``_all_tables_exist``)."""
+    """Whether a store `Store.written_here` has every table of MLflow's models (MLflow's own test): opening
+    it runs no migration. One its maker holds locked is not."""
     if store.path is not None and not os.path.exists(store.path):
         return False
     if store.kind == "file":
         return True
-    with _engine(store.uri) as engine:
-        return _has_tables(engine)
+    from mlflow.store.db.utils import _all_tables_exist
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return _on_engine(store.uri, _all_tables_exist)
+    except OperationalError as error:
+        if "locked" not in str(error):
+            raise
+        return False
 
 
 def make_store(store: Store) -> None:
     """Make the store whole, in the helper process only (alembic's state is process-wide).
 
     A sqlite or file store that does not exist is made as ``<store>.creating-<pid>`` and moved to its
-    place unless a store appeared there meanwhile, which is used, never replaced; the next creation removes
-    the draft of a process that died. Another database without MLflow's tables gets them at once when it is
-    empty, under MLflow's own lock. A store someone else is making is waited for, at most `WAIT_SECONDS`;
-    one still not whole then is made whole as MLflow does when it opens one.
+    place unless a store appeared there meanwhile, which is used, never replaced; the next creation
+    removes the draft of a process that died. Another database gets MLflow's tables at once when it has
+    none. A store someone else is making is waited for, at most `WAIT_SECONDS`; one still not whole
+    then is made whole as MLflow does when it opens one.
     """
     if store.path is not None and not os.path.exists(store.path):
         for draft in glob.glob(f"{glob.escape(store.path)}.creating-*"):  # with their journal files
             try:
-                os.kill(int(re.match(r"\d+", draft[len(store.path) + 10:]).group()), 0)
+                os.kill(int(re.match(r"\d+", draft[len(f"{store.path}.creating-"):]).group()), 0)
             except ProcessLookupError:
                 _remove(draft)
             except (AttributeError, OSError):
@@ -160,8 +237,7 @@ def make_store(store: Store) -> None:
             if store.kind == "sqlite":
                 from mlflow.store.db.utils import _safe_initialize_tables
 
-                with _engine(f"sqlite:///{draft}") as engine:
-                    _safe_initialize_tables(engine)
+                _on_engine(f"sqlite:///{draft}", _safe_initialize_tables)
             else:
                 from mlflow.store.tracking.file_store import FileStore
                 from mlflow.utils.file_utils import path_to_local_file_uri
@@ -175,22 +251,22 @@ def make_store(store: Store) -> None:
     from mlflow.store.db.utils import _is_empty_database, _safe_initialize_tables
 
     deadline = time.monotonic() + WAIT_SECONDS
-    with _engine(store.uri) as engine:
-        while not _has_tables(engine):
-            if time.monotonic() >= deadline or store.kind == "database" and _is_empty_database(engine):
-                try:
-                    _safe_initialize_tables(engine)
-                except Exception:  # made meanwhile by another (a database refuses the second maker)
-                    if not _has_tables(engine):
-                        raise
-                return
-            time.sleep(0.1)
+    while not store_is_made(store):
+        empty = store.kind == "database" and _on_engine(store.uri, _is_empty_database)
+        if empty or time.monotonic() >= deadline:
+            try:
+                _on_engine(store.uri, _safe_initialize_tables)
+            except Exception:  # made meanwhile by another (a database refuses the second maker)
+                if not store_is_made(store):
+                    raise
+            return
+        time.sleep(0.1)
 
 
 def _move_unless_there(source: str, target: str) -> None:
     """Rename ``source`` to ``target`` unless ``target`` exists, which is never replaced: Linux's
-    ``renameat2(RENAME_NOREPLACE)``; where it is missing, a hard link for a file, and for a folder a
-    rename, which replaces at most an empty folder."""
+    ``renameat2(RENAME_NOREPLACE)``; without it, a hard link for a file, and for a folder a rename,
+    which replaces at most an empty folder."""
     try:
         try:
             if ctypes.CDLL(None, use_errno=True).renameat2(-100, os.fsencode(source), -100,  # AT_FDCWD
@@ -217,22 +293,22 @@ class HelperEnded(ConnectionError):
 
 
 def _write(stream: BinaryIO, value: Any) -> None:
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    pickle.dump(value, stream, protocol=pickle.HIGHEST_PROTOCOL)
     stream.flush()
 
 
 def _read(stream: BinaryIO) -> Any:
-    header = stream.read(_HEADER.size)
-    size = _HEADER.unpack(header)[0] if len(header) == _HEADER.size else -1
-    data = stream.read(size) if size >= 0 else b""
-    if size < 0 or len(data) < size:
-        raise EOFError("the pipe closed")
-    return pickle.loads(data)
+    """One value from the pipe (a pickle ends itself). Raises ``EOFError`` when the pipe closed."""
+    try:
+        return pickle.load(stream)
+    except pickle.UnpicklingError as error:  # cut short
+        raise EOFError("the pipe closed") from error
 
 
 class StoreHelper:
-    """A helper process that makes a store (`make_store`) and takes its large ``log_batch`` calls.
+    """A helper process that makes a store (`make_store`) and takes its large ``log_batch`` calls; one
+    thread calls it at a time (the sender's). A call that finds the helper ended raises `HelperEnded`
+    and the next one starts another; a call that failed in the helper raises `StoreCallFailed`.
 
     Args:
         tracking_uri: The store (its real URI: it goes through the pipe, never on a command line).
@@ -248,12 +324,7 @@ class StoreHelper:
 
     def takes(self, points: int) -> bool:
         """Whether a call of ``points`` goes to the helper: ``min_points`` or more, once this process has
-        spent `START_AFTER_SECONDS` in such calls (the helper is started then, if making the store did not)
-        and the helper is up. Never waits: until the helper has imported mlflow, calls stay here.
-
-        Raises:
-            HelperEnded: The helper could not start, or ended while starting.
-        """
+        spent `START_AFTER_SECONDS` in such calls (the helper is started then) and the helper is up."""
         return points >= self.min_points and self.seconds_here >= START_AFTER_SECONDS and self.start(0.0)
 
     def spent(self, points: int, seconds: float) -> None:
@@ -268,22 +339,11 @@ class StoreHelper:
 
     def log_batch(self, run_id: str, metrics: list[tuple[str, float, int, int]],
                   tags: list[tuple[str, str]]) -> None:
-        """``MlflowClient.log_batch`` in the helper (started and waited for when it is not up); metrics as
-        ``(key, value, timestamp, step)``. One thread calls it (the sender's).
-
-        Raises:
-            StoreCallFailed: The call failed in the helper (classified there).
-            HelperEnded: The helper could not start, or has ended.
-        """
+        """``MlflowClient.log_batch`` in the helper; metrics as ``(key, value, timestamp, step)``."""
         self._call((run_id, metrics, tags))
 
     def make_store(self) -> None:
-        """`make_store` in the helper (started and waited for).
-
-        Raises:
-            StoreCallFailed: It failed in the helper (classified there).
-            HelperEnded: The helper could not start, or has ended.
-        """
+        """`make_store` in the helper."""
         self._call("make")
 
     def _call(self, call: Any) -> None:
@@ -300,11 +360,7 @@ class StoreHelper:
 
     def start(self, timeout: Optional[float] = None) -> bool:
         """Start the helper if none runs; whether it is up (it has imported mlflow) within ``timeout``
-        seconds (None: wait until it is).
-
-        Raises:
-            HelperEnded: The helper could not start, or ended while starting.
-        """
+        seconds (None: wait until it is)."""
         with self._ended_as_error():
             if self._process is None:
                 root = str(Path(__file__).resolve().parents[2])  # this package, as this process imported it
@@ -321,7 +377,7 @@ class StoreHelper:
 
     @contextmanager
     def _ended_as_error(self) -> Iterator[None]:
-        """A failure of the pipe as `HelperEnded`; the dead helper is forgotten (a later call starts one)."""
+        """A failure of the pipe as `HelperEnded`; the dead helper is forgotten."""
         try:
             yield
         except (OSError, EOFError) as error:
@@ -335,8 +391,8 @@ class StoreHelper:
             raise HelperEnded(f"the helper process writing the store ended (exit code {code})") from error
 
     def close(self) -> None:
-        """End the helper: one still starting is stopped; a call still in flight (an abandoned sender's) is
-        not waited for, the helper ends after it. A later call starts a new helper."""
+        """End the helper: one still starting is stopped; a call in flight (an abandoned sender's) is not
+        waited for, the helper ends after it."""
         process, self._process, up = self._process, None, self._up
         self._up = False
         if process is None:

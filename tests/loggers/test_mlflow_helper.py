@@ -26,8 +26,11 @@ from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers import mlflow_helper  # noqa: E402
 from hf_callbacks_plus.loggers.base import LogRecord  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowBackend, MLflowLogger  # noqa: E402
-from hf_callbacks_plus.loggers.mlflow_errors import StoreCallFailed  # noqa: E402
-from hf_callbacks_plus.loggers.mlflow_helper import Store, StoreHelper  # noqa: E402
+from hf_callbacks_plus.loggers.mlflow_helper import (  # noqa: E402
+    Store,
+    StoreCallFailed,  # noqa: E402
+    StoreHelper,
+)
 from tests.loggers.faults import FaultInjectingBackend, train_in_loop  # noqa: E402
 
 pytestmark = [pytest.mark.mlflow, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")]
