@@ -5,8 +5,8 @@ What the logger holds is measured with ``tracemalloc`` (traced from step 5 on): 
 memory still alive that was allocated with ``hf_callbacks_plus/loggers`` in the stack, not by
 mlflow or sqlalchemy themselves (the store's own caches), and not the trainer's ``log_history``
 (which holds every record too). Three calls' worth of metric points are logged while the store
-hangs; the logger may hold one call (``CALL_BATCHES`` of MLflow's batches of 1000 points) and
-nothing more. Real MLflow sqlite store;
+hangs; the logger may hold one call (``CALL_BATCHES`` of MLflow's batches of 1000 points, 2 here
+instead of 8: the bound scales with it) and nothing more. Real MLflow sqlite store;
 ``FaultInjectingBackend`` makes ``log`` hang on a gate.
 """
 
@@ -24,13 +24,14 @@ from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow_helper import StoreHelper  # noqa: E402
-from hf_callbacks_plus.loggers.wal import CALL_BATCHES  # noqa: E402
+from hf_callbacks_plus.loggers import wal  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
 from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
 from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
 
 pytestmark = pytest.mark.mlflow
 
+CALL_BATCHES = 2  # MLflow batches a call (wal.CALL_BATCHES, set by the fixture below)
 METRICS, POINTS_PER_CALL = 500, CALL_BATCHES * 1000
 STEPS = 3 * POINTS_PER_CALL // METRICS  # three calls' worth of points logged
 BOUND = 150 * POINTS_PER_CALL  # bytes: a point held is about 130 B; what is logged, 3x more
@@ -72,6 +73,11 @@ def train(out, callbacks, steps):
                          save_strategy="no")
     LightweightTrainer(args, train_step=lambda batch: 0.5, train_data=[[1.0]] * steps, callbacks=callbacks,
                        learning_rate_fn=lambda: 0.1).train()
+
+
+@pytest.fixture(autouse=True)
+def smaller_calls(monkeypatch):
+    monkeypatch.setattr(wal, "CALL_BATCHES", CALL_BATCHES)
 
 
 @pytest.fixture
