@@ -107,6 +107,6 @@ def check_invariants(data, steps, k_score, k_acc, limit, crash):
 
 
 test_invariants_hold_for_any_run_crash_and_resume = settings(
-    max_examples=12, derandomize=True, deadline=None, phases=NO_SHRINK)(RUNS(check_invariants))
+    max_examples=6, derandomize=True, deadline=None, phases=NO_SHRINK)(RUNS(check_invariants))
 test_invariants_hold_over_many_more_runs = pytest.mark.second_tier(settings(
     max_examples=100, derandomize=True, deadline=None, phases=NO_SHRINK)(RUNS(check_invariants)))

@@ -22,9 +22,9 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from hf_callbacks_plus.cli import main as cli  # noqa: E402
 from hf_callbacks_plus.core.callback import TrainerCallback  # noqa: E402
+from hf_callbacks_plus.loggers import wal  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow import MLflowLogger  # noqa: E402
 from hf_callbacks_plus.loggers.mlflow_helper import StoreHelper  # noqa: E402
-from hf_callbacks_plus.loggers import wal  # noqa: E402
 from hf_callbacks_plus.loop.arguments import LoopArguments  # noqa: E402
 from hf_callbacks_plus.loop.trainer import LightweightTrainer  # noqa: E402
 from tests.loggers.faults import FaultInjectingBackend  # noqa: E402
