@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
+import sys
 import threading
 import time
+from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
@@ -47,6 +50,31 @@ class StoreUnreachable(ConnectionError):
     """The store cannot be reached; the message says why (a replay raises it)."""
 
     message_is_cause = True
+
+
+#: The names `WriteAheadLog._line` packed last, and their JSON.
+_NAMES_JSON: tuple[tuple[str, ...], str] = ((), "[]")
+
+
+def _pack(values: array) -> str:
+    """Float64 values as base64 of their little-endian bytes."""
+    if sys.byteorder == "big":
+        values.byteswap()
+    return base64.b64encode(values.tobytes()).decode()
+
+
+def _unpack(text: str, count: int) -> array:
+    """The ``count`` values `_pack` wrote.
+
+    Raises:
+        ValueError: ``text`` does not hold ``count`` values.
+    """
+    values = array("d", base64.b64decode(text))
+    if len(values) != count:
+        raise ValueError(f"{len(values)} values for {count} names")
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
 
 
 def replay_hint(path: Union[str, Path]) -> str:
@@ -163,7 +191,17 @@ class WriteAheadLog:
 
     @staticmethod
     def _line(entry: dict[str, Any]) -> bytes:
-        return (json.dumps(entry, allow_nan=True) + "\n").encode()
+        global _NAMES_JSON
+        metrics = entry.get("metrics")
+        if not metrics:
+            return (json.dumps(entry, allow_nan=True) + "\n").encode()
+        # packed: ``[names, values]``, the values as float64 bytes (exact, and a tenth of JSON's cost);
+        # the names' JSON is kept while they repeat (a logger writes the same names at every step)
+        names, cached = tuple(metrics), _NAMES_JSON
+        if names != cached[0]:
+            cached = _NAMES_JSON = (names, json.dumps(list(names)))
+        rest = json.dumps({key: value for key, value in entry.items() if key != "metrics"}, allow_nan=True)
+        return f'{rest[:-1]}, "metrics": [{cached[1]}, "{_pack(array("d", metrics.values()))}"]}}\n'.encode()
 
     def append(self, entry: dict[str, Any]) -> tuple[int, int]:
         """Append one entry: one ``os.write`` of a whole line (the kernel has it when this returns); the
@@ -256,7 +294,11 @@ class WriteAheadLog:
             if not line.startswith((TARGET_LINE, SENT_LINE)):
                 try:
                     entry = json.loads(line)
-                except ValueError:
+                    if type(entry.get("metrics")) is list:  # packed by `_line`
+                        names, values = entry["metrics"]
+                        entry["metrics"] = dict(zip(names, _unpack(values, len(names))))
+                except (ValueError, TypeError):
+                    entry = None
                     logger.warning("%s: skipping a corrupt line at byte %d of %s.",
                                    self.target.get("logger"), end - len(line), self.path)
             if entry is not None or own:

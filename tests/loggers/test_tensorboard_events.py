@@ -17,6 +17,7 @@ import pytest
 from benchmarks.bench_tensorboard_logger import old_log
 from hf_callbacks_plus.loggers.base import LogRecord
 from hf_callbacks_plus.loggers.tensorboard import TensorBoardBackend, TensorBoardLogger, summary_writer_class
+from hf_callbacks_plus.loggers.wal import WriteAheadLog
 from tests.tiny_models import make_trainer
 
 pytestmark = pytest.mark.transformers
@@ -132,7 +133,6 @@ def test_at_a_checkpoint_save_every_event_is_on_disk_in_the_event_file_or_the_wr
     """No flush per batch and none at the save (the training never waits for the writer, whose writing
     lags behind), yet every step logged before a checkpoint is on disk when the checkpoint is saved:
     in the event file, or in the run's write-ahead log until the writer has written it."""
-    import json
 
     from transformers import TrainerCallback
 
@@ -149,8 +149,11 @@ def test_at_a_checkpoint_save_every_event_is_on_disk_in_the_event_file_or_the_wr
     class ReadAtSave(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             # the log first: a step leaves it only once the event file holds it
-            in_log = {entry["step"] for entry in map(json.loads, logger.wal_path.read_text().splitlines())
+            journal = WriteAheadLog(logger.wal_path)
+            journal.inspect()
+            in_log = {entry["step"] for entry, _ in journal.entries(journal.first)
                       if "train/loss" in entry.get("metrics", {})}
+            journal.close()
             directory = Path(logger.backend.directory)
             in_events = {event.step for event in raw_events(directory)
                          if any(value.tag == "train/loss" for value in event.summary.value)}

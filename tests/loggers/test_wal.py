@@ -214,15 +214,42 @@ def test_a_half_written_line_is_dropped_when_the_log_is_reopened(tmp_path):
     assert kinds == ["target", "log", "log"]
 
 
+def test_every_value_reads_back_bit_for_bit_and_a_log_of_the_json_form_still_reads(tmp_path):
+    """Log entries are packed (names, then float64 bytes): every float comes back with its exact bits,
+    whatever the names hold; a line an earlier version wrote (values as JSON) reads the same."""
+    import math
+    import struct
+
+    values = [0.1 + 0.2, -0.0, 5e-324, 1.7976931348623157e308, math.inf, -math.inf, math.nan, 1 / 3]
+    metrics = {f'train/m{i} "q" é\n': value for i, value in enumerate(values)}
+    wal = WriteAheadLog(tmp_path / "key.jsonl")
+    wal.open({"logger": "MLflowLogger", "run_key": "key"}, wait=0)
+    for step in (1, 2):
+        wal.append({"kind": "log", "step": step, "time": 0, "metrics": metrics, "summary": {"s": "t"}})
+    wal.close()
+    with open(wal.path, "ab") as handle:  # a line of the earlier form
+        handle.write(b'{"kind": "log", "step": 3, "time": 0, "metrics": {"a": 0.30000000000000004}}\n')
+    reader = WriteAheadLog(wal.path)
+    reader.inspect()
+    entries = [entry for entry, _ in reader.entries(reader.first)]
+    reader.close()
+    bits = lambda floats: [struct.pack("<d", value) for value in floats]  # noqa: E731
+    for entry in entries[:2]:
+        assert list(entry["metrics"]) == list(metrics) and entry["summary"] == {"s": "t"}
+        assert bits(entry["metrics"].values()) == bits(values)
+    assert entries[2]["metrics"] == {"a": 0.30000000000000004}
+
+
 def test_a_corrupt_line_is_skipped_by_every_reader_of_the_log(tmp_path, caplog):
-    """A line that is not JSON (a disk fault) is left out, with a warning, by the sender's reads and by
-    the listing of ``hf-callbacks-plus replay --dry-run`` (which raised before)."""
+    """A line that is not JSON (a disk fault), or whose packed values do not match its names, is left out,
+    with a warning, by the sender's reads and by the listing of ``hf-callbacks-plus replay --dry-run`` (which raised before)."""
     wal = WriteAheadLog(tmp_path / "key.jsonl")
     wal.open({"logger": "MLflowLogger", "run_key": "key"}, wait=0)
     wal.append({"kind": "log", "step": 1, "time": 0, "metrics": {"a": 1.0}, "summary": {}})
     wal.close()
     with open(wal.path, "ab") as handle:
         handle.write(b'{"kind": "log", "st\x00\x00\n')
+        handle.write(b'{"kind": "log", "step": 2, "time": 0, "metrics": [["a", "b"], "AAAAAAAA8D8="]}\n')
     listing = WriteAheadLog(wal.path)
     listing.inspect()
     with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
