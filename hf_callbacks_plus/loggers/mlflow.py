@@ -11,7 +11,6 @@ import sqlite3
 import sys
 import time
 from contextlib import closing
-from importlib import import_module
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Optional
@@ -21,7 +20,6 @@ from .artifacts import save_model_to_temp, stage_folder
 from .base import Backend, LogRecord, WarnOnce
 from .durable import DurableLogger
 from .mlflow_helper import (
-    KNOWN_TRACKING_SCHEMES,
     HelperEnded,
     Store,
     StoreHelper,
@@ -44,15 +42,6 @@ class UnusableRunError(ValueError):
     """The run to reattach to does not exist or is deleted: a misconfiguration, never retried."""
 
 
-def _plugin_schemes() -> set[str]:
-    try:
-        from importlib.metadata import entry_points
-
-        return {entry.name for entry in entry_points().select(group="mlflow.tracking_store")}
-    except Exception:  # metadata problems (or Python 3.9) must not break validation
-        return set()
-
-
 def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
     """Check a tracking URI (scheme, file store, sqlite path); return it unchanged.
 
@@ -67,7 +56,9 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         raise TypeError(f"tracking_uri must be a str, got {type(uri).__name__}: {uri!r}")
     store, refused = Store.parse(uri), f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}"
     if store.kind == "file":
-        allowed = getattr(import_module("mlflow.environment_variables"), "MLFLOW_ALLOW_FILE_STORE", None)
+        from mlflow import environment_variables
+
+        allowed = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
         if allowed is not None and not allowed.get():  # None: an mlflow that still takes file stores
             raise ValueError(f"{refused} is a file store, which the installed mlflow refuses. Use a database "
                              "store, e.g. tracking_uri='sqlite:///mlflow.db', or set "
@@ -87,10 +78,15 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
                              "writable folder, e.g. tracking_uri='sqlite:///mlflow.db' (relative to the "
                              "working directory) or 'sqlite:////absolute/path/mlflow.db'.")
         _refuse_half_made_sqlite(refused, store)
-    elif store.scheme.split("+")[0] not in KNOWN_TRACKING_SCHEMES and store.scheme not in _plugin_schemes():
-        raise ValueError(f"{refused} has an unknown scheme {store.scheme!r}. Valid schemes: "
-                         f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an "
-                         "MLflow plugin.")
+    elif store.kind == "remote":  # a scheme MLflow's own registry of stores (plugins' included) lacks
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        try:
+            _tracking_store_registry.get_store_builder(uri)
+        except Exception as error:  # MLflow's UnsupportedModelRegistryStoreURIException
+            valid = ", ".join(filter(None, getattr(error, "supported_uri_schemes", ())))
+            raise ValueError(f"{refused} has an unknown scheme {store.scheme!r}. " + (
+                f"Valid schemes: {valid}, or a local path." if valid else str(error))) from error
     return uri
 
 
