@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .._compat import env_flag, require
-from .artifacts import save_model_to_temp, stage_folder
+from .artifacts import save_model_to_temp
 from .base import Backend, LogRecord, WarnOnce
 from .durable import DurableLogger
 from .mlflow_helper import (
@@ -207,9 +207,8 @@ class MLflowBackend(Backend):
         """`explain_mlflow_error` for this store's URI."""
         return explain_mlflow_error(error, self.store.uri)
 
-    def is_transient(self, error: BaseException) -> bool:
-        """Only errors known to be transient (`is_transient_mlflow_error`)."""
-        return is_transient_mlflow_error(error)
+    #: Only errors known to be transient.
+    is_transient = staticmethod(is_transient_mlflow_error)
 
     def probe(self, timeout: float = 2.0) -> Optional[tuple[str, str]]:
         """An http(s) store asked once, without retries (``GET /health``): the cause and kind when it
@@ -475,6 +474,7 @@ class MLflowLogger(DurableLogger):
         if max_log_params is not None and max_log_params < 0:
             raise ValueError(f"max_log_params must be >= 0, got {max_log_params!r}")
         self.max_log_params = max_log_params
+        self.log_config = log_params and max_log_params != 0
         if log_artifacts is None:
             log_artifacts = "all" if env_flag("HF_MLFLOW_LOG_ARTIFACTS") else "false"
         if log_artifacts not in LOG_ARTIFACTS_CHOICES:
@@ -537,11 +537,9 @@ class MLflowLogger(DurableLogger):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """With ``log_artifacts`` "checkpoint"/"all", stage the checkpoint for upload."""
         super().on_save(args, state, control, **kwargs)
-        if self.log_artifacts in ("checkpoint", "all") and self._is_open:
+        if self.log_artifacts in ("checkpoint", "all"):
             name = f"checkpoint-{state.global_step}"
-            staged = stage_folder(Path(args.output_dir) / name, Path(args.output_dir) / ".tracker_artifacts")
-            if staged is not None:
-                self._write_file(str(staged), name, "model")
+            self.log_file(Path(args.output_dir) / name, name, "model")
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """With ``log_artifacts`` "end"/"all", save the final model for upload; then close."""
@@ -575,7 +573,3 @@ class MLflowLogger(DurableLogger):
         kept = dict(list(kept.items())[: self.max_log_params])
         if kept:
             super()._write_config(kept)
-
-    def _log_config(self, args: Any, model: Any) -> None:
-        if self.max_log_params != 0:
-            super()._log_config(args, model)
