@@ -237,10 +237,8 @@ class MLflowBackend(Backend):
             if self.helper is not None and not store_is_made(self.store):
                 self.helper.make_store()
             client = MlflowClient(tracking_uri=self.store.uri)
-            service = getattr(client, "_tracking_client", None)
-            if service is not None and callable(getattr(service, "_log_url", None)):
-                # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
-                service._log_url = self._print_masked_run_url
+            # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
+            client._tracking_client._log_url = self._print_masked_run_url
             self._client = client
         return self._client
 

@@ -1,9 +1,6 @@
-"""The store a tracking URI names (`Store`, the URI parsed once), and the helper process that makes it
-and writes its large calls, as a tracking server does (docs/architecture.md, "Who writes a local store",
-"Who makes a new store"): MLflow's migrations use alembic, whose state is process-wide, so only the
-helper makes a store; MLflow writes a local store holding the GIL (about 90 µs a point), so calls of a
-full batch go over a pipe to the helper once they have taken a second here. The helper classifies its
-own errors (`StoreCallFailed`), ignores SIGINT and SIGTERM and ends when its pipe closes.
+"""The store a tracking URI names (`Store`), and the helper process that makes it and writes its large
+calls (docs/architecture.md, "Who writes a local store", "Who makes a new store"). The helper process
+imports only the standard library and mlflow.
 """
 
 from __future__ import annotations
