@@ -140,6 +140,16 @@ def mlflow_run_url_printer(tmp_path: Path) -> None:
     assert list(inspect.signature(client._tracking_client._log_url).parameters) == ["run_id"]
 
 
+def mlflow_store_registry(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    with pytest.raises(Exception) as unknown:
+        _tracking_store_registry.get_store_builder("ftp://host/x")
+    assert "http" in unknown.value.supported_uri_schemes
+    assert callable(_tracking_store_registry.get_store_builder("databricks"))
+
+
 def tensorboard_file_writer(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     from torch.utils.tensorboard import SummaryWriter
@@ -325,6 +335,9 @@ TABLE: list[tuple[str, str, str, str, Callable[[Path], None]]] = [
      "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
     ("mlflow", "TrackingServiceClient", "_log_url",
      "loggers/mlflow.py: the run URL is printed with credentials masked", mlflow_run_url_printer),
+    ("mlflow", "mlflow.tracking._tracking_service.utils", "_tracking_store_registry",
+     "loggers/mlflow.py: a tracking URI's scheme is one MLflow (or a plugin) has a store for",
+     mlflow_store_registry),
     ("mlflow", "mlflow.store.db.utils", "_all_tables_exist",
      "loggers/mlflow_helper.py: whether a store has its tables (opening it then runs no migration)",
      mlflow_store_creation),

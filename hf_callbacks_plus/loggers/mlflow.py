@@ -11,17 +11,15 @@ import sqlite3
 import sys
 import time
 from contextlib import closing
-from importlib import import_module
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Optional
 
 from .._compat import env_flag, require
-from .artifacts import save_model_to_temp, stage_folder
+from .artifacts import save_model_to_temp
 from .base import Backend, LogRecord, WarnOnce
 from .durable import DurableLogger
 from .mlflow_helper import (
-    KNOWN_TRACKING_SCHEMES,
     HelperEnded,
     Store,
     StoreHelper,
@@ -44,15 +42,6 @@ class UnusableRunError(ValueError):
     """The run to reattach to does not exist or is deleted: a misconfiguration, never retried."""
 
 
-def _plugin_schemes() -> set[str]:
-    try:
-        from importlib.metadata import entry_points
-
-        return {entry.name for entry in entry_points().select(group="mlflow.tracking_store")}
-    except Exception:  # metadata problems (or Python 3.9) must not break validation
-        return set()
-
-
 def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
     """Check a tracking URI (scheme, file store, sqlite path); return it unchanged.
 
@@ -67,7 +56,9 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
         raise TypeError(f"tracking_uri must be a str, got {type(uri).__name__}: {uri!r}")
     store, refused = Store.parse(uri), f"tracking_uri (or MLFLOW_TRACKING_URI) {uri!r}"
     if store.kind == "file":
-        allowed = getattr(import_module("mlflow.environment_variables"), "MLFLOW_ALLOW_FILE_STORE", None)
+        from mlflow import environment_variables
+
+        allowed = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
         if allowed is not None and not allowed.get():  # None: an mlflow that still takes file stores
             raise ValueError(f"{refused} is a file store, which the installed mlflow refuses. Use a database "
                              "store, e.g. tracking_uri='sqlite:///mlflow.db', or set "
@@ -87,10 +78,15 @@ def validate_tracking_uri(uri: Optional[str]) -> Optional[str]:
                              "writable folder, e.g. tracking_uri='sqlite:///mlflow.db' (relative to the "
                              "working directory) or 'sqlite:////absolute/path/mlflow.db'.")
         _refuse_half_made_sqlite(refused, store)
-    elif store.scheme.split("+")[0] not in KNOWN_TRACKING_SCHEMES and store.scheme not in _plugin_schemes():
-        raise ValueError(f"{refused} has an unknown scheme {store.scheme!r}. Valid schemes: "
-                         f"{', '.join(KNOWN_TRACKING_SCHEMES)}, a local path, or a scheme registered by an "
-                         "MLflow plugin.")
+    elif store.kind == "remote":  # a scheme MLflow's own registry of stores (plugins' included) lacks
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        try:
+            _tracking_store_registry.get_store_builder(uri)
+        except Exception as error:  # MLflow's UnsupportedModelRegistryStoreURIException
+            valid = ", ".join(filter(None, getattr(error, "supported_uri_schemes", ())))
+            raise ValueError(f"{refused} has an unknown scheme {store.scheme!r}. " + (
+                f"Valid schemes: {valid}, or a local path." if valid else str(error))) from error
     return uri
 
 
@@ -211,9 +207,8 @@ class MLflowBackend(Backend):
         """`explain_mlflow_error` for this store's URI."""
         return explain_mlflow_error(error, self.store.uri)
 
-    def is_transient(self, error: BaseException) -> bool:
-        """Only errors known to be transient (`is_transient_mlflow_error`)."""
-        return is_transient_mlflow_error(error)
+    #: Only errors known to be transient.
+    is_transient = staticmethod(is_transient_mlflow_error)
 
     def probe(self, timeout: float = 2.0) -> Optional[tuple[str, str]]:
         """An http(s) store asked once, without retries (``GET /health``): the cause and kind when it
@@ -242,10 +237,8 @@ class MLflowBackend(Backend):
             if self.helper is not None and not store_is_made(self.store):
                 self.helper.make_store()
             client = MlflowClient(tracking_uri=self.store.uri)
-            service = getattr(client, "_tracking_client", None)
-            if service is not None and callable(getattr(service, "_log_url", None)):
-                # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
-                service._log_url = self._print_masked_run_url
+            # MLflow prints "View run ... at: <tracking URI>", credentials included: print it masked
+            client._tracking_client._log_url = self._print_masked_run_url
             self._client = client
         return self._client
 
@@ -479,6 +472,7 @@ class MLflowLogger(DurableLogger):
         if max_log_params is not None and max_log_params < 0:
             raise ValueError(f"max_log_params must be >= 0, got {max_log_params!r}")
         self.max_log_params = max_log_params
+        self.log_config = log_params and max_log_params != 0
         if log_artifacts is None:
             log_artifacts = "all" if env_flag("HF_MLFLOW_LOG_ARTIFACTS") else "false"
         if log_artifacts not in LOG_ARTIFACTS_CHOICES:
@@ -541,11 +535,9 @@ class MLflowLogger(DurableLogger):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """With ``log_artifacts`` "checkpoint"/"all", stage the checkpoint for upload."""
         super().on_save(args, state, control, **kwargs)
-        if self.log_artifacts in ("checkpoint", "all") and self._is_open:
+        if self.log_artifacts in ("checkpoint", "all"):
             name = f"checkpoint-{state.global_step}"
-            staged = stage_folder(Path(args.output_dir) / name, Path(args.output_dir) / ".tracker_artifacts")
-            if staged is not None:
-                self._write_file(str(staged), name, "model")
+            self.log_file(Path(args.output_dir) / name, name, "model")
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """With ``log_artifacts`` "end"/"all", save the final model for upload; then close."""
@@ -579,7 +571,3 @@ class MLflowLogger(DurableLogger):
         kept = dict(list(kept.items())[: self.max_log_params])
         if kept:
             super()._write_config(kept)
-
-    def _log_config(self, args: Any, model: Any) -> None:
-        if self.max_log_params != 0:
-            super()._log_config(args, model)

@@ -1,9 +1,6 @@
-"""The store a tracking URI names (`Store`, the URI parsed once), and the helper process that makes it
-and writes its large calls, as a tracking server does (docs/architecture.md, "Who writes a local store",
-"Who makes a new store"): MLflow's migrations use alembic, whose state is process-wide, so only the
-helper makes a store; MLflow writes a local store holding the GIL (about 90 µs a point), so calls of a
-full batch go over a pipe to the helper once they have taken a second here. The helper classifies its
-own errors (`StoreCallFailed`), ignores SIGINT and SIGTERM and ends when its pipe closes.
+"""The store a tracking URI names (`Store`), and the helper process that makes it and writes its large
+calls (docs/architecture.md, "Who writes a local store", "Who makes a new store"). The helper process
+imports only the standard library and mlflow.
 """
 
 from __future__ import annotations
@@ -32,12 +29,6 @@ from urllib.parse import urlparse
 __all__ = ["HelperEnded", "Store", "StoreCallFailed", "StoreHelper", "explain_mlflow_error",
            "is_transient_mlflow_error", "make_store", "store_is_made"]
 
-#: SQLAlchemy dialects MLflow stores in besides sqlite.
-DATABASES = ("postgresql", "mysql", "mssql")
-#: Tracking URIs of one word that name a remote store (Databricks' profiles and Unity Catalog).
-REMOTE_NAMES = ("databricks", "databricks-uc", "uc")
-#: Tracking URI schemes MLflow understands out of the box (plugins add more).
-KNOWN_TRACKING_SCHEMES = ("file", "sqlite", *DATABASES, "http", "https", *REMOTE_NAMES)
 #: The helper starts once this process has spent this long in the calls it would take.
 START_AFTER_SECONDS = 1.0
 #: How long `StoreHelper.close` waits for an idle helper to end.
@@ -156,10 +147,12 @@ class Store:
 
     @classmethod
     def parse(cls, uri: str) -> Store:
-        """Parse ``uri`` (a URI or a local path)."""
+        """Parse ``uri`` (a URI or a local path) as MLflow's registry of stores does."""
+        from mlflow.store.db.db_types import DATABASE_ENGINES
+
         scheme = urlparse(uri).scheme.lower()
-        if uri.lower() in REMOTE_NAMES:
-            return cls(uri, uri.lower(), "remote")
+        if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's one-word remote stores
+            return cls(uri, uri, "remote")
         if len(scheme) <= 1 or scheme == "file":  # a path, a Windows drive letter, file:
             from mlflow.utils.file_utils import local_file_uri_to_path
 
@@ -172,7 +165,7 @@ class Store:
                 return cls(uri, scheme, "memory")
             return cls(f"{base}:///{os.path.abspath(path)}{rest[len(path):]}", scheme, "sqlite",
                        os.path.abspath(path))
-        return cls(uri, scheme, "database" if scheme.split("+")[0] in DATABASES else "remote")
+        return cls(uri, scheme, "database" if scheme.split("+")[0] in DATABASE_ENGINES else "remote")
 
     @property
     def written_here(self) -> bool:
