@@ -6,10 +6,9 @@ import base64
 import dataclasses
 import json
 import os
-import sys
+import struct
 import threading
 import time
-from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
@@ -54,27 +53,6 @@ class StoreUnreachable(ConnectionError):
 
 #: The names `WriteAheadLog._line` packed last, and their JSON.
 _NAMES_JSON: tuple[tuple[str, ...], str] = ((), "[]")
-
-
-def _pack(values: array) -> str:
-    """Float64 values as base64 of their little-endian bytes."""
-    if sys.byteorder == "big":
-        values.byteswap()
-    return base64.b64encode(values.tobytes()).decode()
-
-
-def _unpack(text: str, count: int) -> array:
-    """The ``count`` values `_pack` wrote.
-
-    Raises:
-        ValueError: ``text`` does not hold ``count`` values.
-    """
-    values = array("d", base64.b64decode(text))
-    if len(values) != count:
-        raise ValueError(f"{len(values)} values for {count} names")
-    if sys.byteorder == "big":
-        values.byteswap()
-    return values
 
 
 def replay_hint(path: Union[str, Path]) -> str:
@@ -201,7 +179,8 @@ class WriteAheadLog:
         if names != cached[0]:
             cached = _NAMES_JSON = (names, json.dumps(list(names)))
         rest = json.dumps({key: value for key, value in entry.items() if key != "metrics"}, allow_nan=True)
-        return f'{rest[:-1]}, "metrics": [{cached[1]}, "{_pack(array("d", metrics.values()))}"]}}\n'.encode()
+        values = base64.b64encode(struct.pack(f"<{len(names)}d", *metrics.values())).decode()
+        return f'{rest[:-1]}, "metrics": [{cached[1]}, "{values}"]}}\n'.encode()
 
     def append(self, entry: dict[str, Any]) -> tuple[int, int]:
         """Append one entry: one ``os.write`` of a whole line (the kernel has it when this returns); the
@@ -296,8 +275,9 @@ class WriteAheadLog:
                     entry = json.loads(line)
                     if type(entry.get("metrics")) is list:  # packed by `_line`
                         names, values = entry["metrics"]
-                        entry["metrics"] = dict(zip(names, _unpack(values, len(names))))
-                except (ValueError, TypeError):
+                        entry["metrics"] = dict(zip(names, struct.unpack(f"<{len(names)}d",
+                                                                         base64.b64decode(values))))
+                except (ValueError, TypeError, struct.error):
                     entry = None
                     logger.warning("%s: skipping a corrupt line at byte %d of %s.",
                                    self.target.get("logger"), end - len(line), self.path)
