@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -48,11 +49,9 @@ def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
 def choice(name: str, value: Any, env: str, default: str, choices: Sequence[str]) -> str:
     """``value`` (else env ``env``, else ``default``) checked against ``choices`` (ValueError naming it)."""
     raw = value if value is not None else os.environ.get(env, default)
-    if isinstance(raw, bool):
-        raw = "end" if (raw and name == "log_model") else ("all" if raw else "false")
     text = str(raw).strip().lower()
-    if name == "log_model" and text in ("true", "1"):
-        text = "end"
+    if raw is True or (name == "log_model" and text in ("true", "1")):
+        text = "end" if name == "log_model" else "all"
     if text in ("", "0", "none", "no"):
         text = "false"
     if text not in choices:
@@ -88,19 +87,14 @@ def settings_problems(wandb: Any, settings: Any = None) -> list[str]:
     return problems
 
 
-def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:
+def settings_hiding_secret_args(settings: Any, argv: list[str], warn: Callable[..., None]) -> Any:
     """``settings`` (``wandb.Settings``, a dict or None) plus ``x_disable_meta=True`` when ``argv``
     passes a secret: W&B records the command line in the run's metadata. A value the user set is kept."""
-    if not command_line_has_secret(argv):
+    chosen = settings if isinstance(settings, dict) else getattr(settings, "model_fields_set", ())
+    if "x_disable_meta" in chosen or not command_line_has_secret(argv):
         return settings
-    if isinstance(settings, dict):
-        if "x_disable_meta" in settings:
-            return settings
-        settings = {**settings, "x_disable_meta": True}
-    elif settings is None:
-        settings = wandb.Settings(x_disable_meta=True)
-    elif "x_disable_meta" in getattr(settings, "model_fields_set", ()):
-        return settings
+    if settings is None or isinstance(settings, dict):
+        settings = {**(settings or {}), "x_disable_meta": True}
     else:
         settings = settings.model_copy(update={"x_disable_meta": True})
     warn(("argv-secret",), "WandbLogger: the command line passes a secret (a token, password or api key); "
@@ -146,17 +140,12 @@ class WandbBackend(Backend):
 
     def new_run_id(self) -> str:
         """A W&B run id made here (``wandb.init(id=...)``): the first checkpoint names the run."""
-        generate = getattr(getattr(self._wandb, "util", None), "generate_id", None)
-        return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
+        return uuid.uuid4().hex[:8]
 
     def prepare(self, run_id: Optional[str]) -> None:
         """Start W&B's service now, on the training thread, so its exit hook runs after ours."""
-        setup = getattr(self._wandb, "setup", None)
-        try:
-            if callable(setup):
-                setup()
-        except Exception:  # a setting W&B refuses after our checks: `start` raises it, told then
-            pass
+        with contextlib.suppress(Exception):  # a setting W&B refuses after our checks: `start` raises it
+            self._wandb.setup()
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         """Open the run (rewound to ``rewind_to``), or adopt the run the user opened."""
@@ -171,7 +160,7 @@ class WandbBackend(Backend):
                 "group": mask_secrets(self.init.get("group")), "id": run_id,
                 "project": self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface",
                 "resume": self.init.get("resume") if run_id else None}
-        settings = settings_hiding_secret_args(self.settings, wandb, sys.argv[1:], self._warn)
+        settings = settings_hiding_secret_args(self.settings, sys.argv[1:], self._warn)
         if settings is not None:
             init["settings"] = settings
         if version_tuple(wandb, 2) >= (0, 19):
