@@ -137,23 +137,20 @@ def mask_secrets(text: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
 def looks_like_secret(key: str, value: Any) -> bool:
     """True when a string ``value`` logged under ``key`` must be replaced as a whole: the key names a
     credential (not a vocabulary token), or the value is an access token or a secret env value."""
-    if not isinstance(value, str) or value.strip() in _NOT_SET:
+    stripped = value.strip() if isinstance(value, str) else ""
+    if stripped in _NOT_SET:
         return False
-    if is_secret_key(key) and not is_vocabulary_token(key, value):
-        return True
-    stripped = value.strip()
-    return bool(_TOKEN_PATTERNS.fullmatch(stripped)) or stripped in known_secret_values()
+    return ((is_secret_key(key) and not is_vocabulary_token(key, value))
+            or bool(_TOKEN_PATTERNS.fullmatch(stripped)) or stripped in known_secret_values())
 
 
 def redact_value(key: str, value: Any) -> str:
     """The text a tracker receives for the config value ``value`` of ``key``: ``<redacted>`` for a
     set credential field or a secret value, else ``str(value)`` with secrets masked."""
     text = value if isinstance(value, str) else str(value)
-    if value is None or isinstance(value, bool) or (isinstance(value, str) and value in _NOT_SET):
+    if value is None or isinstance(value, bool):
         return text
-    if (is_secret_key(key) and not is_vocabulary_token(key, value)) or looks_like_secret(key, value):
-        return REDACTED
-    return mask_secrets(text)
+    return REDACTED if looks_like_secret(key, text) else mask_secrets(text)
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
