@@ -1,19 +1,10 @@
 """W&B run files (``run-*.wandb``, W&B's transaction log): the format, and the last history row on disk.
 
-W&B's service writes every record of a run to ``<sync_dir>/run-<id>.wandb`` (offline runs, and the local
-copy of online ones) in 32 KiB blocks it keeps in memory until they are full: what it holds when it is
-killed is not in the file. `WandbLogger`'s journal keeps every row until this file holds it
-(`HistoryTail`, read on from where it stopped); the test kit's ``read_wandb_run`` folds the whole run.
-
-The format (nothing from ``wandb``'s private internals): a LevelDB-style log of protobuf
-``wandb.proto.wandb_internal_pb2.Record`` messages:
-
-* a 7-byte file header: ``b":W&B"``, the magic ``0xBEE1`` (little-endian uint16) and a version byte (0);
-* then 32 KiB blocks (the first block starts with the file header). Each block holds chunks with a
-  7-byte header: ``crc32`` (little-endian uint32, zlib's CRC-32 of the type byte followed by the data,
-  not masked), ``length`` (uint16) and ``type`` (1 full, 2 first, 3 middle, 4 last). A record larger
-  than what is left in a block is split into first/middle.../last chunks. When fewer than 7 bytes are
-  left in a block they are zero padding. Every checksum is verified.
+W&B's service writes every record of a run to ``<sync_dir>/run-<id>.wandb`` in 32 KiB blocks it keeps
+in memory until they are full: what it holds when it is killed is not in the file. `WandbLogger`'s
+journal keeps every row until this file holds it (`HistoryTail`); the test kit's ``read_wandb_run``
+folds the whole run. The format, a LevelDB-style log of protobuf ``wandb_internal_pb2.Record`` messages
+with every chunk's CRC-32 verified, is described in docs/testing_wandb.md ("The file format").
 """
 
 from __future__ import annotations
