@@ -258,9 +258,10 @@ class _Folder:
         kind = record.WhichOneof("record_type") or "unknown"
         counts = self.run.record_counts
         counts[kind] = counts.get(kind, 0) + 1
-        handler = getattr(self, f"_on_{kind}", None)
-        if handler is not None:
-            handler(getattr(record, kind))
+        if kind in ("config", "summary"):
+            self._apply(getattr(self.run, kind), getattr(record, kind))
+        elif hasattr(self, f"_on_{kind}"):
+            getattr(self, f"_on_{kind}")(getattr(record, kind))
 
     def _on_run(self, rec: Any) -> None:
         # The first run record carries everything; later ones (``run.tags = ...``,
@@ -281,19 +282,13 @@ class _Folder:
         if rec.HasField("branch_point") and rec.branch_point.run:
             point = rec.branch_point
             run.branch_point = {"run": point.run, "metric": point.metric, "value": point.value}
-        if rec.HasField("config"):
-            self._on_config(rec.config)
-        if rec.HasField("summary"):
-            self._on_summary(rec.summary)
+        for kind in ("config", "summary"):
+            if rec.HasField(kind):
+                self._apply(getattr(run, kind), getattr(rec, kind))
 
-    def _on_config(self, rec: Any) -> None:
-        self._apply(self.run.config, rec.update, rec.remove)
-
-    def _on_summary(self, rec: Any) -> None:
-        self._apply(self.run.summary, rec.update, rec.remove)
-
-    def _apply(self, target: dict[str, Any], updates: Any, removals: Any) -> None:
-        for item in updates:
+    def _apply(self, target: dict[str, Any], rec: Any) -> None:
+        """A config or summary record's updates, then its removals."""
+        for item in rec.update:
             keys = _item_path(item)
             if not self.keep(keys[0]):
                 continue
@@ -304,7 +299,7 @@ class _Folder:
                     child = node[key] = {}
                 node = child
             node[keys[-1]] = _decode(item.value_json)
-        for item in removals:
+        for item in rec.remove:
             keys = _item_path(item)
             node = target
             for key in keys[:-1]:
