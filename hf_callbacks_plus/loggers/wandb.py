@@ -159,25 +159,21 @@ class WandbBackend(Backend):
         init = {**self.init, "name": mask_secrets(self.init.get("name") or self.run_name_from_args),
                 "group": mask_secrets(self.init.get("group")), "id": run_id,
                 "project": self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface",
-                "resume": self.init.get("resume") if run_id else None}
-        settings = settings_hiding_secret_args(self.settings, sys.argv[1:], self._warn)
-        if settings is not None:
-            init["settings"] = settings
-        if version_tuple(wandb, 2) >= (0, 19):
-            init["reinit"] = "create_new"
+                "resume": self.init.get("resume") if run_id else None,
+                "settings": settings_hiding_secret_args(self.settings, sys.argv[1:], self._warn),
+                "reinit": "create_new" if version_tuple(wandb, 2) >= (0, 19) else None}
         rewind, self.rewind_to = self.rewind_to, None
         failures: list[str] = []
-        for attempt in range(REWIND_ATTEMPTS if rewind is not None and run_id else 0):
+        while rewind is not None and run_id and self.run is None:
             try:  # the rows after the rewind's are the resumed run's
                 self.run = self._init({**init, "resume": None, "resume_from": f"{run_id}?_step={rewind}"})
-                break
             except Exception as error:  # a killed training's service may hold the run a moment longer
                 failures.append(f"{type(error).__name__}: {str(error)[:300]}")
-                if attempt + 1 == REWIND_ATTEMPTS:  # online: the run never reached W&B's server
+                if len(failures) == REWIND_ATTEMPTS:  # online: the run never reached W&B's server
                     logger.warning("WandbLogger: could not rewind run %s to step %d (%s); continuing it "
                                    "without rewinding.", run_id, rewind, "; ".join(failures))
                     rewind = None
-                time.sleep(attempt + 1)
+                time.sleep(len(failures))
         if self.run is None:
             self.run = self._init(init)
         self._opened(rewound=rewind is not None)
@@ -323,7 +319,7 @@ class WandbLogger(DurableLogger):
         self.mode, self.resume, self.dir, self.settings = mode, resume, dir, settings
         self.log_model = choice("log_model", log_model, "WANDB_LOG_MODEL", "false", LOG_MODEL_CHOICES)
         self.watch = choice("watch", watch, "WANDB_WATCH", "false", WATCH_CHOICES)
-        self._given = {"project": project, "run_id": run_id, "log_model": log_model, "watch": watch}
+        self._given = {"log_model": log_model, "watch": watch}  # state_args: the arguments, not the env
         self.explicit_run_id = run_id or os.environ.get("WANDB_RUN_ID") or None
         #: Why the logger does nothing (``WANDB_DISABLED``, ``mode="disabled"``), or None.
         self.disabled_reason = wandb_disabled_reason(mode)
@@ -361,7 +357,7 @@ class WandbLogger(DurableLogger):
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger (the run id is in the attributes)."""
-        return {**self._init_kwargs(), "log_model": self._given["log_model"], "watch": self._given["watch"]}
+        return {**self._init_kwargs(), **self._given}
 
     # -- events (no-ops when disabled: no backend) ---------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
