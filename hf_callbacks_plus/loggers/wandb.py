@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
-from .artifacts import save_model_to_temp, stage_folder
+from .artifacts import save_model_to_temp
 from .base import FINISHED, Backend, LogRecord, WarnOnce, is_main_process, logger
 from .config import typed
 from .durable import DurableLogger
@@ -389,12 +389,9 @@ class WandbLogger(DurableLogger):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """With ``log_model="checkpoint"``, upload the checkpoint folder as a model artifact."""
         super().on_save(args, state, control, **kwargs)
-        if self.backend is None or self.log_model != "checkpoint" or not self._is_open:
-            return
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        staged = stage_folder(folder, Path(args.output_dir) / ".tracker_artifacts")
-        if staged is not None:
-            self._write_file(str(staged), f"checkpoint_global_step_{state.global_step}", "model")
+        if self.backend is not None and self.log_model == "checkpoint":
+            self.log_file(Path(args.output_dir) / f"checkpoint-{state.global_step}",
+                          f"checkpoint_global_step_{state.global_step}", "model")
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Upload the final model (``log_model="end"``); the run stays open, as with ``WandbCallback``, for
