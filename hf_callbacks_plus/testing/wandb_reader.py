@@ -1,19 +1,6 @@
-"""W&B run files (``run-*.wandb``) read back: the format, and the run it records.
-
-``wandb.init(mode="offline")`` writes every record of a run to
-``<WANDB_DIR>/wandb/offline-run-<time>-<id>/run-<id>.wandb``. This reader is part of the test
-kit (``hf_callbacks_plus.testing.read_wandb_run``): tests read what a training really logged.
-
-The format is in ``hf_callbacks_plus.loggers.wandb_files`` (which `WandbLogger` also reads).
-The records are folded into a `WandbRun`: history rows, config,
-summary, run id, project, tags and exit code.
-
-Example:
-    >>> run = read_wandb_run(tmp_path / "wandb")          # doctest: +SKIP
-    >>> [row["_step"] for row in run.history]             # doctest: +SKIP
-    [10, 20, 30]
-    >>> run.config["learning_rate"], run.exit_code        # doctest: +SKIP
-    (0.1, 0)
+"""W&B run files (``run-*.wandb``) read back into a `WandbRun` (history rows, config, summary, identity,
+exit code), for tests to assert what a training really logged (docs/testing_wandb.md). The format is read
+by ``hf_callbacks_plus.loggers.wandb_files``, which `WandbLogger` also uses.
 """
 
 from __future__ import annotations
@@ -223,9 +210,8 @@ def _read_once(file: Path, internal_keys: bool) -> WandbRun:
     run = WandbRun(path=file, truncated=truncated)
     folder = _Folder(run, internal_keys)
     for payload in raw_records:
-        record = pb.Record()
         try:
-            record.ParseFromString(payload)
+            record = pb.Record.FromString(payload)
         except Exception as error:  # protobuf raises its own DecodeError
             raise WandbLogFormatError(f"{file}: a record is not a valid protobuf Record: {error}") from error
         folder.add(record)
