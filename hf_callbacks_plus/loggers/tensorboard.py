@@ -73,12 +73,9 @@ class TensorBoardBackend(Backend):
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         run_id = run_id or self.new_run_id()
         self.directory = self._log_dir(run_id)
-        kwargs: dict[str, Any] = {}
-        if resume and self.purge_step is not None:
-            kwargs["purge_step"] = self.purge_step
         # only the first open of a resumed train() purges (not evaluate() after it)
-        self.purge_step = None
-        self._writer = self._writer_class(log_dir=self.directory, **kwargs)
+        purge_step, self.purge_step = self.purge_step if resume else None, None
+        self._writer = self._writer_class(log_dir=self.directory, purge_step=purge_step)
         return run_id
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
