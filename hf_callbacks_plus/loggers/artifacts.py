@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..runtime.file_copies import copy_file
-from .secrets import REDACTED, looks_like_secret, mask_secrets
+from .secrets import mask_secrets, redact_value
 
 __all__ = ["NEVER_UPLOADED", "redacted", "save_model_to_temp", "stage_folder"]
 
@@ -31,7 +31,7 @@ def redacted(value: Any, key: str = "") -> Any:
     if isinstance(value, list):
         return [redacted(item, key) for item in value]
     if isinstance(value, str):
-        return REDACTED if looks_like_secret(key, value) else mask_secrets(value)
+        return redact_value(key, value)
     return value
 
 

@@ -41,7 +41,7 @@ def _flat(config: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 
 def args_to_dict(args: Any) -> dict[str, Any]:
     """``args.to_dict()`` (its ``<HUB_TOKEN>``-style placeholders undone for unset fields and vocabulary
-    tokens), the dataclass fields, or the public attributes of ``args``."""
+    tokens), the dataclass fields, or the public attributes of ``args`` (a model config too)."""
     if args is None:
         return {}
     to_dict = getattr(args, "to_dict", None)
@@ -57,15 +57,7 @@ def args_to_dict(args: Any) -> dict[str, Any]:
         return {item.name: getattr(args, item.name, None) for item in dataclasses.fields(args)}
     if isinstance(args, dict):
         return dict(args)
-    return {key: value for key, value in vars(args).items() if not key.startswith("_")}
-
-
-def model_config_to_dict(model: Any) -> dict[str, Any]:
-    """The model's ``config.to_dict()`` (or a dict config), else {}."""
-    config = getattr(model, "config", None)
-    to_dict = getattr(config, "to_dict", None)
-    result = to_dict() if callable(to_dict) else config
-    return dict(result) if isinstance(result, dict) else {}
+    return {key: value for key, value in getattr(args, "__dict__", {}).items() if not key.startswith("_")}
 
 
 def model_facts(model: Any) -> dict[str, Any]:
@@ -95,6 +87,6 @@ def model_facts(model: Any) -> dict[str, Any]:
 def collect_config(args: Any, model: Any = None) -> dict[str, str]:
     """``args`` (``TrainingArguments``, ``LoopArguments``, a dataclass or a dict: bare keys), the model
     config (``model.<key>``), its parameter count and peft config, flat, as redacted strings."""
-    config = {**flatten_metrics(args_to_dict(args)), **_flat(model_config_to_dict(model), "model"),
-              **model_facts(model)}
+    model_config = args_to_dict(getattr(model, "config", None))
+    config = {**flatten_metrics(args_to_dict(args)), **_flat(model_config, "model"), **model_facts(model)}
     return redact_config(config)

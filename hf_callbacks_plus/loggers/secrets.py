@@ -9,9 +9,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, Optional
 
-__all__ = ["MASK", "REDACTED", "SecretMaskingFilter", "command_line_has_secret", "install_log_filter",
-           "is_secret_key", "is_vocabulary_token", "known_secret_values", "looks_like_secret", "mask_secrets",
-           "mask_url_credentials", "redact_config", "redact_value", "remember_credentials", "unmask_url"]
+__all__ = ["MASK", "REDACTED", "command_line_has_secret", "install_log_filter", "is_secret_key",
+           "is_vocabulary_token", "known_secret_values", "looks_like_secret", "mask_log_record",
+           "mask_secrets", "mask_url_credentials", "redact_config", "redact_value", "remember_credentials",
+           "unmask_url"]
 
 #: What a whole secret value is replaced with before it reaches a backend.
 REDACTED = "<redacted>"
@@ -91,17 +92,10 @@ def _items(environ: Mapping[str, str]) -> list[tuple[str, str]]:
 
 
 def _mask_userinfo(match: re.Match) -> str:
-    userinfo = match.group("userinfo")
-    user, colon, password = userinfo.partition(":")
-    if colon:
-        masked = f"{user}:{MASK}" if password else userinfo
-        if _TOKEN_PATTERNS.search(user) or (not password and len(user) >= 20):
-            masked = f"{MASK}:{MASK if password else ''}"
-    elif _TOKEN_PATTERNS.search(user) or len(user) >= 20:  # a lone token used as the user name
-        masked = MASK
-    else:
-        masked = userinfo
-    return f"{match.group('scheme')}{masked}@"
+    user, colon, password = match.group("userinfo").partition(":")
+    if _TOKEN_PATTERNS.search(user) or (not password and len(user) >= 20):  # a token as the user name
+        user = MASK
+    return f"{match.group('scheme')}{user}{colon}{MASK if password else ''}@"
 
 
 def _mask_query(match: re.Match) -> str:
@@ -129,31 +123,27 @@ def mask_secrets(text: Any, environ: Optional[Mapping[str, str]] = None) -> Any:
     masked = mask_url_credentials(text)
     masked = _TOKEN_PATTERNS.sub(MASK, masked)
     for secret in known_secret_values(environ):
-        if secret in masked:
-            masked = masked.replace(secret, MASK)
+        masked = masked.replace(secret, MASK)
     return masked
 
 
 def looks_like_secret(key: str, value: Any) -> bool:
     """True when a string ``value`` logged under ``key`` must be replaced as a whole: the key names a
     credential (not a vocabulary token), or the value is an access token or a secret env value."""
-    if not isinstance(value, str) or value.strip() in _NOT_SET:
+    stripped = value.strip() if isinstance(value, str) else ""
+    if stripped in _NOT_SET:
         return False
-    if is_secret_key(key) and not is_vocabulary_token(key, value):
-        return True
-    stripped = value.strip()
-    return bool(_TOKEN_PATTERNS.fullmatch(stripped)) or stripped in known_secret_values()
+    return ((is_secret_key(key) and not is_vocabulary_token(key, value))
+            or bool(_TOKEN_PATTERNS.fullmatch(stripped)) or stripped in known_secret_values())
 
 
 def redact_value(key: str, value: Any) -> str:
     """The text a tracker receives for the config value ``value`` of ``key``: ``<redacted>`` for a
     set credential field or a secret value, else ``str(value)`` with secrets masked."""
     text = value if isinstance(value, str) else str(value)
-    if value is None or isinstance(value, bool) or (isinstance(value, str) and value in _NOT_SET):
+    if value is None or isinstance(value, bool):
         return text
-    if (is_secret_key(key) and not is_vocabulary_token(key, value)) or looks_like_secret(key, value):
-        return REDACTED
-    return mask_secrets(text)
+    return REDACTED if looks_like_secret(key, text) else mask_secrets(text)
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
@@ -164,9 +154,8 @@ def redact_config(config: Mapping[str, Any]) -> dict[str, str]:
 def command_line_has_secret(argv: list[str]) -> bool:
     """True when a command line passes a secret: ``--hub_token X``, ``--api-key=X``, a URL with a
     password, an access token, or the value of a secret environment variable."""
-    known = known_secret_values()
     for index, arg in enumerate(argv):
-        if mask_secrets(arg) != arg or arg.strip() in known:
+        if mask_secrets(arg) != arg:  # a URL's credentials, an access token, a secret env value
             return True
         if arg.startswith("-"):
             flag, _, inline = arg.lstrip("-").partition("=")
@@ -209,26 +198,23 @@ def unmask_url(url: Any, env_var: Optional[str] = None) -> Any:
                      f"is not known in this process; pass it explicitly{hint}.")
 
 
-class SecretMaskingFilter(logging.Filter):
-    """A logging filter that masks secrets (`mask_secrets`) in every message it passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Rewrite ``record`` with its secrets masked; never drops it."""
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed record: let logging report it as usual
-            return True
-        masked = mask_secrets(message)
-        if masked != message:
-            record.msg, record.args = masked, ()
+def mask_log_record(record: logging.LogRecord) -> bool:
+    """A logging filter: rewrite ``record`` with its secrets masked (`mask_secrets`); never drops it."""
+    try:
+        message = record.getMessage()
+    except Exception:  # a malformed record: let logging report it as usual
         return True
+    masked = mask_secrets(message)
+    if masked != message:
+        record.msg, record.args = masked, ()
+    return True
 
 
 def install_log_filter(name: str = "hf_callbacks_plus") -> None:
-    """Attach one `SecretMaskingFilter` to the logger ``name`` (idempotent)."""
+    """Attach `mask_log_record` to the logger ``name`` once."""
     target = logging.getLogger(name)
-    if not any(isinstance(existing, SecretMaskingFilter) for existing in target.filters):
-        target.addFilter(SecretMaskingFilter())
+    if mask_log_record not in target.filters:
+        target.addFilter(mask_log_record)
 
 
 install_log_filter()

@@ -12,17 +12,8 @@ __all__ = ["replace_report_to_callbacks"]
 LoggerChoice = Union[bool, TrackerLogger]
 
 
-def _stock_classes() -> dict[str, Any]:
-    try:
-        from transformers.integrations import integration_utils
-    except ImportError:  # transformers missing or broken: nothing to swap
-        return {}
-    return {name: getattr(integration_utils, cls, None) for cls, name in _STOCK_REPORT_TO.items()}
-
-
-def _build(kind: str, stock: Any) -> TrackerLogger:
+def _build(kind: str, stock_name: str, stock: Any) -> TrackerLogger:
     """Our logger for the stock callback ``stock`` (``loggers/<kind>.py``: ``XCallback`` -> ``XLogger``)."""
-    stock_name = next(cls for cls, report_to in _STOCK_REPORT_TO.items() if report_to == kind)
     module = importlib.import_module(f"{__package__}.{kind}")
     logger_class = getattr(module, stock_name.replace("Callback", "Logger"))
     if kind == "tensorboard":  # the stock callback's folder
@@ -62,13 +53,17 @@ def replace_report_to_callbacks(trainer: Any, mlflow: LoggerChoice = True, wandb
             raise TypeError(f"{name} must be True, False or a TrackerLogger instance, got {choice!r}")
     swapped: list[tuple[Any, TrackerLogger]] = []
     callbacks = handler.callbacks
-    for kind, stock_class in _stock_classes().items():
-        choice = choices[kind]
+    try:
+        from transformers.integrations import integration_utils
+    except ImportError:  # transformers missing or broken: nothing to swap
+        return swapped
+    for stock_name, kind in _STOCK_REPORT_TO.items():
+        stock_class, choice = getattr(integration_utils, stock_name, None), choices[kind]
         if stock_class is None or choice is False:
             continue
         for index, callback in enumerate(list(callbacks)):
             if isinstance(callback, stock_class):
-                new = choice if isinstance(choice, TrackerLogger) else _build(kind, callback)
+                new = choice if isinstance(choice, TrackerLogger) else _build(kind, stock_name, callback)
                 callbacks[index] = new
                 if hasattr(new, "attach_trainer"):
                     new.attach_trainer(trainer)

@@ -73,12 +73,9 @@ class TensorBoardBackend(Backend):
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         run_id = run_id or self.new_run_id()
         self.directory = self._log_dir(run_id)
-        kwargs: dict[str, Any] = {}
-        if resume and self.purge_step is not None:
-            kwargs["purge_step"] = self.purge_step
         # only the first open of a resumed train() purges (not evaluate() after it)
-        self.purge_step = None
-        self._writer = self._writer_class(log_dir=self.directory, **kwargs)
+        purge_step, self.purge_step = self.purge_step if resume else None, None
+        self._writer = self._writer_class(log_dir=self.directory, purge_step=purge_step)
         return run_id
 
     def log(self, records: list[LogRecord], run_id: str) -> None:
@@ -157,7 +154,8 @@ class TensorBoardLogger(DurableLogger):
             raise TypeError(f"log_dir must be a str or os.PathLike, got {type(log_dir).__name__}: "
                             f"{log_dir!r}")
         self.log_dir = None if log_dir is None else str(log_dir)
-        self.backend: TensorBoardBackend = TensorBoardBackend(summary_writer_class(), self._directory)
+        self.backend: TensorBoardBackend = TensorBoardBackend(summary_writer_class(),
+                                                              lambda run_id: str(self.local_location()))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """A resumed ``train()`` purges the events the earlier process wrote after the checkpoint."""
@@ -165,10 +163,6 @@ class TensorBoardLogger(DurableLogger):
             step = int(getattr(state, "global_step", 0) or 0)
             self.backend.purge_step = step + 1 if step else None
         return super().on_train_begin(args, state, control, **kwargs)
-
-    def _directory(self, run_id: str) -> str:
-        """The run's folder: `local_location`, or ``<output_dir>/runs/<run_id>`` for a new run."""
-        return self.local_location() or str(Path(self._output_dir or ".") / "runs" / run_id)
 
     def explicit_location(self) -> Optional[str]:
         """``log_dir``, else ``TENSORBOARD_LOGGING_DIR``, when set."""

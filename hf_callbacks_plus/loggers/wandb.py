@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .._compat import env_flag, require, version_tuple
-from .artifacts import save_model_to_temp, stage_folder
+from .artifacts import save_model_to_temp
 from .base import FINISHED, Backend, LogRecord, WarnOnce, is_main_process, logger
 from .config import typed
 from .durable import DurableLogger
@@ -48,11 +49,9 @@ def wandb_disabled_reason(mode: Optional[str] = None) -> Optional[str]:
 def choice(name: str, value: Any, env: str, default: str, choices: Sequence[str]) -> str:
     """``value`` (else env ``env``, else ``default``) checked against ``choices`` (ValueError naming it)."""
     raw = value if value is not None else os.environ.get(env, default)
-    if isinstance(raw, bool):
-        raw = "end" if (raw and name == "log_model") else ("all" if raw else "false")
     text = str(raw).strip().lower()
-    if name == "log_model" and text in ("true", "1"):
-        text = "end"
+    if raw is True or (name == "log_model" and text in ("true", "1")):
+        text = "end" if name == "log_model" else "all"
     if text in ("", "0", "none", "no"):
         text = "false"
     if text not in choices:
@@ -88,19 +87,14 @@ def settings_problems(wandb: Any, settings: Any = None) -> list[str]:
     return problems
 
 
-def settings_hiding_secret_args(settings: Any, wandb: Any, argv: list[str], warn: Callable[..., None]) -> Any:
+def settings_hiding_secret_args(settings: Any, argv: list[str], warn: Callable[..., None]) -> Any:
     """``settings`` (``wandb.Settings``, a dict or None) plus ``x_disable_meta=True`` when ``argv``
     passes a secret: W&B records the command line in the run's metadata. A value the user set is kept."""
-    if not command_line_has_secret(argv):
+    chosen = settings if isinstance(settings, dict) else getattr(settings, "model_fields_set", ())
+    if "x_disable_meta" in chosen or not command_line_has_secret(argv):
         return settings
-    if isinstance(settings, dict):
-        if "x_disable_meta" in settings:
-            return settings
-        settings = {**settings, "x_disable_meta": True}
-    elif settings is None:
-        settings = wandb.Settings(x_disable_meta=True)
-    elif "x_disable_meta" in getattr(settings, "model_fields_set", ()):
-        return settings
+    if settings is None or isinstance(settings, dict):
+        settings = {**(settings or {}), "x_disable_meta": True}
     else:
         settings = settings.model_copy(update={"x_disable_meta": True})
     warn(("argv-secret",), "WandbLogger: the command line passes a secret (a token, password or api key); "
@@ -146,17 +140,12 @@ class WandbBackend(Backend):
 
     def new_run_id(self) -> str:
         """A W&B run id made here (``wandb.init(id=...)``): the first checkpoint names the run."""
-        generate = getattr(getattr(self._wandb, "util", None), "generate_id", None)
-        return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
+        return uuid.uuid4().hex[:8]
 
     def prepare(self, run_id: Optional[str]) -> None:
         """Start W&B's service now, on the training thread, so its exit hook runs after ours."""
-        setup = getattr(self._wandb, "setup", None)
-        try:
-            if callable(setup):
-                setup()
-        except Exception:  # a setting W&B refuses after our checks: `start` raises it, told then
-            pass
+        with contextlib.suppress(Exception):  # a setting W&B refuses after our checks: `start` raises it
+            self._wandb.setup()
 
     def start(self, run_id: Optional[str], run_key: str, resume: bool) -> str:
         """Open the run (rewound to ``rewind_to``), or adopt the run the user opened."""
@@ -170,25 +159,21 @@ class WandbBackend(Backend):
         init = {**self.init, "name": mask_secrets(self.init.get("name") or self.run_name_from_args),
                 "group": mask_secrets(self.init.get("group")), "id": run_id,
                 "project": self.init.get("project") or os.environ.get("WANDB_PROJECT") or "huggingface",
-                "resume": self.init.get("resume") if run_id else None}
-        settings = settings_hiding_secret_args(self.settings, wandb, sys.argv[1:], self._warn)
-        if settings is not None:
-            init["settings"] = settings
-        if version_tuple(wandb, 2) >= (0, 19):
-            init["reinit"] = "create_new"
+                "resume": self.init.get("resume") if run_id else None,
+                "settings": settings_hiding_secret_args(self.settings, sys.argv[1:], self._warn),
+                "reinit": "create_new" if version_tuple(wandb, 2) >= (0, 19) else None}
         rewind, self.rewind_to = self.rewind_to, None
         failures: list[str] = []
-        for attempt in range(REWIND_ATTEMPTS if rewind is not None and run_id else 0):
+        while rewind is not None and run_id and self.run is None:
             try:  # the rows after the rewind's are the resumed run's
                 self.run = self._init({**init, "resume": None, "resume_from": f"{run_id}?_step={rewind}"})
-                break
             except Exception as error:  # a killed training's service may hold the run a moment longer
                 failures.append(f"{type(error).__name__}: {str(error)[:300]}")
-                if attempt + 1 == REWIND_ATTEMPTS:  # online: the run never reached W&B's server
+                if len(failures) == REWIND_ATTEMPTS:  # online: the run never reached W&B's server
                     logger.warning("WandbLogger: could not rewind run %s to step %d (%s); continuing it "
                                    "without rewinding.", run_id, rewind, "; ".join(failures))
                     rewind = None
-                time.sleep(attempt + 1)
+                time.sleep(len(failures))
         if self.run is None:
             self.run = self._init(init)
         self._opened(rewound=rewind is not None)
@@ -334,7 +319,7 @@ class WandbLogger(DurableLogger):
         self.mode, self.resume, self.dir, self.settings = mode, resume, dir, settings
         self.log_model = choice("log_model", log_model, "WANDB_LOG_MODEL", "false", LOG_MODEL_CHOICES)
         self.watch = choice("watch", watch, "WANDB_WATCH", "false", WATCH_CHOICES)
-        self._given = {"project": project, "run_id": run_id, "log_model": log_model, "watch": watch}
+        self._given = {"log_model": log_model, "watch": watch}  # state_args: the arguments, not the env
         self.explicit_run_id = run_id or os.environ.get("WANDB_RUN_ID") or None
         #: Why the logger does nothing (``WANDB_DISABLED``, ``mode="disabled"``), or None.
         self.disabled_reason = wandb_disabled_reason(mode)
@@ -372,7 +357,7 @@ class WandbLogger(DurableLogger):
 
     def state_args(self) -> dict[str, Any]:
         """Constructor kwargs that rebuild this logger (the run id is in the attributes)."""
-        return {**self._init_kwargs(), "log_model": self._given["log_model"], "watch": self._given["watch"]}
+        return {**self._init_kwargs(), **self._given}
 
     # -- events (no-ops when disabled: no backend) ---------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
@@ -404,12 +389,9 @@ class WandbLogger(DurableLogger):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         """With ``log_model="checkpoint"``, upload the checkpoint folder as a model artifact."""
         super().on_save(args, state, control, **kwargs)
-        if self.backend is None or self.log_model != "checkpoint" or not self._is_open:
-            return
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        staged = stage_folder(folder, Path(args.output_dir) / ".tracker_artifacts")
-        if staged is not None:
-            self._write_file(str(staged), f"checkpoint_global_step_{state.global_step}", "model")
+        if self.backend is not None and self.log_model == "checkpoint":
+            self.log_file(Path(args.output_dir) / f"checkpoint-{state.global_step}",
+                          f"checkpoint_global_step_{state.global_step}", "model")
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
         """Upload the final model (``log_model="end"``); the run stays open, as with ``WandbCallback``, for

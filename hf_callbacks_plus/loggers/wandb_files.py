@@ -1,19 +1,10 @@
 """W&B run files (``run-*.wandb``, W&B's transaction log): the format, and the last history row on disk.
 
-W&B's service writes every record of a run to ``<sync_dir>/run-<id>.wandb`` (offline runs, and the local
-copy of online ones) in 32 KiB blocks it keeps in memory until they are full: what it holds when it is
-killed is not in the file. `WandbLogger`'s journal keeps every row until this file holds it
-(`HistoryTail`, read on from where it stopped); the test kit's ``read_wandb_run`` folds the whole run.
-
-The format (nothing from ``wandb``'s private internals): a LevelDB-style log of protobuf
-``wandb.proto.wandb_internal_pb2.Record`` messages:
-
-* a 7-byte file header: ``b":W&B"``, the magic ``0xBEE1`` (little-endian uint16) and a version byte (0);
-* then 32 KiB blocks (the first block starts with the file header). Each block holds chunks with a
-  7-byte header: ``crc32`` (little-endian uint32, zlib's CRC-32 of the type byte followed by the data,
-  not masked), ``length`` (uint16) and ``type`` (1 full, 2 first, 3 middle, 4 last). A record larger
-  than what is left in a block is split into first/middle.../last chunks. When fewer than 7 bytes are
-  left in a block they are zero padding. Every checksum is verified.
+W&B's service writes every record of a run to ``<sync_dir>/run-<id>.wandb`` in 32 KiB blocks it keeps
+in memory until they are full: what it holds when it is killed is not in the file. `WandbLogger`'s
+journal keeps every row until this file holds it (`HistoryTail`); the test kit's ``read_wandb_run``
+folds the whole run. The format, a LevelDB-style log of protobuf ``wandb_internal_pb2.Record`` messages
+with every chunk's CRC-32 verified, is described in docs/testing_wandb.md ("The file format").
 """
 
 from __future__ import annotations
@@ -27,10 +18,8 @@ from .._compat import require
 
 __all__ = ["BLOCK_LEN", "ChunkReader", "HistoryTail", "WandbLogFormatError", "split_records"]
 
-FILE_HEADER_IDENT = b":W&B"
-FILE_HEADER_MAGIC = 0xBEE1
-FILE_HEADER_VERSION = 0
-FILE_HEADER = struct.Struct("<4sHB")
+#: ``:W&B``, the magic 0xBEE1 and version 0.
+FILE_HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
 CHUNK_HEADER = struct.Struct("<IHB")
 HEADER_LEN = 7
 BLOCK_LEN = 32 * 1024
@@ -57,34 +46,25 @@ def split_records(data: bytes, name: str) -> tuple[list[bytes], bool]:
     """
     check_header(data, name)
     chunks = ChunkReader(name)
-    records = chunks.feed(data[HEADER_LEN:])
+    records = chunks.feed(data)
     return records, chunks.truncated
 
 
 def check_header(data: bytes, name: str) -> None:
     """Raise `WandbLogFormatError` unless ``data`` starts with a W&B run log's file header."""
-    if len(data) < HEADER_LEN:
-        raise WandbLogFormatError(f"{name}: {len(data)} bytes, too short for a W&B run log header")
-    ident, magic, version = FILE_HEADER.unpack_from(data, 0)
-    if ident != FILE_HEADER_IDENT or magic != FILE_HEADER_MAGIC:
-        raise WandbLogFormatError(
-            f"{name}: not a W&B run log (header {data[:HEADER_LEN]!r}, expected "
-            f"{FILE_HEADER_IDENT!r} and magic {FILE_HEADER_MAGIC:#06x})"
-        )
-    if version != FILE_HEADER_VERSION:
-        raise WandbLogFormatError(
-            f"{name}: W&B run log version {version} is not supported (only {FILE_HEADER_VERSION})"
-        )
+    if data[:HEADER_LEN] != FILE_HEADER:
+        raise WandbLogFormatError(f"{name}: not a W&B run log (header {data[:HEADER_LEN]!r}, expected "
+                                  f"{FILE_HEADER!r}: ':W&B', magic 0xBEE1, version 0)")
 
 
 class ChunkReader:
-    """Joins the chunks of a run log into records, fed the file's bytes after its header piece by piece
-    (a file still being written is read again from `position`, the end of its last whole chunk)."""
+    """Joins the chunks of a run log into records, fed the file's bytes piece by piece (a file still
+    being written is read again from `position`, the end of its last whole chunk)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         #: Offset in the file of the first byte not consumed yet.
-        self.position = HEADER_LEN
+        self.position = 0
         self._pending: Optional[bytearray] = None
         self._cut = False  # the bytes fed last end inside a chunk
 
@@ -94,10 +74,15 @@ class ChunkReader:
         return self._pending is not None or self._cut
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The records completed by ``data``, the file's bytes from `position` on; the bytes of a chunk
-        cut at the end are not consumed (feed them again, with what follows)."""
+        """The records completed by ``data``, the file's bytes from `position` on (the file header first,
+        checked once whole); the bytes of a chunk cut at the end are not consumed (feed them again)."""
         records: list[bytes] = []
         name, base, offset, size = self.name, self.position, 0, len(data)
+        if base == 0:
+            if size < HEADER_LEN:  # the writer has not written the header yet
+                return records
+            check_header(data, name)
+            offset = HEADER_LEN
         unwritten = False  # zeros where a chunk starts: space the writer has not filled yet (read it again)
         while offset < size:
             pos = base + offset
@@ -158,16 +143,10 @@ class HistoryTail:
         """
         try:
             with self.path.open("rb") as file:
-                if self._chunks.position == HEADER_LEN:
-                    check_header(file.read(HEADER_LEN), str(self.path))
                 file.seek(self._chunks.position)
                 data = file.read()
         except FileNotFoundError:
             return self.last_step
-        except WandbLogFormatError:
-            if self.path.stat().st_size < HEADER_LEN:  # the service has not written its header yet
-                return self.last_step
-            raise
         pb = require("wandb.proto.wandb_internal_pb2", "WandbLogger")
         for payload in self._chunks.feed(data):
             record = pb.Record.FromString(payload)

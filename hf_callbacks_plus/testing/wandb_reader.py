@@ -1,19 +1,6 @@
-"""W&B run files (``run-*.wandb``) read back: the format, and the run it records.
-
-``wandb.init(mode="offline")`` writes every record of a run to
-``<WANDB_DIR>/wandb/offline-run-<time>-<id>/run-<id>.wandb``. This reader is part of the test
-kit (``hf_callbacks_plus.testing.read_wandb_run``): tests read what a training really logged.
-
-The format is in ``hf_callbacks_plus.loggers.wandb_files`` (which `WandbLogger` also reads).
-The records are folded into a `WandbRun`: history rows, config,
-summary, run id, project, tags and exit code.
-
-Example:
-    >>> run = read_wandb_run(tmp_path / "wandb")          # doctest: +SKIP
-    >>> [row["_step"] for row in run.history]             # doctest: +SKIP
-    [10, 20, 30]
-    >>> run.config["learning_rate"], run.exit_code        # doctest: +SKIP
-    (0.1, 0)
+"""W&B run files (``run-*.wandb``) read back into a `WandbRun` (history rows, config, summary, identity,
+exit code), for tests to assert what a training really logged (docs/testing_wandb.md). The format is read
+by ``hf_callbacks_plus.loggers.wandb_files``, which `WandbLogger` also uses.
 """
 
 from __future__ import annotations
@@ -223,9 +210,8 @@ def _read_once(file: Path, internal_keys: bool) -> WandbRun:
     run = WandbRun(path=file, truncated=truncated)
     folder = _Folder(run, internal_keys)
     for payload in raw_records:
-        record = pb.Record()
         try:
-            record.ParseFromString(payload)
+            record = pb.Record.FromString(payload)
         except Exception as error:  # protobuf raises its own DecodeError
             raise WandbLogFormatError(f"{file}: a record is not a valid protobuf Record: {error}") from error
         folder.add(record)
@@ -258,9 +244,10 @@ class _Folder:
         kind = record.WhichOneof("record_type") or "unknown"
         counts = self.run.record_counts
         counts[kind] = counts.get(kind, 0) + 1
-        handler = getattr(self, f"_on_{kind}", None)
-        if handler is not None:
-            handler(getattr(record, kind))
+        if kind in ("config", "summary"):
+            self._apply(getattr(self.run, kind), getattr(record, kind))
+        elif hasattr(self, f"_on_{kind}"):
+            getattr(self, f"_on_{kind}")(getattr(record, kind))
 
     def _on_run(self, rec: Any) -> None:
         # The first run record carries everything; later ones (``run.tags = ...``,
@@ -281,19 +268,13 @@ class _Folder:
         if rec.HasField("branch_point") and rec.branch_point.run:
             point = rec.branch_point
             run.branch_point = {"run": point.run, "metric": point.metric, "value": point.value}
-        if rec.HasField("config"):
-            self._on_config(rec.config)
-        if rec.HasField("summary"):
-            self._on_summary(rec.summary)
+        for kind in ("config", "summary"):
+            if rec.HasField(kind):
+                self._apply(getattr(run, kind), getattr(rec, kind))
 
-    def _on_config(self, rec: Any) -> None:
-        self._apply(self.run.config, rec.update, rec.remove)
-
-    def _on_summary(self, rec: Any) -> None:
-        self._apply(self.run.summary, rec.update, rec.remove)
-
-    def _apply(self, target: dict[str, Any], updates: Any, removals: Any) -> None:
-        for item in updates:
+    def _apply(self, target: dict[str, Any], rec: Any) -> None:
+        """A config or summary record's updates, then its removals."""
+        for item in rec.update:
             keys = _item_path(item)
             if not self.keep(keys[0]):
                 continue
@@ -304,7 +285,7 @@ class _Folder:
                     child = node[key] = {}
                 node = child
             node[keys[-1]] = _decode(item.value_json)
-        for item in removals:
+        for item in rec.remove:
             keys = _item_path(item)
             node = target
             for key in keys[:-1]:
