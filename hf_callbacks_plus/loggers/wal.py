@@ -435,6 +435,16 @@ class Sender:
         self._confirm_wanted = True
         self._wake.set()
 
+    def wait_open(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the run to open (or fail to); whether it is open."""
+        end = time.monotonic() + timeout
+        with self._progress:
+            while not self._started and self.start_error is None and self._thread.is_alive():
+                if time.monotonic() >= end:
+                    break
+                self._progress.wait(min(end - time.monotonic(), 0.1))
+        return self._started
+
     def flush(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until everything appended so far is acknowledged (handed to a
         tracker that writes in the background, which then writes what it holds: ``backend.sync``)."""

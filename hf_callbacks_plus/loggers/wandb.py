@@ -361,7 +361,8 @@ class WandbLogger(DurableLogger):
 
     # -- events (no-ops when disabled: no backend) ---------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        """Restore the run id from the checkpoint, open the run in the background."""
+        """Restore the run id from the checkpoint, open the run on the sender's thread and wait for it at
+        most ``flush_timeout`` seconds, as ``WandbCallback`` waits for ``wandb.init``."""
         if self.backend is None:
             return
         backend = self.backend
@@ -373,6 +374,8 @@ class WandbLogger(DurableLogger):
         if is_main_process(state):
             self.check_settings()
         super().on_train_begin(args, state, control, model=model, **kwargs)
+        if self._sender is not None:  # beside a running training, wandb.init costs more CPU (the GIL)
+            self._sender.wait_open(self.flush_timeout)
 
     def load_state_attributes(self, attributes: dict[str, Any]) -> None:
         """The base's; a checkpoint of 0.2 names its last row ``wandb_step`` (0.2.0: its last step)."""

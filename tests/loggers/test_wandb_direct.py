@@ -1,6 +1,7 @@
-"""``WandbLogger`` hands W&B its records from a thread of ours fed by the run's write-ahead log: the
-training thread only appends a line, ``wandb.init`` / ``run.log`` / ``run.finish`` run on the sender's
-thread, records wait in the file (never in memory) while ``wandb.init`` runs, and closing is bounded by
+"""``WandbLogger`` hands W&B its records from a thread of ours fed by the run's write-ahead log:
+``wandb.init`` and ``run.finish`` run on the sender's thread (training waits for ``wandb.init`` at most
+``flush_timeout``), the training thread appends a line and hands it to ``run.log`` when nothing waits,
+records wait in the file (never in memory) while ``wandb.init`` runs, and closing is bounded by
 ``flush_timeout``.
 
 Real W&B offline runs read back from their run files. ``SlowInitWandb`` and ``FailingInitWandb``
@@ -74,14 +75,38 @@ def wandb_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return offline_env(monkeypatch, tmp_path / "wandb_root")
 
 
-def test_records_logged_while_wandb_init_runs_reach_the_run_in_order_and_training_never_waits(
-        tmp_path, wandb_root):
-    """``wandb.init`` returns only after the last step: every step ran meanwhile (the training did not
-    wait), and every record logged meanwhile (102 points each) is in the run once, in order; they waited
-    in the write-ahead log, and the sender's thread carried them."""
+def test_training_starts_once_wandb_init_returned_on_the_senders_thread(tmp_path, wandb_root):
+    """As with ``WandbCallback``, the first step waits for ``wandb.init`` (made to take 0.5 s), which runs
+    on the sender's thread while the training thread waits: beside a running training it costs more CPU
+    (the GIL changes hands at every torch op; docs/benchmarks.md). Then every step reaches the run."""
     from tests.loggers.wandb_helpers import fast_logger, runs
 
-    logger = fast_logger(project="direct", log_config=False)
+    opened: list[tuple[float, str]] = []
+
+    class InitSeen(SlowInitWandb):
+        def init(self, *args, **kwargs):
+            run = super().init(*args, **kwargs)
+            opened.append((time.monotonic(), threading.current_thread().name))
+            return run
+
+    logger = fast_logger(project="waits", log_config=False)
+    logger.backend._wandb = InitSeen(logger.backend._wandb, delay=0.5)
+    began = train(tmp_path, logger)
+    logger.close()
+    ((returned, thread),) = opened
+    assert thread == "hf-callbacks-plus-WandbLogger" and began[0] > returned, (thread, began[0] - returned)
+    (run,) = runs(wandb_root)
+    assert run.steps("train/loss") == list(range(1, STEPS + 1)) and run.exit_code == 0
+
+
+def test_records_logged_while_a_wandb_init_longer_than_flush_timeout_runs_reach_the_run_in_order(
+        tmp_path, wandb_root):
+    """``wandb.init`` returns only after the last step: training waited for it ``flush_timeout`` (1 s), then
+    every step ran meanwhile, and every record logged meanwhile (102 points each) is in the run once, in
+    order; they waited in the write-ahead log, and the sender's thread carried them."""
+    from tests.loggers.wandb_helpers import fast_logger, runs
+
+    logger = fast_logger(project="direct", log_config=False, flush_timeout=1.0)
     slow = logger.backend._wandb = SlowInitWandb(logger.backend._wandb)
     threads: set[str] = set()
     waiting: list[int] = []
@@ -91,11 +116,13 @@ def test_records_logged_while_wandb_init_runs_reach_the_run_in_order_and_trainin
             threads.update(thread.name for thread in threading.enumerate())
             waiting.append(logger._wal.pending(logger._wal.first)["log"])
 
-    train(tmp_path, logger, metrics=99, before=[SeeTheThreadsAndTheLog()],
-          after=[ReleaseAtLastStep(slow.gate)])
+    started = time.monotonic()
+    began = train(tmp_path, logger, metrics=99, before=[SeeTheThreadsAndTheLog()],
+                  after=[ReleaseAtLastStep(slow.gate)])
+    assert 1.0 <= began[0] - started < 3.0, began[0] - started
     assert "hf-callbacks-plus-WandbLogger" in threads
     assert waiting[1:] == list(range(1, STEPS))  # every record logged so far waits in the file
-    logger.close()
+    logger.close(timeout=60.0)
     (run,) = runs(wandb_root)
     assert run.steps("train/loss") == list(range(1, STEPS + 1)) and len(run.history[0]) > 100
     assert run.exit_code == 0 and run.run_id == logger.run_id
@@ -123,9 +150,11 @@ def test_a_run_that_cannot_open_is_told_and_its_records_are_kept_for_a_resume(tm
     assert journal.read_text().count('"kind": "log"') == STEPS + 1
 
 
-def test_a_wandb_init_longer_than_the_close_deadline_never_holds_training(tmp_path, wandb_root, caplog):
-    """``wandb.init`` has not returned when training ends: ``train()`` returns at once (the run stays
-    open after training, the records wait for it); closing it (``flush_timeout`` 1 s, as at exit)
+def test_a_wandb_init_longer_than_the_close_deadline_holds_training_at_most_flush_timeout(
+        tmp_path, wandb_root, caplog):
+    """``wandb.init`` has not returned when training ends: training waited for it ``flush_timeout`` (1 s)
+    at its start only, ``train()`` returns at once (the run stays open after training, the records wait
+    for it); closing it (``flush_timeout`` 1 s, as at exit)
     ends at that deadline and the 5 s grace of a call in flight, with one warning counting the records
     kept; the run opening later is finished at once, FAILED (it is nobody's)."""
     from tests.loggers.wandb_helpers import fast_logger, runs
@@ -134,12 +163,14 @@ def test_a_wandb_init_longer_than_the_close_deadline_never_holds_training(tmp_pa
     slow = logger.backend._wandb = SlowInitWandb(logger.backend._wandb)
     try:
         with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+            started = time.monotonic()
             began = train(tmp_path, logger)
             ended = time.monotonic()
             assert not logger.close()
             closed = time.monotonic()
     finally:
         slow.gate.set()
+    assert 1.0 <= began[0] - started < 3.0, began[0] - started
     assert ended - began[-1] < 1.0 and 5.5 < closed - ended < 7.5, (ended - began[-1], closed - ended)
     told = [record.getMessage() for record in caplog.records if "were not delivered" in record.getMessage()]
     assert len(told) == 1 and f"{STEPS + 1} log record(s)" in told[0] and "had not answered" in told[0], told
