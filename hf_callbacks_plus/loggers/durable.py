@@ -86,8 +86,9 @@ class DurableLogger(TrackerLogger):
         """Keep the log's records up to the resumed checkpoint (none for a new run) and rewind the
         tracker to just before the first of them, so they are sent again."""
         checkpoint, self._checkpoint_position = self._checkpoint_position, None
-        kept, end = [], wal.first
-        for entry, after in wal.entries(wal.first) if checkpoint is not None else ():
+        kept, start = [], wal.recover()[0]  # the tracker's files hold what lies before
+        end = start
+        for entry, after in wal.entries(start) if checkpoint is not None else ():
             if entry.get("kind") == "log" and entry.get("position", checkpoint + 1) > checkpoint:
                 break  # the log's order is the run's: the rest came after the checkpoint
             kept.append(entry)
@@ -97,7 +98,7 @@ class DurableLogger(TrackerLogger):
         if rewind is not None and rewind >= 0:
             self.backend.rewind(rewind)
         if end < wal.size or boundary:  # a tracker that cannot rewind skips what its store holds
-            wal.keep(wal.first, end, before=[{"kind": "boundary"}] if boundary else [])
+            wal.keep(start, end, before=[{"kind": "boundary"}] if boundary else [])
         if positions:
             steps = [entry["step"] for entry in kept if entry.get("kind") == "log"]
             logger.warning("%s: sending again %d record(s) of steps %d-%d that %s may not hold (the training "

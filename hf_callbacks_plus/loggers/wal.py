@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -122,7 +123,7 @@ class WriteAheadLog:
         #: The file's size, and the offset of its first entry (after the target line); read-only.
         self.size = self.first = 0
         self._fd: Optional[int] = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._owed = b""  # lines the last emptying could not write; they go first in the next write
 
     def open(self, target: Optional[dict[str, Any]], wait: float) -> None:
@@ -197,26 +198,30 @@ class WriteAheadLog:
             return self.dropped + self.size
 
     def settle(self, acked: int, run_id: Optional[str], boundary: bool) -> int:
-        """Record that the store holds everything before ``acked``; return the offset to go on from.
+        """Record that the tracker holds everything before ``acked``; return where that offset is now.
 
-        When that is the whole file, the file is emptied down to its target line (then a boundary line
-        when ``boundary``, so a later reader asks the store for the steps again, and a ``sent`` line
-        with the run's id); else a ``sent`` line is appended. A line that cannot be written (a full disk)
-        is left out (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
+        All of the file is emptied down to its target line in place (a full disk frees it); at least
+        half of it is dropped by `keep` (a full disk keeps it); less is recorded by a ``sent`` line. A
+        dropped start leaves a ``sent`` line with the run's id, after a boundary line when ``boundary``
+        (a later reader asks the store for the steps again). A line that cannot be written is left out
+        (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
         """
+        compacted = [{"kind": "boundary", "compacted": True}] * boundary
+        sent = {"kind": "sent", "offset": self.first, "run_id": run_id}
         with self._lock:
-            if acked < self.size:
-                compacted, line = False, {"kind": "sent", "offset": acked, "run_id": run_id}
-            else:
+            if acked < self.size <= 2 * acked - self.first:
+                with contextlib.suppress(OSError):
+                    return self.keep(acked, before=[*compacted, sent])
+            emptied = acked >= self.size
+            if emptied:
                 os.ftruncate(self._fd, self.first)
                 self.size, self.dropped = self.first, self.dropped + self.size - self.first
-                compacted, line = True, {"kind": "sent", "offset": self.first, "run_id": run_id}
-                self._owed = self._line({"kind": "boundary", "compacted": True}) if boundary else b""
-            try:
-                self._write(self._line(line))
-            except OSError:
-                pass
-            return self.size if compacted else acked
+                self._owed = b"".join(map(self._line, compacted))
+            else:
+                sent["offset"] = acked
+            with contextlib.suppress(OSError):
+                self._write(self._line(sent))
+            return self.size if emptied else acked
 
     def sync(self) -> None:
         """``fsync`` the file (a checkpoint is saved: it survives a machine crash too)."""
@@ -262,20 +267,25 @@ class WriteAheadLog:
             if entry is not None or own:
                 yield entry, end
 
-    def keep(self, start: int, end: Optional[int] = None, before: Iterable[dict[str, Any]] = ()) -> None:
+    def keep(self, start: int, end: Optional[int] = None, before: Iterable[dict[str, Any]] = ()) -> int:
         """Keep only the entries between offsets ``start`` and ``end`` (default: the file's end), after
         the entries ``before``, in one step: a new file with the target line and them is renamed over
-        this one (appends wait)."""
+        this one (appends wait). Returns where ``start`` is now."""
         with self._lock:
-            kept = b"".join(map(self._line, before))
-            kept += os.pread(self._fd, (self.size if end is None else end) - start, start)
+            head = os.pread(self._fd, self.first, 0) + b"".join(map(self._line, before))
+            kept = os.pread(self._fd, (self.size if end is None else end) - start, start)
             temporary = self.path.with_name(self.path.name + ".new")
-            temporary.write_bytes(os.pread(self._fd, self.first, 0) + kept)
-            os.replace(temporary, self.path)
+            try:
+                temporary.write_bytes(head + kept)
+                os.replace(temporary, self.path)
+            except OSError:
+                temporary.unlink(missing_ok=True)
+                raise
             fd = _open_locked(self.path, 0.0, create=False)
             os.close(self._fd)
-            self.dropped += start - self.first
-            self._fd, self.size, self._owed = fd, self.first + len(kept), b""
+            self.dropped += start - len(head)
+            self._fd, self.size, self._owed = fd, len(head) + len(kept), b""
+            return len(head)
 
     def recover(self) -> tuple[int, Optional[str], bool]:
         """From the ``sent`` lines: the offset the store acknowledged, the run's id, and whether a
@@ -464,7 +474,7 @@ class Sender:
                 self.backend.finish(status, self.run_id)
                 self.finished = True
                 if not self.backend.durable_on_answer and self.handed >= self.wal.size:
-                    self._trim(self.wal.size)  # a finished run is in the tracker's files
+                    self._hold(self.wal.size)  # a finished run is in the tracker's files
             except Exception as error:
                 self._cause = self.backend.explain(error)[0]
         if self.acked >= self.wal.size:
@@ -613,8 +623,7 @@ class Sender:
             backend.finish(first["status"], run_id)
             self.finished = True
             if not backend.durable_on_answer:  # a finished run is in the tracker's files
-                self._ack(end)
-                self._trim(end)
+                self._hold(end)
                 return
         else:
             sent = False
@@ -632,16 +641,26 @@ class Sender:
         return record if metrics is record.metrics else dataclasses.replace(record, metrics=metrics)
 
     def _ack(self, offset: int, sent: bool = True) -> None:
-        if self._abandoned:
-            return
+        """The tracker was handed the entries before ``offset``; a store that holds what it answered
+        holds them too (`_hold`, when ``sent``)."""
         durable = self.backend.durable_on_answer
         if sent and durable:
-            offset = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
-        with self._progress:
-            self.handed = offset
-            if durable:
-                self.acked = offset
-            self.reached = self.wal.dropped + offset
+            self._hold(offset)
+        elif not self._abandoned:
+            with self._progress:
+                self.handed, self.acked = offset, offset if durable else self.acked
+                self.reached = self.wal.dropped + offset
+                self._progress.notify_all()
+
+    def _hold(self, offset: int) -> None:
+        """The tracker holds the entries before ``offset``: the file drops them (`WriteAheadLog.settle`)."""
+        if self._abandoned:
+            return
+        now = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
+        with self._progress:  # the entries after ``offset`` moved back by ``offset - now``
+            self.acked, self.handed = now, max(self.handed, offset) - offset + now
+            self._isolate_until = max(0, self._isolate_until - offset + now)
+            self.reached = self.wal.dropped + self.handed
             self._progress.notify_all()
 
     def _confirm(self) -> None:
@@ -660,18 +679,8 @@ class Sender:
                 if after > self.handed or (log and entry.get("position", durable) > durable):
                     break
                 held = after if log else held
-            self._trim(held)
-
-    def _trim(self, offset: int) -> None:
-        """Drop the entries before ``offset`` (held by a tracker that writes in the background)."""
-        drop = offset - self.wal.first
-        if drop <= 0 or self._abandoned:
-            return
-        self.wal.keep(offset)
-        with self._progress:
-            self.handed, self.acked = self.handed - drop, self.wal.first
-            self._isolate_until = max(0, self._isolate_until - drop)
-            self._progress.notify_all()
+            if held > self.acked:
+                self._hold(held)
 
     def _probe(self) -> bool:
         """Ask the backend, cheaply, whether the store can be reached; tell it at once when it cannot."""
