@@ -117,9 +117,6 @@ class WriteAheadLog:
         self.path = Path(path)
         #: What the first line names (logger, tracking URI with credentials masked, experiment, run key).
         self.target: dict[str, Any] = {}
-        #: Bytes dropped from the file's start since it was opened (emptied, or kept from an offset on):
-        #: ``dropped + offset`` names one place in the log whatever is dropped later.
-        self.dropped = 0
         #: The file's size, and the offset of its first entry (after the target line); read-only.
         self.size = self.first = 0
         self._fd: Optional[int] = None
@@ -192,11 +189,6 @@ class WriteAheadLog:
             raise
         self.size, self._owed = start + len(data), b""
 
-    def end(self) -> int:
-        """``dropped + size``, read together."""
-        with self._lock:
-            return self.dropped + self.size
-
     def settle(self, acked: int, run_id: Optional[str], boundary: bool) -> int:
         """Record that the tracker holds everything before ``acked``; return where that offset is now.
 
@@ -215,7 +207,7 @@ class WriteAheadLog:
             emptied = acked >= self.size
             if emptied:
                 os.ftruncate(self._fd, self.first)
-                self.size, self.dropped = self.first, self.dropped + self.size - self.first
+                self.size = self.first
                 self._owed = b"".join(map(self._line, compacted))
             else:
                 sent["offset"] = acked
@@ -283,7 +275,6 @@ class WriteAheadLog:
                 raise
             fd = _open_locked(self.path, 0.0, create=False)
             os.close(self._fd)
-            self.dropped += start - len(head)
             self._fd, self.size, self._owed = fd, len(head) + len(kept), b""
             return len(head)
 
@@ -371,8 +362,6 @@ class Sender:
         self.resume = resume or logged_run_id is not None
         #: The offsets the tracker holds everything before, and was handed everything before.
         self.acked = self.handed = acked
-        #: Where `flush` waits for (`WriteAheadLog.end`): ``acked``, or ``handed`` to a background tracker.
-        self.reached = wal.dropped + acked
         self._confirm_wanted, self._confirmed_at = False, time.monotonic()
         #: The steps the run held at the last boundary (None: no boundary met).
         self.held: Optional[dict[str, int]] = None
@@ -424,21 +413,21 @@ class Sender:
         self._wake.set()
 
     def flush(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds until everything appended so far is acknowledged (handed to a
-        tracker that writes in the background, which then writes what it holds: ``backend.sync``)."""
-        target = self.wal.end()
+        """Wait at most ``timeout`` seconds until the tracker has every entry of the file (the training
+        thread, which appends them, waits here); a tracker that writes in the background then writes what
+        it holds (``backend.sync``)."""
         end = time.monotonic() + timeout
         self._flushing += 1
         self._wake.set()
         try:
             with self._progress:
-                while self.reached < target and self._thread.is_alive():
+                while self.handed < self.wal.size and self._thread.is_alive():
                     if time.monotonic() >= end:
                         return False
                     self._progress.wait(min(end - time.monotonic(), 0.2))
             if not self.backend.durable_on_answer:
                 self.backend.sync()
-            return self.reached >= target
+            return self.handed >= self.wal.size
         finally:
             self._flushing -= 1
 
@@ -649,18 +638,16 @@ class Sender:
         elif not self._abandoned:
             with self._progress:
                 self.handed, self.acked = offset, offset if durable else self.acked
-                self.reached = self.wal.dropped + offset
                 self._progress.notify_all()
 
     def _hold(self, offset: int) -> None:
         """The tracker holds the entries before ``offset``: the file drops them (`WriteAheadLog.settle`)."""
         if self._abandoned:
             return
-        now = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
-        with self._progress:  # the entries after ``offset`` moved back by ``offset - now``
-            self.acked, self.handed = now, max(self.handed, offset) - offset + now
+        with self._progress:  # `flush` sees the file and the offsets move together
+            now = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
+            self.acked, self.handed = now, max(self.handed, offset) - offset + now  # the rest moved back
             self._isolate_until = max(0, self._isolate_until - offset + now)
-            self.reached = self.wal.dropped + self.handed
             self._progress.notify_all()
 
     def _confirm(self) -> None:
