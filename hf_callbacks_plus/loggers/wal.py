@@ -362,7 +362,7 @@ class Sender:
         self.resume = resume or logged_run_id is not None
         #: The offsets the tracker holds everything before, and was handed everything before.
         self.acked = self.handed = acked
-        self._confirm_wanted, self._confirmed_at = False, time.monotonic()
+        self._confirm_at = time.monotonic() + CONFIRM_SECONDS  # `_confirm` on the sender's thread
         #: The steps the run held at the last boundary (None: no boundary met).
         self.held: Optional[dict[str, int]] = None
         self.backoff, self.on_run_id, self.for_target = backoff, on_run_id, for_target
@@ -409,7 +409,7 @@ class Sender:
 
     def confirm_soon(self) -> None:
         """Ask the tracker, on the sender's thread, how far its files hold the run (a checkpoint is saved)."""
-        self._confirm_wanted = True
+        self._confirm_at = 0.0
         self._wake.set()
 
     def flush(self, timeout: float) -> bool:
@@ -554,7 +554,7 @@ class Sender:
                                                 name=f"hf-callbacks-plus-{self.name}-earlier-runs")
                     siblings.start()
                 if self._started and not self.backend.durable_on_answer and (
-                        self._confirm_wanted or time.monotonic() - self._confirmed_at > CONFIRM_SECONDS):
+                        time.monotonic() >= self._confirm_at):
                     self._confirm()
                 backlog = self.wal.size - self.handed
                 left = self._last_send + self.backend.send_interval - time.monotonic()
@@ -652,7 +652,7 @@ class Sender:
 
     def _confirm(self) -> None:
         """Drop from the file what a tracker that writes in the background holds in its files now."""
-        self._confirm_wanted, self._confirmed_at = False, time.monotonic()
+        self._confirm_at = time.monotonic() + CONFIRM_SECONDS
         with self._handing:
             try:
                 durable = self.backend.confirm_durable()  # covers every record handed so far
