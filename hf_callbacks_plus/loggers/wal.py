@@ -192,8 +192,9 @@ class WriteAheadLog:
     def settle(self, acked: int, run_id: Optional[str], boundary: bool) -> int:
         """Record that the tracker holds everything before ``acked``; return where that offset is now.
 
-        All of the file is emptied down to its target line in place (a full disk frees it); at least
-        half of it is dropped by `keep` (a full disk keeps it); less is recorded by a ``sent`` line. A
+        All of the file is emptied down to its target line in place (a full disk frees it); a start at
+        least as large as the rest, when the rest is under `FULL_BATCH_BYTES` (appends wait while it is
+        copied), is dropped by `keep` (a full disk keeps it); else a ``sent`` line records ``acked``. A
         dropped start leaves a ``sent`` line with the run's id, after a boundary line when ``boundary``
         (a later reader asks the store for the steps again). A line that cannot be written is left out
         (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
@@ -201,7 +202,7 @@ class WriteAheadLog:
         compacted = [{"kind": "boundary", "compacted": True}] * boundary
         sent = {"kind": "sent", "offset": self.first, "run_id": run_id}
         with self._lock:
-            if acked < self.size <= 2 * acked - self.first:
+            if acked < self.size <= acked + min(acked - self.first, FULL_BATCH_BYTES):
                 with contextlib.suppress(OSError):
                     return self.keep(acked, before=[*compacted, sent])
             emptied = acked >= self.size
