@@ -402,11 +402,8 @@ class Sender:
         started = self._call_started
         silent = 0.0 if started is None else time.monotonic() - started
         if self._down_since is None and silent > SILENT_CALL_SECONDS:
-            self._down_since = started
-            logger.warning("%s: the store has not answered a call for %.0f s (mlflow retries inside the "
-                           "call: MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT). Training "
-                           "continues; records wait in %s and are sent in order when it answers.", self.name,
-                           silent, self.wal.path)
+            self._unreachable(f"it has not answered a call for {silent:.0f} s (mlflow retries inside the "
+                              "call: MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT)", None)
 
     def confirm_soon(self) -> None:
         """Ask the tracker, on the sender's thread, how far its files hold the run (a checkpoint is saved)."""
