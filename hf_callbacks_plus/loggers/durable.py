@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from .base import FAILED, FINISHED, LogRecord, TrackerLogger, logger
+from .base import FAILED, LogRecord, TrackerLogger, logger
 from .wal import Sender, WriteAheadLog
 
 __all__ = ["DurableLogger"]
@@ -139,8 +139,7 @@ class DurableLogger(TrackerLogger):
             wal.append({"kind": "finish", "status": status})
         except OSError:  # a full disk: the sender sets the status itself
             pass
-        finished = status == FINISHED  # an exception waits for no unreachable store
-        delivered = sender.close(status, timeout, grace=5.0 if finished else 1.0, while_down=finished)
+        delivered = sender.close(status, timeout)
         self._tell_lost(wal.path)
         wal.close(delete=delivered)
         self.backend.close()

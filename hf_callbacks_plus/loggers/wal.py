@@ -16,7 +16,7 @@ try:
 except ImportError:  # Windows: the file is not locked between processes
     fcntl = None  # type: ignore[assignment]
 
-from .base import Backend, LogRecord, logger
+from .base import FINISHED, Backend, LogRecord, logger
 
 __all__ = ["Sender", "StoreUnreachable", "WriteAheadLog", "find_logs", "read_target", "replay"]
 
@@ -429,18 +429,18 @@ class Sender:
         finally:
             self._flushing -= 1
 
-    def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
-        """Send what is left for at most ``timeout`` seconds (``grace`` more for a call in flight; not at
-        all once the store is known unreachable for a reason waiting cannot cure, such as a refused
-        connection; without ``while_down``, not once it is unreachable), stop, set the run's status when
-        the store answers; warn about what is left.
+    def close(self, status: str, timeout: float) -> bool:
+        """Send what is left for at most ``timeout`` seconds (5 s more for a call in flight, 1 s when
+        ``status`` is FAILED; not at all once the store is known unreachable for a reason waiting cannot
+        cure, such as a refused connection, or, when FAILED, once it is unreachable), stop, set the run's
+        status when the store answers; warn about what is left.
 
         Returns:
             True when everything was acknowledged.
         """
         self._closing, self._deadline = True, time.monotonic() + timeout
         self._wake.set()
-        end, probed = self._deadline, False
+        end, probed, finished = self._deadline, False, status == FINISHED  # FAILED: an exception waits
         hopeless = self.down and self._hopeless and not self._probe()  # still refused (DNS, TLS) now?
         while self._thread.is_alive() and time.monotonic() < end:
             self._thread.join(min(0.05 if self.down else 0.5, max(0.0, end - time.monotonic())))
@@ -449,11 +449,11 @@ class Sender:
             if started is not None and not probed and time.monotonic() - started > 1.0:
                 probed = True  # a call silent at the close: is anything there to answer it?
                 hopeless = not self._probe() and self._hopeless
-            if self.down and (hopeless or not while_down):
+            if self.down and (hopeless or not finished):
                 self._deadline = end = time.monotonic()
                 self._wake.set()
             if time.monotonic() >= self._deadline and self._call_started is not None:
-                end = self._deadline + grace
+                end = self._deadline + (5.0 if finished else 1.0)
         if self._thread.is_alive():
             self._abandoned = True  # stuck in a call: it writes nothing more
         if self._started and not self.finished and not self.down and not self._thread.is_alive():
