@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
@@ -203,7 +203,7 @@ class WriteAheadLog:
         sent = {"kind": "sent", "offset": self.first, "run_id": run_id}
         with self._lock:
             if acked < self.size <= acked + min(acked - self.first, FULL_BATCH_BYTES):
-                with contextlib.suppress(OSError):
+                with suppress(OSError):
                     return self.keep(acked, before=[*compacted, sent])
             emptied = acked >= self.size
             if emptied:
@@ -212,7 +212,7 @@ class WriteAheadLog:
                 self._owed = b"".join(map(self._line, compacted))
             else:
                 sent["offset"] = acked
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 self._write(self._line(sent))
             return self.size if emptied else acked
 
