@@ -13,6 +13,7 @@ the file again up to the checkpoint.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Optional
 
@@ -135,10 +136,8 @@ class DurableLogger(TrackerLogger):
 
     def _close_run(self, status: str, timeout: float) -> bool:
         wal, sender = self._wal, self._sender
-        try:
+        with suppress(OSError):  # a full disk: the sender sets the status itself
             wal.append({"kind": "finish", "status": status})
-        except OSError:  # a full disk: the sender sets the status itself
-            pass
         delivered = sender.close(status, timeout)
         self._tell_lost(wal.path)
         wal.close(delete=delivered)
