@@ -656,20 +656,10 @@ class TrackerLogger(SelfRestoringState):
                       "to swap it for this logger.", self.logger_name, self.stock_callback)
 
     def _stock_in_report_to(self, args: Any) -> bool:
-        """Whether ``args.report_to`` adds transformers' callback for this tracker."""
+        """Whether ``args.report_to`` adds transformers' callback for this tracker (``TrainingArguments``
+        has made ``"all"`` the list of what is installed)."""
         name = _STOCK_REPORT_TO.get(self.stock_callback or "")
-        report_to = getattr(args, "report_to", None)
-        if name is None or not report_to:
-            return False
-        chosen = [report_to] if isinstance(report_to, str) else list(report_to)
-        if "all" in chosen:
-            try:
-                from transformers.integrations import get_available_reporting_integrations
-
-                chosen = list(get_available_reporting_integrations())
-            except ImportError:
-                return False
-        return name in chosen
+        return name is not None and name in (getattr(args, "report_to", None) or ())
 
     def _tell_moved_location(self) -> None:
         """On resume, say where the run continues when that is not where this ``output_dir`` puts it."""

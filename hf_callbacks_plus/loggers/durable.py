@@ -13,10 +13,11 @@ the file again up to the checkpoint.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Optional
 
-from .base import FAILED, FINISHED, LogRecord, TrackerLogger, logger
+from .base import FAILED, LogRecord, TrackerLogger, logger
 from .wal import Sender, WriteAheadLog
 
 __all__ = ["DurableLogger"]
@@ -86,8 +87,9 @@ class DurableLogger(TrackerLogger):
         """Keep the log's records up to the resumed checkpoint (none for a new run) and rewind the
         tracker to just before the first of them, so they are sent again."""
         checkpoint, self._checkpoint_position = self._checkpoint_position, None
-        kept, end = [], wal.first
-        for entry, after in wal.entries(wal.first) if checkpoint is not None else ():
+        kept, start = [], wal.recover()[0]  # the tracker's files hold what lies before
+        end = start
+        for entry, after in wal.entries(start) if checkpoint is not None else ():
             if entry.get("kind") == "log" and entry.get("position", checkpoint + 1) > checkpoint:
                 break  # the log's order is the run's: the rest came after the checkpoint
             kept.append(entry)
@@ -97,7 +99,7 @@ class DurableLogger(TrackerLogger):
         if rewind is not None and rewind >= 0:
             self.backend.rewind(rewind)
         if end < wal.size or boundary:  # a tracker that cannot rewind skips what its store holds
-            wal.keep(wal.first, end, before=[{"kind": "boundary"}] if boundary else [])
+            wal.keep(start, end, before=[{"kind": "boundary"}] if boundary else [])
         if positions:
             steps = [entry["step"] for entry in kept if entry.get("kind") == "log"]
             logger.warning("%s: sending again %d record(s) of steps %d-%d that %s may not hold (the training "
@@ -134,12 +136,9 @@ class DurableLogger(TrackerLogger):
 
     def _close_run(self, status: str, timeout: float) -> bool:
         wal, sender = self._wal, self._sender
-        try:
+        with suppress(OSError):  # a full disk: the sender sets the status itself
             wal.append({"kind": "finish", "status": status})
-        except OSError:  # a full disk: the sender sets the status itself
-            pass
-        finished = status == FINISHED  # an exception waits for no unreachable store
-        delivered = sender.close(status, timeout, grace=5.0 if finished else 1.0, while_down=finished)
+        delivered = sender.close(status, timeout)
         self._tell_lost(wal.path)
         wal.close(delete=delivered)
         self.backend.close()

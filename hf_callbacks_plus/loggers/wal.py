@@ -9,6 +9,7 @@ import os
 import struct
 import threading
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
@@ -17,7 +18,7 @@ try:
 except ImportError:  # Windows: the file is not locked between processes
     fcntl = None  # type: ignore[assignment]
 
-from .base import Backend, LogRecord, logger
+from .base import FINISHED, Backend, LogRecord, logger
 
 __all__ = ["Sender", "StoreUnreachable", "WriteAheadLog", "find_logs", "read_target", "replay"]
 
@@ -122,13 +123,10 @@ class WriteAheadLog:
         self.path = Path(path)
         #: What the first line names (logger, tracking URI with credentials masked, experiment, run key).
         self.target: dict[str, Any] = {}
-        #: Bytes dropped from the file's start since it was opened (emptied, or kept from an offset on):
-        #: ``dropped + offset`` names one place in the log whatever is dropped later.
-        self.dropped = 0
         #: The file's size, and the offset of its first entry (after the target line); read-only.
         self.size = self.first = 0
         self._fd: Optional[int] = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._owed = b""  # lines the last emptying could not write; they go first in the next write
 
     def open(self, target: Optional[dict[str, Any]], wait: float) -> None:
@@ -208,32 +206,32 @@ class WriteAheadLog:
             raise
         self.size, self._owed = start + len(data), b""
 
-    def end(self) -> int:
-        """``dropped + size``, read together."""
-        with self._lock:
-            return self.dropped + self.size
-
     def settle(self, acked: int, run_id: Optional[str], boundary: bool) -> int:
-        """Record that the store holds everything before ``acked``; return the offset to go on from.
+        """Record that the tracker holds everything before ``acked``; return where that offset is now.
 
-        When that is the whole file, the file is emptied down to its target line (then a boundary line
-        when ``boundary``, so a later reader asks the store for the steps again, and a ``sent`` line
-        with the run's id); else a ``sent`` line is appended. A line that cannot be written (a full disk)
-        is left out (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
+        All of the file is emptied down to its target line in place (a full disk frees it); a start at
+        least as large as the rest, when the rest is under `FULL_BATCH_BYTES` (appends wait while it is
+        copied), is dropped by `keep` (a full disk keeps it); else a ``sent`` line records ``acked``. A
+        dropped start leaves a ``sent`` line with the run's id, after a boundary line when ``boundary``
+        (a later reader asks the store for the steps again). A line that cannot be written is left out
+        (a ``sent`` line is only a shortcut) or owed to the next write (the boundary).
         """
+        compacted = [{"kind": "boundary", "compacted": True}] * boundary
+        sent = {"kind": "sent", "offset": self.first, "run_id": run_id}
         with self._lock:
-            if acked < self.size:
-                compacted, line = False, {"kind": "sent", "offset": acked, "run_id": run_id}
-            else:
+            if acked < self.size <= acked + min(acked - self.first, FULL_BATCH_BYTES):
+                with suppress(OSError):
+                    return self.keep(acked, before=[*compacted, sent])
+            emptied = acked >= self.size
+            if emptied:
                 os.ftruncate(self._fd, self.first)
-                self.size, self.dropped = self.first, self.dropped + self.size - self.first
-                compacted, line = True, {"kind": "sent", "offset": self.first, "run_id": run_id}
-                self._owed = self._line({"kind": "boundary", "compacted": True}) if boundary else b""
-            try:
-                self._write(self._line(line))
-            except OSError:
-                pass
-            return self.size if compacted else acked
+                self.size = self.first
+                self._owed = b"".join(map(self._line, compacted))
+            else:
+                sent["offset"] = acked
+            with suppress(OSError):
+                self._write(self._line(sent))
+            return self.size if emptied else acked
 
     def sync(self) -> None:
         """``fsync`` the file (a checkpoint is saved: it survives a machine crash too)."""
@@ -284,20 +282,24 @@ class WriteAheadLog:
             if entry is not None or own:
                 yield entry, end
 
-    def keep(self, start: int, end: Optional[int] = None, before: Iterable[dict[str, Any]] = ()) -> None:
+    def keep(self, start: int, end: Optional[int] = None, before: Iterable[dict[str, Any]] = ()) -> int:
         """Keep only the entries between offsets ``start`` and ``end`` (default: the file's end), after
         the entries ``before``, in one step: a new file with the target line and them is renamed over
-        this one (appends wait)."""
+        this one (appends wait). Returns where ``start`` is now."""
         with self._lock:
-            kept = b"".join(map(self._line, before))
-            kept += os.pread(self._fd, (self.size if end is None else end) - start, start)
+            head = os.pread(self._fd, self.first, 0) + b"".join(map(self._line, before))
+            kept = os.pread(self._fd, (self.size if end is None else end) - start, start)
             temporary = self.path.with_name(self.path.name + ".new")
-            temporary.write_bytes(os.pread(self._fd, self.first, 0) + kept)
-            os.replace(temporary, self.path)
+            try:
+                temporary.write_bytes(head + kept)
+                os.replace(temporary, self.path)
+            except OSError:
+                temporary.unlink(missing_ok=True)
+                raise
             fd = _open_locked(self.path, 0.0, create=False)
             os.close(self._fd)
-            self.dropped += start - self.first
-            self._fd, self.size, self._owed = fd, self.first + len(kept), b""
+            self._fd, self.size, self._owed = fd, len(head) + len(kept), b""
+            return len(head)
 
     def recover(self) -> tuple[int, Optional[str], bool]:
         """From the ``sent`` lines: the offset the store acknowledged, the run's id, and whether a
@@ -383,9 +385,7 @@ class Sender:
         self.resume = resume or logged_run_id is not None
         #: The offsets the tracker holds everything before, and was handed everything before.
         self.acked = self.handed = acked
-        #: Where `flush` waits for (`WriteAheadLog.end`): ``acked``, or ``handed`` to a background tracker.
-        self.reached = wal.dropped + acked
-        self._confirm_wanted, self._confirmed_at = False, time.monotonic()
+        self._confirm_at = time.monotonic() + CONFIRM_SECONDS  # `_confirm` on the sender's thread
         #: The steps the run held at the last boundary (None: no boundary met).
         self.held: Optional[dict[str, int]] = None
         self.backoff, self.on_run_id, self.for_target = backoff, on_run_id, for_target
@@ -424,15 +424,12 @@ class Sender:
         started = self._call_started
         silent = 0.0 if started is None else time.monotonic() - started
         if self._down_since is None and silent > SILENT_CALL_SECONDS:
-            self._down_since = started
-            logger.warning("%s: the store has not answered a call for %.0f s (mlflow retries inside the "
-                           "call: MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT). Training "
-                           "continues; records wait in %s and are sent in order when it answers.", self.name,
-                           silent, self.wal.path)
+            self._unreachable(f"it has not answered a call for {silent:.0f} s (mlflow retries inside the "
+                              "call: MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT)", None)
 
     def confirm_soon(self) -> None:
         """Ask the tracker, on the sender's thread, how far its files hold the run (a checkpoint is saved)."""
-        self._confirm_wanted = True
+        self._confirm_at = 0.0
         self._wake.set()
 
     def wait_open(self, timeout: float) -> bool:
@@ -446,36 +443,36 @@ class Sender:
         return self._started
 
     def flush(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds until everything appended so far is acknowledged (handed to a
-        tracker that writes in the background, which then writes what it holds: ``backend.sync``)."""
-        target = self.wal.end()
+        """Wait at most ``timeout`` seconds until the tracker has every entry of the file (the training
+        thread, which appends them, waits here); a tracker that writes in the background then writes what
+        it holds (``backend.sync``)."""
         end = time.monotonic() + timeout
         self._flushing += 1
         self._wake.set()
         try:
             with self._progress:
-                while self.reached < target and self._thread.is_alive():
+                while self.handed < self.wal.size and self._thread.is_alive():
                     if time.monotonic() >= end:
                         return False
                     self._progress.wait(min(end - time.monotonic(), 0.2))
             if not self.backend.durable_on_answer:
                 self.backend.sync()
-            return self.reached >= target
+            return self.handed >= self.wal.size
         finally:
             self._flushing -= 1
 
-    def close(self, status: str, timeout: float, grace: float, while_down: bool = True) -> bool:
-        """Send what is left for at most ``timeout`` seconds (``grace`` more for a call in flight; not at
-        all once the store is known unreachable for a reason waiting cannot cure, such as a refused
-        connection; without ``while_down``, not once it is unreachable), stop, set the run's status when
-        the store answers; warn about what is left.
+    def close(self, status: str, timeout: float) -> bool:
+        """Send what is left for at most ``timeout`` seconds (5 s more for a call in flight, 1 s when
+        ``status`` is FAILED; not at all once the store is known unreachable for a reason waiting cannot
+        cure, such as a refused connection, or, when FAILED, once it is unreachable), stop, set the run's
+        status when the store answers; warn about what is left.
 
         Returns:
             True when everything was acknowledged.
         """
         self._closing, self._deadline = True, time.monotonic() + timeout
         self._wake.set()
-        end, probed = self._deadline, False
+        end, probed, finished = self._deadline, False, status == FINISHED  # FAILED: an exception waits
         hopeless = self.down and self._hopeless and not self._probe()  # still refused (DNS, TLS) now?
         while self._thread.is_alive() and time.monotonic() < end:
             self._thread.join(min(0.05 if self.down else 0.5, max(0.0, end - time.monotonic())))
@@ -484,11 +481,11 @@ class Sender:
             if started is not None and not probed and time.monotonic() - started > 1.0:
                 probed = True  # a call silent at the close: is anything there to answer it?
                 hopeless = not self._probe() and self._hopeless
-            if self.down and (hopeless or not while_down):
+            if self.down and (hopeless or not finished):
                 self._deadline = end = time.monotonic()
                 self._wake.set()
             if time.monotonic() >= self._deadline and self._call_started is not None:
-                end = self._deadline + grace
+                end = self._deadline + (5.0 if finished else 1.0)
         if self._thread.is_alive():
             self._abandoned = True  # stuck in a call: it writes nothing more
         if self._started and not self.finished and not self.down and not self._thread.is_alive():
@@ -496,7 +493,7 @@ class Sender:
                 self.backend.finish(status, self.run_id)
                 self.finished = True
                 if not self.backend.durable_on_answer and self.handed >= self.wal.size:
-                    self._trim(self.wal.size)  # a finished run is in the tracker's files
+                    self._hold(self.wal.size)  # a finished run is in the tracker's files
             except Exception as error:
                 self._cause = self.backend.explain(error)[0]
         if self.acked >= self.wal.size:
@@ -587,7 +584,7 @@ class Sender:
                                                 name=f"hf-callbacks-plus-{self.name}-earlier-runs")
                     siblings.start()
                 if self._started and not self.backend.durable_on_answer and (
-                        self._confirm_wanted or time.monotonic() - self._confirmed_at > CONFIRM_SECONDS):
+                        time.monotonic() >= self._confirm_at):
                     self._confirm()
                 backlog = self.wal.size - self.handed
                 left = self._last_send + self.backend.send_interval - time.monotonic()
@@ -645,8 +642,7 @@ class Sender:
             backend.finish(first["status"], run_id)
             self.finished = True
             if not backend.durable_on_answer:  # a finished run is in the tracker's files
-                self._ack(end)
-                self._trim(end)
+                self._hold(end)
                 return
         else:
             sent = False
@@ -664,21 +660,29 @@ class Sender:
         return record if metrics is record.metrics else dataclasses.replace(record, metrics=metrics)
 
     def _ack(self, offset: int, sent: bool = True) -> None:
-        if self._abandoned:
-            return
+        """The tracker was handed the entries before ``offset``; a store that holds what it answered
+        holds them too (`_hold`, when ``sent``)."""
         durable = self.backend.durable_on_answer
         if sent and durable:
-            offset = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
-        with self._progress:
-            self.handed = offset
-            if durable:
-                self.acked = offset
-            self.reached = self.wal.dropped + offset
+            self._hold(offset)
+        elif not self._abandoned:
+            with self._progress:
+                self.handed, self.acked = offset, offset if durable else self.acked
+                self._progress.notify_all()
+
+    def _hold(self, offset: int) -> None:
+        """The tracker holds the entries before ``offset``: the file drops them (`WriteAheadLog.settle`)."""
+        if self._abandoned:
+            return
+        with self._progress:  # `flush` sees the file and the offsets move together
+            now = self.wal.settle(offset, self.run_id, boundary=self.held is not None)
+            self.acked, self.handed = now, max(self.handed, offset) - offset + now  # the rest moved back
+            self._isolate_until = max(0, self._isolate_until - offset + now)
             self._progress.notify_all()
 
     def _confirm(self) -> None:
         """Drop from the file what a tracker that writes in the background holds in its files now."""
-        self._confirm_wanted, self._confirmed_at = False, time.monotonic()
+        self._confirm_at = time.monotonic() + CONFIRM_SECONDS
         with self._handing:
             try:
                 durable = self.backend.confirm_durable()  # covers every record handed so far
@@ -692,18 +696,8 @@ class Sender:
                 if after > self.handed or (log and entry.get("position", durable) > durable):
                     break
                 held = after if log else held
-            self._trim(held)
-
-    def _trim(self, offset: int) -> None:
-        """Drop the entries before ``offset`` (held by a tracker that writes in the background)."""
-        drop = offset - self.wal.first
-        if drop <= 0 or self._abandoned:
-            return
-        self.wal.keep(offset)
-        with self._progress:
-            self.handed, self.acked = self.handed - drop, self.wal.first
-            self._isolate_until = max(0, self._isolate_until - drop)
-            self._progress.notify_all()
+            if held > self.acked:
+                self._hold(held)
 
     def _probe(self) -> bool:
         """Ask the backend, cheaply, whether the store can be reached; tell it at once when it cannot."""

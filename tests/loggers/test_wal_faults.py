@@ -161,6 +161,30 @@ def test_a_full_disk_loses_only_what_it_refused_counts_it_names_the_file_and_the
     assert not logger.wal_path.exists()  # every record it took was delivered
 
 
+def test_a_full_disk_under_a_background_trackers_log_loses_only_what_it_refused_and_the_sender_goes_on(
+        tmp_path, small_disk, caplog):
+    """TensorBoard writes in the background: at each checkpoint its log drops what the writer's files
+    hold, by rewriting itself. On a full disk the rewrite failed and ended the sender's thread."""
+    pytest.importorskip("tensorboard")
+    from hf_callbacks_plus.loggers.tensorboard import TensorBoardLogger
+    from tests.integrations.tensorboard_events import read_scalars
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".tracker_journal").symlink_to(small_disk)  # the log on the small disk, the checkpoints not
+    logger = TensorBoardLogger(log_dir=str(tmp_path / "tb"), log_config=False)
+    full = [AtStep(step, lambda: fill(small_disk)) for step in range(4, 9)]  # filled again each step
+    free = AtStep(9, lambda: (small_disk / "filler").unlink())
+    with caplog.at_level(logging.WARNING, logger="hf_callbacks_plus"):
+        train_in_loop(out, [Extras(300), *full, free, logger], 20, save_steps=2)
+    arrived = sorted(read_scalars(tmp_path / "tb")["train/loss"])
+    missing = sorted(set(range(1, 21)) - set(arrived))
+    assert missing and set(missing) <= set(range(4, 9)), arrived  # lost while full, and only then
+    ours = [r.getMessage() for r in caplog.records if r.name == "hf_callbacks_plus"]
+    assert not [m for m in ours if "unexpected" in m or "not delivered" in m], ours
+    assert list(small_disk.iterdir()) == []  # every record it took was delivered
+
+
 @pytest.mark.second_tier  # the file emptied at each catch-up, on any disk: test_wal.py
 def test_with_a_store_that_keeps_up_the_log_holds_only_what_is_unsent_and_a_small_disk_suffices(
         tmp_path, sqlite_uri, small_disk, caplog):
