@@ -241,8 +241,9 @@ def test_every_value_reads_back_bit_for_bit_and_a_log_of_the_json_form_still_rea
 
 
 def test_a_corrupt_line_is_skipped_by_every_reader_of_the_log(tmp_path, caplog):
-    """A line that is not JSON (a disk fault), or whose packed values do not match its names, is left out,
-    with a warning, by the sender's reads and by the listing of ``hf-callbacks-plus replay --dry-run`` (which raised before)."""
+    """A line that is not JSON (a disk fault), or whose packed values do not match its names, is left
+    out, with a warning, by the sender's reads and by the listing of ``hf-callbacks-plus replay
+    --dry-run`` (which raised before)."""
     wal = WriteAheadLog(tmp_path / "key.jsonl")
     wal.open({"logger": "MLflowLogger", "run_key": "key"}, wait=0)
     wal.append({"kind": "log", "step": 1, "time": 0, "metrics": {"a": 1.0}, "summary": {}})
