@@ -33,10 +33,15 @@ class LogStrings(TrainerCallback):
             self.trainer.log(dict(LOGGED))
 
 
-def train(tmp_path, logger, **overrides):
+def train(tmp_path, logger, printer: bool = True, **overrides):
     strings = LogStrings()
     trainer = make_trainer(tmp_path, callbacks=[logger, strings], max_steps=2, logging_steps=1, **overrides)
     strings.trainer = trainer
+    if not printer:  # transformers' printer shows every text as logged (docs/secrets.md)
+        from transformers import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
     trainer.train()
     return trainer
 
@@ -82,7 +87,9 @@ def test_mlflow_redacts_secret_strings(tmp_path, sqlite_uri, monkeypatch):
 @pytest.mark.wandb
 def test_wandb_default_settings_keep_secrets_out_of_every_run_file(tmp_path: Path, monkeypatch):
     """Default ``WandbLogger`` settings (W&B collects its metadata, command line included) and a
-    command line passing ``--hub_token``: no secret in any file W&B writes."""
+    command line passing ``--hub_token``: no secret in any file W&B writes. transformers' printer is
+    removed: W&B's console capture (``output.log``) records what it prints, every text as logged, as
+    with ``WandbCallback`` (docs/secrets.md)."""
     pytest.importorskip("wandb")
     from hf_callbacks_plus.loggers.wandb import WandbLogger
     from tests.loggers.wandb_helpers import offline_env, runs
@@ -90,7 +97,7 @@ def test_wandb_default_settings_keep_secrets_out_of_every_run_file(tmp_path: Pat
     root = offline_env(monkeypatch, tmp_path / "wb")
     monkeypatch.setattr(sys, "argv", ["train.py", "--hub_token", ARGV_SECRET, "--output_dir", "out"])
     logger = WandbLogger(project="secrets", dir=str(root), flush_timeout=60)
-    train(tmp_path / "out", logger, hub_token=ARGV_SECRET)
+    train(tmp_path / "out", logger, printer=False, hub_token=ARGV_SECRET)
     (run,) = runs(root)
     assert {key: run.summary[key] for key in expected_texts()} == expected_texts()
     files = [path for path in root.rglob("*") if path.is_file()]
