@@ -11,6 +11,10 @@ torch runs on one thread (``OMP_NUM_THREADS=1`` unless set, inherited by every s
 torchrun rank): the tests' models are tiny, and a second thread costs more in synchronisation
 than it computes (a 4-step trl run: about 1 s on one thread, 4-10 s on two on the shared 2-core
 machine).
+
+After each test the heap is frozen (``gc.freeze``, ``pytest_runtest_teardown`` below): the
+``gc.collect()`` that accelerate runs at every ``Trainer.train()`` then scans only the objects of
+the test at hand, not all of torch and transformers (0.5-0.7 s a call otherwise).
 """
 
 import gc

@@ -56,6 +56,8 @@ What the runner does for each scenario, on every rank:
   ``seconds-rank<R>.txt`` (``ScenarioOutcome.seconds()``);
 * an exception is written to ``error-rank<R>.txt`` (the test fails with it) and the next
   scenario still runs;
+* its garbage is collected and every object still alive is frozen (``freeze_the_heap``), so the
+  ``gc.collect()`` of each ``Trainer.train()`` scans only the next scenario's objects;
 * a barrier, then the next one: the ranks start each scenario together.
 
 The process group is created once, before the first scenario (gloo, with a timeout that makes
