@@ -10,7 +10,6 @@ The evaluation metric is scripted (same sequence in both), so best-model decisio
 
 from __future__ import annotations
 
-import gc
 import tempfile
 from pathlib import Path
 
@@ -32,16 +31,6 @@ from tests.loop.parity import (
 )
 
 pytestmark = pytest.mark.transformers
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_gc():
-    """Freeze the objects alive after the imports: accelerate calls ``gc.collect()`` at every
-    ``Trainer.train()``, which otherwise scans all of torch/transformers each time (~0.5 s)."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
 
 
 class StopTrainingAt(TrainerCallback):
