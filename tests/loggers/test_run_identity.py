@@ -143,7 +143,7 @@ def _wandb(tmp_path, monkeypatch):
 
     (tmp_path / "wandb_root").mkdir()
     offline_env(monkeypatch, tmp_path / "wandb_root")
-    logger = fast_logger()
+    logger = fast_logger(flush_timeout=1.0)  # train begin waits for wandb.init 1 s, then goes on
     logger.backend._wandb = SlowInitWandb(logger.backend._wandb)
     logger.gate = logger.backend._wandb.gate
     return logger
@@ -165,7 +165,8 @@ def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_pat
     """A remote run (W&B, MLflow) opens only after the saves of steps 1 and 2 (the store is held until
     then). Each checkpoint names the run at once: its run key, and the run id where the client
     chooses it (W&B's ``wandb.init(id=...)``, TensorBoard's folder, JSONL); that is the id the run
-    gets. (JSONL and TensorBoard open their local file at train begin.)"""
+    gets. (JSONL and TensorBoard open their local file at train begin; W&B's train begin waits for
+    ``wandb.init`` at most ``flush_timeout``, 1 s here.)"""
     logger = make(tmp_path, monkeypatch)
     if make is _mlflow:
         from mlflow.tracking import MlflowClient
@@ -186,6 +187,7 @@ def test_every_checkpoint_names_the_run_without_waiting_for_a_slow_start(tmp_pat
     trainer = make_trainer(tmp_path, callbacks=[logger, TimeSaves()], max_steps=2, logging_steps=1,
                            save_strategy="steps", save_steps=1, n_train=16)
     trainer.train()
+    logger.flush_timeout = 60.0  # W&B's: 1 s of waiting at train begin; closing may wait for the slow store
     assert len(seen) == 2
     for attributes, seconds in seen:
         assert seconds < 0.5, seconds  # the logger's state never waits for the run to open
